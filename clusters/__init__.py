@@ -1,0 +1,112 @@
+"""Hardware catalog: one YAML per device kind in this folder, each value with its source.
+
+`load_cluster(kind, gpus)` returns a `ClusterSpec` for N devices of that kind. Measured and
+published performance tables live under `clusters/tables/<kind>/` (see `cost_model.tables`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tuner.model_spec import SpecError
+
+CLUSTER_DIR = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    kind: str
+    device_name: str
+    num_devices: int
+    devices_per_node: int
+    sm_count: int
+    peak_tflops: dict  # dtype -> dense peak TFLOPS per device (bf16, fp8, fp4, fp32 ...)
+    hbm_gib: float
+    hbm_tbps: float
+    scaleup_domain: int  # devices sharing the NVLink (or equivalent) domain
+    nvlink_gbps: float  # per-device unidirectional scale-up GB/s (0 = none, e.g. PCIe only)
+    scaleout_gbps: float  # per-device scale-out Gb/s (network)
+    pcie_gbps: float = 0.0  # per-device PCIe GB/s unidirectional, used where no NVLink
+    is_gpu: bool = True
+    fp8: bool = False  # has fp8 tensor cores (tensorwise/delayed/blockwise recipes)
+    mxfp8: bool = False  # has microscaling fp8 (Blackwell)
+    sources: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_devices // self.devices_per_node)
+
+    @property
+    def scaleup_size(self) -> int:
+        """Devices reachable over the scale-up fabric from one device in this cluster."""
+        return min(self.scaleup_domain, self.num_devices)
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "sources"}
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def kind_names() -> list[str]:
+    return sorted(p.stem for p in CLUSTER_DIR.glob("*.yaml"))
+
+
+def _value(entry):
+    """YAML entries are either plain values or {value: ..., source: ...}."""
+    if isinstance(entry, dict) and "value" in entry:
+        return entry["value"], entry.get("source", "")
+    return entry, ""
+
+
+def load_cluster(kind: str, gpus: int | None = None) -> ClusterSpec:
+    path = Path(kind)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = CLUSTER_DIR / f"{kind}.yaml"
+    if not path.exists():
+        raise SpecError(f"unknown cluster {kind!r}: choose one of {', '.join(kind_names())}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"malformed YAML in {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"malformed cluster file {path}: expected a mapping")
+    values, sources = {}, {}
+    for k, v in raw.items():
+        if k == "peak_tflops":
+            values[k], sources[k] = {}, {}
+            for dt, e in v.items():
+                values[k][dt], sources[k][dt] = _value(e)
+        else:
+            values[k], sources[k] = _value(v)
+    if kind == "cpu-local" or values.get("detect_host"):
+        values = _detect_host(values)
+    values.pop("detect_host", None)
+    per_node = int(values["devices_per_node"])
+    n = per_node if gpus is None else int(gpus)
+    if n <= 0:
+        raise SpecError(f"--gpus must be a positive number of devices, got {gpus}")
+    if n > per_node and n % per_node:
+        raise SpecError(f"--gpus {n} is not a whole number of {values['kind']} nodes "
+                        f"({per_node} devices each)")
+    values["num_devices"] = n
+    if n < per_node:
+        values["devices_per_node"] = n
+    try:
+        return ClusterSpec(sources=sources, **values)
+    except TypeError as e:
+        raise SpecError(f"bad cluster file {path}: {e}") from None
+
+
+def _detect_host(values: dict) -> dict:
+    """cpu-local: one device per core of this host."""
+    import os
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    values = dict(values)
+    values["devices_per_node"] = cores
+    values["scaleup_domain"] = cores
+    return values

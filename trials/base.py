@@ -1,0 +1,64 @@
+"""The one interface every real trial backend implements (Megatron-core now, SGLang later).
+
+`TrialBackend.run(plan, workload, resources)` returns a `Measurement` or a `Failure`; never raises
+for a failing plan. Both are plain JSON-serialisable data, stored as Optuna trial attributes.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass, field
+
+FAILURE_KINDS = ("oom", "stack-rejected", "unrealizable", "crash", "timeout")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    plan: str  # canonical plan string actually run
+    step_time_s: float  # median over timed iterations
+    step_time_spread_s: float  # (max - min) over timed iterations
+    step_times_s: tuple[float, ...]
+    tokens_per_s_per_gpu: float
+    peak_memory_gib: tuple[float, ...]  # per rank
+    losses: tuple[float, ...] = ()
+    versions: dict = field(default_factory=dict)
+    backend: str = ""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ok"] = True
+        return d
+
+
+@dataclass(frozen=True)
+class Failure:
+    plan: str
+    kind: str  # one of FAILURE_KINDS
+    message: str
+    backend: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAILURE_KINDS:
+            raise ValueError(f"unknown failure kind {self.kind!r}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ok"] = False
+        return d
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a trial may use: devices (GPUs, or cores on cpu-local) and limits."""
+    devices: int
+    timeout_s: float = 600.0
+    memory_cap_gib: float | None = None  # per rank; exceeding it is classified as OOM
+    master_port: int | None = None  # None: pick a free port
+
+
+class TrialBackend(abc.ABC):
+    name: str = ""
+
+    @abc.abstractmethod
+    def run(self, plan, workload, resources: Resources, *, iters: int = 5,
+            warmup: int = 2) -> Measurement | Failure:
+        """Run `plan` for warmup + iters steps and measure it, or classify why it failed."""

@@ -1,0 +1,177 @@
+"""The model being trained: a MoE transformer described by the fields Megatron-core needs.
+
+One frozen `ModelSpec` is used everywhere (plan space, realizability, cost model, trials, emitters).
+Loaders: YAML presets shipped in `tuner/presets/models/`, any YAML file, or a Hugging Face
+`config.json` (see `tuner.hf_config`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+PRESET_DIR = Path(__file__).parent / "presets" / "models"
+
+
+class SpecError(ValueError):
+    """Bad user input for a model or cluster spec; the CLI prints it on one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    vocab_size: int
+    ffn_hidden_size: int  # dense-layer FFN width (first-k-dense layers)
+    num_query_groups: int = 0  # GQA KV heads; 0 means MHA (= num_attention_heads)
+    kv_channels: int = 0  # per-head dim; 0 means hidden_size // num_attention_heads
+    # Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2); q_lora_rank 0 = no q compression.
+    mla: bool = False
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_head_dim: int = 0  # "nope" part
+    qk_pos_emb_head_dim: int = 0  # "rope" part
+    v_head_dim: int = 0
+    tie_embeddings: bool = False
+    gated_linear_unit: bool = True  # SwiGLU: 3 matrices per MLP
+    # MoE
+    num_experts: int = 0
+    moe_router_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_shared_expert_count: int = 0
+    moe_shared_expert_ffn: int = 0  # total width of the shared experts (Megatron's intermediate size)
+    moe_layers: tuple[bool, ...] = ()  # per layer: True = MoE, False = dense
+    moe_router_score_function: str = "softmax"
+    moe_router_num_groups: int = 0
+    moe_router_group_topk: int = 0
+    attention_bias: bool = False
+    seq_length: int = 4096
+    max_position_embeddings: int = 0
+    source: str = ""  # where the numbers come from
+
+    def __post_init__(self) -> None:
+        problems = []
+        for f in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
+            if getattr(self, f) <= 0:
+                problems.append(f"{f} must be > 0")
+        if self.num_experts:
+            if self.moe_router_topk <= 0 or self.moe_router_topk > self.num_experts:
+                problems.append("moe_router_topk must be in 1..num_experts")
+            if self.moe_ffn_hidden_size <= 0:
+                problems.append("moe_ffn_hidden_size must be > 0 for a MoE model")
+        if len(self.moe_layers) != self.num_layers:
+            problems.append(f"moe_layers has {len(self.moe_layers)} entries for {self.num_layers} layers")
+        if self.num_query_groups and self.num_attention_heads % self.num_query_groups:
+            problems.append("num_attention_heads must be a multiple of num_query_groups")
+        if self.moe_router_score_function not in ("softmax", "sigmoid"):
+            problems.append("moe_router_score_function must be softmax or sigmoid")
+        if problems:
+            raise SpecError(f"model {self.name!r}: " + "; ".join(problems))
+
+    # ---- derived shapes -------------------------------------------------------------------
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layers)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0 and self.num_moe_layers > 0
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["moe_layers"] = list(self.moe_layers)
+        return d
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON form; quoted by pre-registrations and reports."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+def moe_layer_pattern(num_layers: int, num_experts: int, *, first_k_dense: int = 0,
+                      freq: int = 1, explicit: list | None = None) -> tuple[bool, ...]:
+    """Which layers are MoE: an explicit 0/1 list, or first-k-dense then every `freq`-th layer."""
+    if num_experts <= 0:
+        return (False,) * num_layers
+    if explicit is not None:
+        if len(explicit) != num_layers:
+            raise SpecError(f"moe layer list has {len(explicit)} entries for {num_layers} layers")
+        return tuple(bool(x) for x in explicit)
+    return tuple(i >= first_k_dense and (i % freq == 0) for i in range(num_layers))
+
+
+def from_dict(d: dict, name: str | None = None) -> ModelSpec:
+    """Build a spec from a YAML-style dict. MoE layers: `moe_layers` (explicit 0/1 list) or
+    `first_k_dense` + `moe_layer_freq`."""
+    if not isinstance(d, dict):
+        raise SpecError("model spec must be a mapping of field: value")
+    d = dict(d)
+    explicit = d.pop("moe_layers", None)
+    first_k = d.pop("first_k_dense", 0)
+    freq = d.pop("moe_layer_freq", 1)
+    known = {f.name for f in dataclasses.fields(ModelSpec)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise SpecError(f"unknown model field(s): {', '.join(unknown)}")
+    if name is not None:
+        d["name"] = name
+    for req in ("name", "num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
+        if req not in d:
+            raise SpecError(f"model spec is missing required field {req!r}")
+    d.setdefault("ffn_hidden_size", 4 * d["hidden_size"])
+    try:
+        d["moe_layers"] = moe_layer_pattern(int(d["num_layers"]), int(d.get("num_experts", 0)),
+                                            first_k_dense=first_k, freq=freq, explicit=explicit)
+        return ModelSpec(**d)
+    except TypeError as e:  # wrong value types from a hand-written YAML
+        raise SpecError(f"bad model spec: {e}") from None
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A preset name, a YAML file, or a Hugging Face config.json (file or directory holding one)."""
+    path = Path(ref)
+    if path.is_dir() and (path / "config.json").exists():
+        path = path / "config.json"
+    if path.suffix == ".json" and path.exists():
+        from tuner.hf_config import load_hf_config
+        return load_hf_config(path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        return _load_yaml(path, name=None)
+    preset = PRESET_DIR / f"{ref}.yaml"
+    if preset.exists():
+        return _load_yaml(preset, name=ref)
+    raise SpecError(f"unknown model {ref!r}: not a preset ({', '.join(preset_names())}) "
+                    "nor a .yaml/config.json file")
+
+
+def _load_yaml(path: Path, name: str | None) -> ModelSpec:
+    try:
+        d = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        first = str(e).splitlines()[0] if str(e) else "parse error"
+        raise SpecError(f"malformed YAML in {path}: {first}") from None
+    if isinstance(d, dict) and "name" not in d and name is None:
+        d["name"] = path.stem
+    return from_dict(d, name=name)

@@ -1,0 +1,153 @@
+"""A training plan: one point of the three-tier space (parallelism, schedule, kernels).
+
+A `Plan` is a frozen, hashable value. Its canonical string lists every field in a fixed order,
+`tp=2,cp=1,pp=8,vpp=4,ep=64,etp=1,mbs=1,...`, and `Plan.parse(p.canonical()) == p` exactly.
+A partial string (`tp=2,pp=8`) parses to a plan whose other fields take the defaults below;
+`tuner.complete.complete_plan` then fills what depends on the model (pipeline split).
+
+Conventions (Megatron's):
+- vpp: virtual pipeline chunks per pipeline rank (Megatron-Bridge tables); 1 = no interleaving.
+- DP is not a field: it is derived, world // (tp * cp * pp).
+- pp_first / pp_last: layers on the first / last stage (0 = even split);
+  pp_layout: an explicit `--pipeline-model-parallel-layout` string (e.g. "Et*3|(tt|)*29,mL")
+  with `|` between virtual stages; written with `/` in place of `,` in the canonical string.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE_METHODS = ("", "uniform", "block")
+# Megatron's --recompute-modules choices (transformer_config.py).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+DISPATCHERS = ("alltoall", "allgather", "flex")
+FLEX_BACKENDS = ("", "deepep", "hybridep")
+PRECISIONS = ("bf16", "fp8-tensorwise", "fp8-delayed", "fp8-blockwise", "mxfp8")
+
+
+@dataclass(frozen=True)
+class Plan:
+    # tier 1: parallelism
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    ep: int = 1
+    etp: int = 1
+    mbs: int = 1
+    # tier 2: schedule
+    recompute: str = "none"
+    recompute_modules: tuple[str, ...] = ()  # selective only; () = Megatron default (core_attn)
+    recompute_method: str = ""  # full only: uniform | block
+    recompute_layers: int = 0  # full only
+    dist_opt: bool = True
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    shared_expert_overlap: bool = False
+    a2a_overlap: bool = False
+    pp_first: int = 0
+    pp_last: int = 0
+    pp_layout: str = ""
+    # tier 3: kernels
+    grouped_gemm: bool = True
+    dispatcher: str = "alltoall"
+    flex_backend: str = ""
+    precision: str = "bf16"
+
+    def __post_init__(self) -> None:
+        bad = []
+        for f in ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                bad.append(f"{f} must be a positive integer")
+        for f, choices in (("recompute", RECOMPUTE), ("recompute_method", RECOMPUTE_METHODS),
+                           ("dispatcher", DISPATCHERS), ("flex_backend", FLEX_BACKENDS),
+                           ("precision", PRECISIONS)):
+            if getattr(self, f) not in choices:
+                bad.append(f"{f}={getattr(self, f)!r} is not one of {'|'.join(c or '-' for c in choices)}")
+        for m in self.recompute_modules:
+            if m not in RECOMPUTE_MODULES:
+                bad.append(f"recompute module {m!r} is not one of {'|'.join(RECOMPUTE_MODULES)}")
+        if self.recompute_layers < 0 or self.pp_first < 0 or self.pp_last < 0:
+            bad.append("layer counts must be >= 0")
+        if bad:
+            raise PlanSyntaxError("; ".join(bad))
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.cp * self.pp
+
+    def dp(self, world: int) -> int:
+        return world // self.model_parallel
+
+    @property
+    def fp8(self) -> bool:
+        return self.precision != "bf16"
+
+    # ---- canonical string ---------------------------------------------------------------------
+    def canonical(self) -> str:
+        return ",".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in dataclasses.fields(self))
+
+    __str__ = canonical
+
+    @classmethod
+    def parse(cls, text: str) -> "Plan":
+        return cls(**parse_fields(text))
+
+    def replace(self, **kw) -> "Plan":
+        return dataclasses.replace(self, **kw)
+
+
+class PlanSyntaxError(ValueError):
+    pass
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Plan)}
+_ALIASES = {"dist-opt": "dist_opt", "do": "dist_opt", "ogr": "overlap_grad_reduce",
+            "opg": "overlap_param_gather", "dispatch": "dispatcher", "gg": "grouped_gemm"}
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, tuple):
+        return "+".join(v) if v else "-"
+    if isinstance(v, str):
+        return v.replace(",", "/") if v else "-"
+    return str(v)
+
+
+def parse_fields(text: str) -> dict:
+    """Parse `k=v,k=v` into typed Plan fields, rejecting unknown keys and bad values."""
+    out: dict = {}
+    text = text.strip()
+    if not text:
+        return out
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "=" not in part:
+            raise PlanSyntaxError(f"plan item {part!r} is not key=value")
+        k, v = (s.strip() for s in part.split("=", 1))
+        k = _ALIASES.get(k, k.replace("-", "_"))
+        if k not in _FIELDS:
+            raise PlanSyntaxError(f"unknown plan key {k!r}; keys: {', '.join(_FIELDS)}")
+        if k in out:
+            raise PlanSyntaxError(f"plan key {k!r} given twice")
+        typ = _FIELDS[k].type
+        try:
+            if typ == "int":
+                out[k] = int(v)
+            elif typ == "bool":
+                if v.lower() not in ("0", "1", "true", "false", "on", "off"):
+                    raise ValueError(v)
+                out[k] = v.lower() in ("1", "true", "on")
+            elif typ.startswith("tuple"):
+                out[k] = () if v in ("-", "") else tuple(v.split("+"))
+            else:
+                out[k] = "" if v == "-" else v.replace("/", ",")
+        except ValueError:
+            raise PlanSyntaxError(f"plan key {k!r} has bad value {v!r}") from None
+    return out

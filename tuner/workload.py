@@ -1,0 +1,29 @@
+"""What is being tuned: a model on a cluster at a global batch and sequence length."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clusters import ClusterSpec
+from tuner.model_spec import ModelSpec, SpecError
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: ModelSpec
+    cluster: ClusterSpec
+    gbs: int
+    seq: int
+
+    def __post_init__(self) -> None:
+        if self.gbs <= 0:
+            raise SpecError(f"--gbs must be positive, got {self.gbs}")
+        if self.seq <= 0:
+            raise SpecError(f"--seq must be positive, got {self.seq}")
+
+    @property
+    def world(self) -> int:
+        return self.cluster.num_devices
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.gbs * self.seq
