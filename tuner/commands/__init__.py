@@ -1,0 +1,1 @@
+"""One module per `moetune` subcommand (discovered by tuner.cli)."""

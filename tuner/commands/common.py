@@ -1,0 +1,30 @@
+"""Arguments shared by commands that take a workload (model, cluster, GPUs, batch, sequence)."""
+from __future__ import annotations
+
+import argparse
+
+from clusters import load_cluster
+from tuner.model_spec import load_model
+from tuner.workload import Workload
+
+
+class UsageError(ValueError):
+    """Bad command-line input: printed on one line, exit code 2."""
+
+
+def add_workload_args(p: argparse.ArgumentParser, *, gpus_required: bool = False) -> None:
+    p.add_argument("--model", required=True, help="preset name, model YAML, or HF config.json")
+    p.add_argument("--cluster", required=True, help="hardware kind (clusters/*.yaml) or a YAML file")
+    p.add_argument("--gpus", type=int, default=None, required=gpus_required,
+                   help="number of devices (default: one node)")
+    p.add_argument("--gbs", type=int, required=True, help="global batch size in sequences")
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--precision", default="bf16",
+                   help="bf16, fp8 (any fp8 recipe the hardware has) or one recipe: "
+                        "fp8-tensorwise, fp8-delayed, fp8-blockwise, mxfp8")
+
+
+def workload_from_args(args) -> Workload:
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster, args.gpus)
+    return Workload(model=model, cluster=cluster, gbs=args.gbs, seq=args.seq or model.seq_length)
