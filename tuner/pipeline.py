@@ -1,0 +1,164 @@
+"""Which transformer layers sit on which pipeline rank and virtual chunk, as Megatron-core splits them.
+
+Three ways, exactly as Megatron-core 0.16 (transformer_config.py / transformer_layer.py):
+- even: L layers in pp*vpp equal chunks; virtual chunk v of rank p holds layers
+  [v*L/vpp + p*n, ... + n) with n = L/(pp*vpp).
+- uneven first/last (`--decoder-first/last-pipeline-num-layers`): the first and/or last rank take
+  the given counts, the middle ranks share the rest evenly; each rank's layers split into vpp chunks.
+- explicit layout (`--pipeline-model-parallel-layout`): stages separated by `|`, `E` embedding,
+  `t` transformer layer, `L` loss, `(..)*n` and `x*n` repeat; stage s is chunk s // pp of rank s % pp.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+class LayoutError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Split:
+    """chunks[p][v] = tuple of global layer indices; embedding on (0, 0), loss on (pp-1, vpp-1)
+    unless an explicit layout places them elsewhere."""
+    chunks: tuple[tuple[tuple[int, ...], ...], ...]
+    embedding_at: tuple[int, int] = (0, 0)
+    loss_at: tuple[int, int] = (-1, -1)
+
+    def layers_per_rank(self) -> list[int]:
+        return [sum(len(c) for c in rank) for rank in self.chunks]
+
+
+def parse_layout(layout: str) -> list[str]:
+    """Megatron's PipelineParallelLayerLayout.parse_str_to_list, as strings per stage."""
+    s = layout.replace(",", "")
+    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    bad = set(s) - set("EtLm|")
+    if bad:
+        raise LayoutError(f"layout has characters {''.join(sorted(bad))!r}; allowed: E t L m | ( ) * digits")
+    return s.split("|")
+
+
+def split_layers(num_layers: int, pp: int, vpp: int = 1, first: int = 0, last: int = 0,
+                 layout: str = "") -> Split:
+    """The layer split Megatron builds, or LayoutError naming the rule it breaks."""
+    if layout:
+        return _from_layout(num_layers, pp, vpp, layout)
+    if first or last:
+        if pp < 2:
+            raise LayoutError("uneven first/last stages need pp > 1")
+        counts = _uneven_counts(num_layers, pp, vpp, first, last)
+    else:
+        if num_layers % (pp * vpp):
+            raise LayoutError(f"{num_layers} layers do not split evenly over pp*vpp = {pp * vpp} chunks")
+        counts = [num_layers // pp] * pp
+    per_chunk = [[c // vpp] * vpp for c in counts]
+    # Layer ids run virtual-chunk-major: all ranks' chunk 0, then all ranks' chunk 1, ...
+    chunks = [[None] * vpp for _ in range(pp)]
+    nxt = 0
+    for v in range(vpp):
+        for p in range(pp):
+            n = per_chunk[p][v]
+            chunks[p][v] = tuple(range(nxt, nxt + n))
+            nxt += n
+    return Split(tuple(tuple(r) for r in chunks), (0, 0), (pp - 1, vpp - 1))
+
+
+def _uneven_counts(num_layers: int, pp: int, vpp: int, first: int, last: int) -> list[int]:
+    middle_layers, middle_stages = num_layers, pp
+    for name, n in (("first", first), ("last", last)):
+        if n:
+            if n % vpp:
+                raise LayoutError(f"{n} layers on the {name} stage do not divide into vpp={vpp} chunks")
+            middle_layers -= n
+            middle_stages -= 1
+    if middle_layers < 0 or bool(middle_layers) != bool(middle_stages):
+        raise LayoutError(f"{middle_layers} middle layers left for {middle_stages} middle stages")
+    if middle_stages and middle_layers % middle_stages:
+        raise LayoutError(f"{middle_layers} middle layers do not divide over {middle_stages} middle stages")
+    mid = middle_layers // middle_stages if middle_stages else 0
+    if middle_stages and mid % vpp:
+        raise LayoutError(f"{mid} layers per middle stage do not divide into vpp={vpp} chunks")
+    counts = [mid] * pp
+    if first:
+        counts[0] = first
+    if last:
+        counts[-1] = last
+    return counts
+
+
+def _from_layout(num_layers: int, pp: int, vpp: int, layout: str) -> Split:
+    stages = parse_layout(layout)
+    if len(stages) % pp:
+        raise LayoutError(f"layout has {len(stages)} stages, not a multiple of pp={pp}")
+    detected = len(stages) // pp
+    if detected != vpp:
+        raise LayoutError(f"layout has {detected} virtual stages per rank but the plan says vpp={vpp}")
+    flat = "".join(stages)
+    if not flat or flat[0] != "E" or flat.count("E") != 1:
+        raise LayoutError("layout must start with the embedding E, exactly once")
+    if flat[-1] != "L" or flat.count("L") != 1:
+        raise LayoutError("layout must end with the loss L, exactly once")
+    if flat.count("t") != num_layers:
+        raise LayoutError(f"layout has {flat.count('t')} transformer layers, the model has {num_layers}")
+    if "m" in flat:
+        raise LayoutError("MTP layers (m) are not modelled; drop them from the layout")
+    chunks = [[None] * vpp for _ in range(pp)]
+    nxt, emb, loss = 0, (0, 0), (pp - 1, vpp - 1)
+    for s, stage in enumerate(stages):
+        p, v = s % pp, s // pp
+        n = stage.count("t")
+        chunks[p][v] = tuple(range(nxt, nxt + n))
+        nxt += n
+        if "E" in stage:
+            emb = (p, v)
+        if "L" in stage:
+            loss = (p, v)
+    return Split(tuple(tuple(r) for r in chunks), emb, loss)
+
+
+def balanced_layout(num_layers: int, pp: int, vpp: int = 1) -> str:
+    """The most balanced explicit layout: embedding and loss each weigh one layer, the pp*vpp stages
+    get counts differing by at most one, heavier stages first (Megatron-Bridge's DeepSeek-V3
+    PP8xVPP4 layout "Et|(tt|)*30L" is this rule's answer for 61 layers)."""
+    stages = pp * vpp
+    total = num_layers + 2
+    if stages > num_layers:
+        raise LayoutError(f"{stages} pipeline stages for {num_layers} layers")
+    base, extra = divmod(total, stages)
+    sizes = [base + (1 if i < extra else 0) for i in range(stages)]
+    out, left = [], num_layers
+    for i, size in enumerate(sizes):
+        t = size - (i == 0) - (i == stages - 1)
+        t = max(0, min(t, left))
+        left -= t
+        out.append(("E" if i == 0 else "") + "t" * t + ("L" if i == stages - 1 else ""))
+    if left:
+        raise LayoutError(f"cannot place {num_layers} layers in {stages} stages")
+    return _compress("|".join(out))
+
+
+def _compress(layout: str) -> str:
+    """Shorten runs of identical middle stages to Megatron's (..|)*n form."""
+    stages = layout.split("|")
+    out, i = [], 0
+    while i < len(stages):
+        j = i
+        while j + 1 < len(stages) and stages[j + 1] == stages[i]:
+            j += 1
+        run = j - i + 1
+        if run >= 3 and "E" not in stages[i] and "L" not in stages[i]:
+            out.append(f"({stages[i]}|)*{run}")
+        else:
+            out.extend(s + "|" for s in stages[i:j + 1])
+        i = j + 1
+    text = "".join(out)
+    return text[:-1] if text.endswith("|") else text
+
+
+def stage_layers(model, plan) -> list[list[tuple[int, ...]]]:
+    """For each pipeline rank, for each of its vpp chunks, the global layer indices it holds."""
+    split = split_layers(model.num_layers, plan.pp, plan.vpp, plan.pp_first, plan.pp_last, plan.pp_layout)
+    return [list(r) for r in split.chunks]
