@@ -1,0 +1,173 @@
+"""Hugging Face `config.json` -> `ModelSpec`.
+
+Supported architectures: MixtralForCausalLM, PhiMoEForCausalLM, OlmoeForCausalLM,
+Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM (also
+Kimi-K2, which ships that architecture), GptOssForCausalLM. A multimodal wrapper whose text model
+sits under `text_config` is unwrapped.
+
+Normalisations (shared with the YAML presets so both load to equal specs):
+- num_query_groups = num_key_value_heads, or 0 when it equals the head count (MHA) or for MLA.
+- kv_channels = head_dim only when it differs from hidden_size // num_attention_heads.
+- tie_word_embeddings defaults to false (the default of every supported config class).
+- MTP layers (num_nextn_predict_layers) are not part of the spec.
+- Sliding-window layers (gpt-oss layer_types) are treated as full attention.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tuner.model_spec import ModelSpec, SpecError, from_dict
+
+_ARCH_BY_MODEL_TYPE = {
+    "mixtral": "MixtralForCausalLM",
+    "phimoe": "PhiMoEForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "kimi_k2": "DeepseekV3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+}
+_ALIASES = {"PhimoeForCausalLM": "PhiMoEForCausalLM"}
+SUPPORTED = sorted(set(_ARCH_BY_MODEL_TYPE.values()))
+
+
+class _Cfg:
+    """Key access that raises a one-line SpecError naming the file and the missing key."""
+
+    def __init__(self, d: dict, where: str, arch: str):
+        self.d, self.where, self.arch = d, where, arch
+
+    def req(self, *keys):
+        for k in keys:
+            if self.d.get(k) is not None:
+                return self.d[k]
+        raise SpecError(f"{self.where}: {self.arch} config is missing required key "
+                        f"{' or '.join(repr(k) for k in keys)}")
+
+    def get(self, key, default=None):
+        v = self.d.get(key)
+        return default if v is None else v
+
+    def int(self, *keys) -> int:
+        v = self.req(*keys)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
+            raise SpecError(f"{self.where}: key {keys[0]!r} must be an integer, got {v!r}")
+        return int(v)
+
+
+def _architecture(cfg: dict, where: str) -> str:
+    archs = cfg.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
+    for a in archs:
+        a = _ALIASES.get(a, a)
+        if a in SUPPORTED:
+            return a
+    mt = cfg.get("model_type")
+    if mt in _ARCH_BY_MODEL_TYPE:
+        return _ARCH_BY_MODEL_TYPE[mt]
+    named = ", ".join(map(str, archs)) or f"model_type {mt!r}"
+    raise SpecError(f"{where}: unsupported architecture {named}; supported: {', '.join(SUPPORTED)}")
+
+
+def load_hf_config(path, name: str | None = None) -> ModelSpec:
+    """Read a config.json (or a directory holding one) and return its ModelSpec."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SpecError(f"cannot read {p}: {e.strerror or e}") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpecError(f"malformed JSON in {p}: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(cfg, dict):
+        raise SpecError(f"malformed config {p}: expected a JSON object")
+    if name is None:
+        name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+    return hf_dict_to_spec(cfg, name=name, where=str(p))
+
+
+def hf_dict_to_spec(cfg: dict, name: str, where: str = "config.json") -> ModelSpec:
+    if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
+        outer_archs = cfg.get("architectures")
+        cfg = dict(cfg["text_config"])
+        cfg.setdefault("architectures", outer_archs)
+    arch = _architecture(cfg, where)
+    c = _Cfg(cfg, where, arch)
+    L = c.int("num_hidden_layers")
+    h = c.int("hidden_size")
+    heads = c.int("num_attention_heads")
+    d: dict = {
+        "name": name,
+        "num_layers": L,
+        "hidden_size": h,
+        "num_attention_heads": heads,
+        "vocab_size": c.int("vocab_size"),
+        "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
+        "attention_bias": bool(c.get("attention_bias", False)),
+        "max_position_embeddings": int(c.get("max_position_embeddings", 0)),
+        "source": f"Hugging Face config.json ({arch}): {where}",
+    }
+    is_mla = arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+    if not is_mla:
+        kv = int(c.get("num_key_value_heads", heads))
+        d["num_query_groups"] = 0 if kv == heads else kv
+        hd = c.get("head_dim")
+        d["kv_channels"] = int(hd) if hd and int(hd) != h // heads else 0
+
+    if arch in ("MixtralForCausalLM", "PhiMoEForCausalLM"):
+        ffn = c.int("intermediate_size")
+        d.update(ffn_hidden_size=ffn, moe_ffn_hidden_size=ffn,
+                 num_experts=c.int("num_local_experts"), moe_router_topk=c.int("num_experts_per_tok"),
+                 first_k_dense=0)
+    elif arch == "GptOssForCausalLM":
+        ffn = c.int("intermediate_size")
+        d.update(ffn_hidden_size=ffn, moe_ffn_hidden_size=ffn,
+                 num_experts=c.int("num_local_experts", "num_experts"),
+                 moe_router_topk=c.int("num_experts_per_tok", "experts_per_token"),
+                 first_k_dense=0)
+    elif arch == "OlmoeForCausalLM":
+        ffn = c.int("intermediate_size")
+        d.update(ffn_hidden_size=ffn, moe_ffn_hidden_size=ffn,
+                 num_experts=c.int("num_experts"), moe_router_topk=c.int("num_experts_per_tok"),
+                 first_k_dense=0)
+    elif arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
+        E = c.int("num_experts")
+        step = int(c.get("decoder_sparse_step", 1)) or 1
+        mlp_only = set(c.get("mlp_only_layers", []) or [])
+        # transformers Qwen{2,3}MoeDecoderLayer: sparse iff not in mlp_only_layers and
+        # num_experts > 0 and (layer_idx + 1) % decoder_sparse_step == 0
+        d.update(ffn_hidden_size=c.int("intermediate_size"),
+                 moe_ffn_hidden_size=c.int("moe_intermediate_size"),
+                 num_experts=E, moe_router_topk=c.int("num_experts_per_tok"),
+                 moe_layers=[int(i not in mlp_only and E > 0 and (i + 1) % step == 0)
+                             for i in range(L)])
+        shared = int(c.get("shared_expert_intermediate_size", 0))
+        if shared:
+            d.update(moe_shared_expert_count=1, moe_shared_expert_ffn=shared)
+    elif is_mla:
+        moe_ffn = c.int("moe_intermediate_size")
+        n_shared = int(c.get("n_shared_experts", 0))
+        n_group = int(c.get("n_group", 1) or 1)
+        q_lora = c.get("q_lora_rank")
+        d.update(ffn_hidden_size=c.int("intermediate_size"), moe_ffn_hidden_size=moe_ffn,
+                 num_experts=c.int("n_routed_experts"), moe_router_topk=c.int("num_experts_per_tok"),
+                 moe_shared_expert_count=n_shared, moe_shared_expert_ffn=n_shared * moe_ffn,
+                 first_k_dense=int(c.get("first_k_dense_replace", 0)),
+                 moe_layer_freq=int(c.get("moe_layer_freq", 1)) or 1,
+                 moe_router_score_function=c.get("scoring_func", "softmax"),
+                 moe_router_num_groups=n_group if n_group > 1 else 0,
+                 moe_router_group_topk=int(c.get("topk_group", 0)) if n_group > 1 else 0,
+                 mla=True, q_lora_rank=int(q_lora or 0), kv_lora_rank=c.int("kv_lora_rank"),
+                 qk_head_dim=c.int("qk_nope_head_dim"), qk_pos_emb_head_dim=c.int("qk_rope_head_dim"),
+                 v_head_dim=c.int("v_head_dim"))
+    try:
+        return from_dict(d)
+    except SpecError as e:
+        raise SpecError(f"{where}: {e}") from None
