@@ -1,0 +1,64 @@
+"""Complete a partial plan with documented defaults, so every command runs a whole plan.
+
+Defaults (fields the user did not give):
+- etp=1 (the published MoE recipes' choice; Megatron's own default would be etp=tp), cp=1, pp=1,
+  vpp=1, ep=1, tp=1, mbs=1.
+- pipeline split: even when pp*vpp divides the layers; otherwise the most balanced explicit layout
+  (`tuner.pipeline.balanced_layout`, embedding and loss weighing one layer each).
+- schedule: no recompute; distributed optimizer, overlap_grad_reduce and overlap_param_gather on
+  where the stack has them (off on CPU); no shared-expert or EP-A2A overlap.
+- kernels: grouped GEMM where the stack has it, alltoall dispatcher, and the precision of
+  `--precision`: bf16, or for `fp8` the recipe the hardware runs best (mxfp8 on Blackwell,
+  blockwise on Hopper, tensorwise elsewhere with fp8).
+"""
+from __future__ import annotations
+
+from tuner.model_spec import SpecError
+from tuner.pipeline import LayoutError, balanced_layout
+from tuner.plan import PRECISIONS, Plan, parse_fields
+from tuner.stack import StackProfile
+from tuner.workload import Workload
+
+
+def is_hopper(cluster) -> bool:
+    """Blockwise fp8 scaling is a Hopper (sm90) recipe in TransformerEngine."""
+    return any(tag in cluster.device_name.upper() for tag in ("H100", "H200", "H800", "H20", "GH200"))
+
+
+def precision_recipe(precision: str, cluster) -> str:
+    """Map `--precision` (bf16 | fp8 | a recipe) to one recipe for this hardware."""
+    if precision in PRECISIONS:
+        return precision
+    if precision == "fp8":
+        if cluster.mxfp8:
+            return "mxfp8"
+        if cluster.fp8:
+            return "fp8-blockwise" if is_hopper(cluster) else "fp8-tensorwise"
+        raise SpecError(f"--precision fp8: {cluster.device_name} has no fp8 support")
+    raise SpecError(f"unknown --precision {precision!r}: use bf16, fp8 or one of {', '.join(PRECISIONS)}")
+
+
+def complete_plan(given: str | dict, workload: Workload, profile: StackProfile,
+                  precision: str = "bf16") -> Plan:
+    fields = parse_fields(given) if isinstance(given, str) else dict(given)
+    d = dict(fields)
+    if "precision" not in d:
+        d["precision"] = precision_recipe(precision, workload.cluster)
+    d.setdefault("dist_opt", profile.dist_opt)
+    d.setdefault("overlap_grad_reduce", profile.overlap_grad_reduce)
+    d.setdefault("overlap_param_gather", bool(d["dist_opt"] and d["overlap_grad_reduce"]))
+    d.setdefault("grouped_gemm", profile.grouped_gemm and workload.model.is_moe)
+    if d.get("dispatcher") == "flex" and "flex_backend" not in d:
+        d["flex_backend"] = "hybridep" if profile.hybridep else "deepep"
+    if d.get("recompute") == "full":
+        d.setdefault("recompute_method", "uniform")
+        d.setdefault("recompute_layers", 1)
+    plan = Plan(**d)
+    if not (plan.pp_layout or plan.pp_first or plan.pp_last) and plan.pp > 1:
+        layers = workload.model.num_layers
+        if layers % (plan.pp * plan.vpp):
+            try:
+                plan = plan.replace(pp_layout=balanced_layout(layers, plan.pp, plan.vpp))
+            except LayoutError:
+                pass  # realizability reports the impossible split
+    return plan
