@@ -1,0 +1,211 @@
+"""Launcher for Megatron-core trials: `MegatronBackend().run(plan, workload, resources)`.
+
+Spawns `world` worker processes (trials/megatron/worker.py), each in one new session / process
+group, with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1,
+MASTER_PORT=free port), in a per-trial temporary directory. Watches them:
+- any rank's RSS above `Resources.memory_cap_gib` -> kill all -> Failure("oom");
+- wall time above `Resources.timeout_s` -> kill all -> Failure("timeout");
+- a rank reporting an error -> the earliest report wins: stack-rejected (megatron-core's own
+  validation refused the config, message kept), oom, or crash (with the stderr tail);
+- a rank dying without a report -> crash (stderr tail).
+Every process group is killed in `finally`; nothing survives a trial.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from trials.base import Failure, Measurement, Resources, TrialBackend
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+POLL_S = 0.1
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, n: int = 3000) -> str:
+    try:
+        data = path.read_bytes()[-n:]
+        return data.decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class MegatronBackend(TrialBackend):
+    name = "megatron"
+
+    def __init__(self, *, keep_dir: bool = False, extra_spec: dict | None = None):
+        self.keep_dir = keep_dir
+        self.extra_spec = dict(extra_spec or {})
+
+    # The plan is run as given (the caller completes / checks it; see tuner.commands.trial).
+    def run(self, plan, workload, resources: Resources, *, iters: int = 5,
+            warmup: int = 2) -> Measurement | Failure:
+        plan_s = plan.canonical() if hasattr(plan, "canonical") else str(plan)
+        world = resources.devices
+        res = launch(plan_s, workload.model.to_dict(), workload.gbs, workload.seq, world,
+                     timeout_s=resources.timeout_s, memory_cap_gib=resources.memory_cap_gib,
+                     master_port=resources.master_port, iters=iters, warmup=warmup,
+                     keep_dir=self.keep_dir, extra=self.extra_spec)
+        if not res["ok"]:
+            return Failure(plan=plan_s, kind=res["kind"], message=res["message"], backend=self.name)
+        r0 = res["ranks"][0]
+        times = r0["step_times_s"]
+        med = statistics.median(times)
+        return Measurement(
+            plan=plan_s, step_time_s=med, step_time_spread_s=max(times) - min(times),
+            step_times_s=tuple(times),
+            tokens_per_s_per_gpu=workload.gbs * workload.seq / med / world,
+            peak_memory_gib=tuple(r0["peak_memory_gib"]),
+            losses=tuple(float(x) for x in r0["losses"]),
+            versions=dict(r0.get("versions", {}), world=world, dp=r0.get("dp"),
+                          num_microbatches=r0.get("num_microbatches"),
+                          cpu_patched=r0.get("cpu_patched")),
+            backend=self.name)
+
+
+def launch(plan: str, model: dict, gbs: int, seq: int, world: int, *, timeout_s: float = 600.0,
+           memory_cap_gib: float | None = None, master_port: int | None = None, iters: int = 5,
+           warmup: int = 2, mode: str = "train", out_dir: str | None = None,
+           keep_dir: bool = False, extra: dict | None = None) -> dict:
+    """Run the workers; return {"ok": True, "ranks": [...], "dir": ...} or
+    {"ok": False, "kind", "message", "dir"}."""
+    tmp = tempfile.TemporaryDirectory(prefix="moetune-trial-") if out_dir is None else None
+    d = Path(out_dir or tmp.name)
+    d.mkdir(parents=True, exist_ok=True)
+    spec = {"plan": plan, "model": model, "gbs": gbs, "seq": seq, "iters": iters, "warmup": warmup,
+            "out_dir": str(d), "mode": mode, "pg_timeout_s": max(60.0, float(timeout_s)), **(extra or {})}
+    (d / "spec.json").write_text(json.dumps(spec))
+    port = master_port or free_port()
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        env_base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                        WORLD_SIZE=str(world), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                        PYTHONWARNINGS="ignore", PYTHONPATH=_pythonpath())
+        for r in range(world):
+            env = dict(env_base, RANK=str(r), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world))
+            out = open(d / f"rank{r}.log", "wb")
+            logs.append(out)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "trials.megatron.worker", str(d / "spec.json")],
+                cwd=str(REPO_ROOT), env=env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True))
+        result = _watch(procs, d, world, timeout_s, memory_cap_gib)
+        result["dir"] = str(d)
+        return result
+    finally:
+        for p in procs:
+            _kill_group(p)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for f in logs:
+            f.close()
+        if tmp is not None and not keep_dir:
+            tmp.cleanup()
+
+
+def _pythonpath() -> str:
+    prev = os.environ.get("PYTHONPATH", "")
+    return str(REPO_ROOT) + (os.pathsep + prev if prev else "")
+
+
+def _rss_gib(pid: int) -> float:
+    try:
+        import psutil
+        p = psutil.Process(pid)
+        return sum(q.memory_info().rss for q in [p, *p.children(recursive=True)]) / 2**30
+    except Exception:  # noqa: BLE001 - process gone
+        return 0.0
+
+
+def _watch(procs, d: Path, world: int, timeout_s: float, cap_gib: float | None) -> dict:
+    t0 = time.monotonic()
+    first_exit = None
+    while True:
+        reports = _reports(d, world)
+        errors = [r for r in reports.values() if not r.get("ok")]
+        if errors:
+            # give peers a moment to write their own reports, then pick the root cause
+            time.sleep(0.5)
+            return _classify_error(_reports(d, world), d)
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            reports = _reports(d, world)
+            if len(reports) == world and all(r.get("ok") for r in reports.values()):
+                return {"ok": True, "ranks": [reports[r] for r in range(world)]}
+            return _classify_error(reports, d, codes=codes)
+        if any(c not in (None, 0) for c in codes):
+            first_exit = first_exit or time.monotonic()
+            if time.monotonic() - first_exit > 2.0:
+                return _classify_error(_reports(d, world), d, codes=codes)
+        if cap_gib is not None:
+            for r, p in enumerate(procs):
+                rss = _rss_gib(p.pid)
+                if rss > cap_gib:
+                    return {"ok": False, "kind": "oom",
+                            "message": f"rank {r} resident memory {rss:.2f} GiB exceeded the "
+                                       f"per-rank cap {cap_gib:g} GiB"}
+        if time.monotonic() - t0 > timeout_s:
+            return {"ok": False, "kind": "timeout",
+                    "message": f"trial exceeded {timeout_s:g} s; all {world} ranks killed"}
+        time.sleep(POLL_S)
+
+
+def _reports(d: Path, world: int) -> dict:
+    out = {}
+    for r in range(world):
+        f = d / f"rank{r}.json"
+        if f.exists():
+            try:
+                out[r] = json.loads(f.read_text())
+            except (OSError, json.JSONDecodeError):
+                pass
+    return out
+
+
+def _classify_error(reports: dict, d: Path, codes=None) -> dict:
+    errors = sorted((r for r in reports.values() if not r.get("ok")), key=lambda r: r["time"])
+    # a rank's own validation error beats peers' secondary errors (connection closed etc.)
+    for pref in ("stack-rejected", "oom"):
+        for e in errors:
+            if e["kind"] == pref:
+                return {"ok": False, "kind": pref, "message": f"rank {e['rank']}: {e['message']}"}
+    if errors:
+        e = errors[0]
+        return {"ok": False, "kind": "crash",
+                "message": f"rank {e['rank']} ({e['phase']}): {e['message']}\n{e.get('traceback', '')[-1500:]}"}
+    # died without a report (signal, hard crash)
+    bad = [r for r, c in enumerate(codes or []) if c not in (None, 0)] or [0]
+    r = bad[0]
+    code = (codes or [None])[r] if codes else None
+    tail = _tail(d / f"rank{r}.log")
+    kind = "oom" if code == -signal.SIGKILL or "out of memory" in tail.lower() else "crash"
+    return {"ok": False, "kind": kind, "message": f"rank {r} exited with code {code}; stderr tail:\n{tail}"}
+
+
+def run_trial(plan, workload, resources: Resources, iters: int = 5, warmup: int = 2):
+    """Function form of MegatronBackend().run."""
+    return MegatronBackend().run(plan, workload, resources, iters=iters, warmup=warmup)

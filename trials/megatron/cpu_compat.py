@@ -1,0 +1,173 @@
+"""CPU compatibility shims for megatron-core 0.16 (applied ONLY when no CUDA device exists).
+
+megatron-core is written for CUDA: it creates streams/events, asks `torch.cuda.current_device()`
+for allocation targets, keeps a CUDA RNG tracker, and a few places hard-code `device="cuda"`.
+On a CPU-only torch build those calls raise. `apply()` patches exactly those call sites so that
+unmodified megatron-core modules run on CPU with the gloo backend. Each patch says why.
+
+On a machine with a GPU `apply()` is a no-op: trials run unmodified megatron-core with NCCL.
+Only the trial worker process calls `apply()`; nothing else in moetune imports this module.
+"""
+from __future__ import annotations
+
+import contextlib
+import types
+
+import torch
+
+_APPLIED = False
+
+
+class _NoopStream:
+    """Stand-in for torch.cuda.Stream/Event: CPU ops are synchronous, so waits are no-ops."""
+
+    def __init__(self, *a, **k):
+        pass
+
+    def wait_stream(self, *a, **k):
+        pass
+
+    def wait_event(self, *a, **k):
+        pass
+
+    def record_event(self, *a, **k):
+        return _NoopStream()
+
+    def record(self, *a, **k):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def wait(self, *a, **k):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.0
+
+
+class _CudaLiteralTorch(types.ModuleType):
+    """Proxy for the `torch` module as seen from one megatron module: forwards everything to
+    torch, but rewrites `device="cuda"` to CPU in tensor factories. Used for modules that
+    hard-code `device="cuda"` (pipeline schedules' `total_num_tokens` counter)."""
+
+    _FACTORIES = ("zeros", "ones", "empty", "tensor", "full", "arange")
+
+    def __init__(self):
+        super().__init__("torch")
+
+    def __getattr__(self, name):
+        attr = getattr(torch, name)
+        if name in self._FACTORIES:
+            def factory(*a, _f=attr, **k):
+                if _is_cuda(k.get("device")):
+                    k["device"] = "cpu"
+                return _f(*a, **k)
+            return factory
+        return attr
+
+
+def _is_cuda(dev) -> bool:
+    if dev is None:
+        return False
+    if isinstance(dev, int):
+        return True
+    return str(dev).startswith("cuda")
+
+
+def gpu_present() -> bool:
+    return torch.cuda.is_available()
+
+
+def apply() -> bool:
+    """Patch megatron-core for CPU. Returns True when patches were applied (no GPU)."""
+    global _APPLIED
+    if gpu_present():
+        return False
+    if _APPLIED:
+        return True
+    cuda = torch.cuda
+
+    # 1. Allocation target: megatron allocates with device=torch.cuda.current_device()
+    #    (DDP grad buffers, p2p receive buffers, layer weights). Return "cpu" so those land on CPU.
+    cuda.current_device = lambda: "cpu"
+    cuda.set_device = lambda *a, **k: None
+    cuda.device_count = lambda: 0
+    # 2. Streams/events: DDP (communication_stream), MoE overlap paths and the p2p code create
+    #    and wait on CUDA streams/events; CPU execution is synchronous, so they become no-ops.
+    cuda.Stream = _NoopStream
+    cuda.Event = _NoopStream
+    cuda.current_stream = lambda *a, **k: _NoopStream()
+    cuda.default_stream = lambda *a, **k: _NoopStream()
+    cuda.stream = lambda *a, **k: contextlib.nullcontext()
+    cuda.synchronize = lambda *a, **k: None
+    cuda.empty_cache = lambda *a, **k: None
+    # Memory statistics: callers only log them; the worker measures RSS itself on CPU.
+    cuda.memory_allocated = lambda *a, **k: 0
+    cuda.max_memory_allocated = lambda *a, **k: 0
+    cuda.reset_peak_memory_stats = lambda *a, **k: None
+    cuda.nvtx = types.SimpleNamespace(range_push=lambda *a, **k: None, range_pop=lambda *a, **k: None,
+                                      range=lambda *a, **k: contextlib.nullcontext())
+    # 3. Tied embeddings with PP>1: LanguageModule.setup_embeddings_and_output_layer does
+    #    `weight.data = weight.data.cuda()` before all-reducing the shared weight between the
+    #    first and last stage. On CPU keep the tensor where it is.
+    torch.Tensor.cuda = lambda self, *a, **k: self
+
+    # 4. RNG tracker: CudaRNGStatesTracker stores/forks CUDA generator states (used by dropout,
+    #    GPU-side init and activation recomputation). On CPU, track the CPU generator instead;
+    #    fork/restore semantics are unchanged (model-parallel streams still get their own seeds).
+    from megatron.core.tensor_parallel import random as mrandom
+
+    def _get_state(device="cuda", clone=False, graph_safe=False):
+        return torch.get_rng_state()
+
+    def _set_state(new_state, device=-1, graph_safe=False):
+        torch.set_rng_state(new_state)
+
+    mrandom._get_cuda_rng_state = _get_state
+    mrandom._set_cuda_rng_state = _set_state
+
+    def _add(self, name, seed):
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        self.seeds_.add(seed)
+        if name in self.states_:
+            raise Exception(f"cuda rng state {name} already exists")
+        orig = torch.get_rng_state()
+        torch.default_generator.manual_seed(int(seed))
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(orig)
+
+    mrandom.CudaRNGStatesTracker.add = _add
+    # model_parallel_cuda_manual_seed ends with torch.cuda.manual_seed(dp_seed): on CPU that is
+    # the default CPU generator.
+    # (torch.manual_seed itself calls torch.cuda.manual_seed_all: seed the generator directly.)
+    cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
+    cuda.manual_seed_all = lambda seed: None
+    cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    cuda.set_rng_state = lambda s, *a, **k: torch.set_rng_state(s)
+
+    # 5. moe_utils.RouterGatingLinearFunction references `te_general_gemm`, imported only when
+    #    TransformerEngine is present; without TE the name is undefined (NameError). None selects
+    #    the plain torch.mm path that already exists there.
+    from megatron.core.transformer.moe import moe_utils
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+    # 6. Pipeline schedules hard-code `torch.zeros([], dtype=torch.int, device="cuda")` for the
+    #    token counter in all three schedules; give that module a torch proxy mapping it to CPU.
+    from megatron.core.pipeline_parallel import schedules
+    schedules.torch = _CudaLiteralTorch()
+    # Same for the default causal/sliding-window attention masks (transformer/utils.py builds
+    # them with device="cuda"; used by the local DotProductAttention when no mask is passed) and
+    # the MoE aux-loss logging tracker (moe_utils: torch.zeros(num_layers, device="cuda")).
+    from megatron.core.transformer import utils as tutils
+    tutils.torch = _CudaLiteralTorch()
+    moe_utils.torch = _CudaLiteralTorch()
+    # torch.autocast("cuda", ...) is entered only when config.enable_autocast; we never set it.
+
+    _APPLIED = True
+    return True
