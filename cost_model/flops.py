@@ -117,9 +117,12 @@ def _attention_flop_terms(spec: ModelSpec) -> tuple[float, float]:
 
 
 def model_flops_per_token(spec: ModelSpec, seq: int | None = None, *,
-                          padded_vocab: int | None = None) -> float:
+                          padded_vocab: int | None = None, mtp_num_layers: int = 0) -> float:
     """Training (forward + backward) model FLOPs per token at sequence length `seq`
-    (default: spec.seq_length), Megatron's MoE accounting (see module docstring)."""
+    (default: spec.seq_length), Megatron's MoE accounting (see module docstring).
+
+    `mtp_num_layers` adds multi-token-prediction layers as Megatron does: each is one more layer
+    of the last layer's kind, plus its eh-projection and norms and one more LM head."""
     s = spec.seq_length if seq is None else seq
     if s <= 0:
         raise ValueError(f"sequence length must be > 0, got {s}")
@@ -127,16 +130,21 @@ def model_flops_per_token(spec: ModelSpec, seq: int | None = None, *,
     fx = _mlp_matrices(spec)
     six = 3 * 2
     L_moe, L_dense = spec.num_moe_layers, spec.num_dense_layers
+    last_is_moe = bool(spec.moe_layers) and spec.moe_layers[-1] and spec.num_experts > 0
+    L_moe += mtp_num_layers if last_is_moe else 0
+    L_dense += 0 if last_is_moe else mtp_num_layers
     mlp = six * h * (spec.ffn_hidden_size * fx * L_dense
                      + spec.moe_ffn_hidden_size * spec.moe_router_topk * fx * L_moe
                      + spec.moe_shared_expert_ffn * fx * L_moe)
     linear, core = _attention_flop_terms(spec)
     vocab = padded_vocab or spec.vocab_size
-    logits = six * h * vocab
-    return float(mlp + spec.num_layers * (linear + core * s) + logits)
+    logits = six * h * vocab * (1 + mtp_num_layers)
+    mtp = six * mtp_num_layers * (3 * h + 2 * h * h)
+    return float(mlp + (spec.num_layers + mtp_num_layers) * (linear + core * s) + mtp + logits)
 
 
 def model_flops_per_step(spec: ModelSpec, seq: int, global_batch: int, *,
-                         padded_vocab: int | None = None) -> float:
+                         padded_vocab: int | None = None, mtp_num_layers: int = 0) -> float:
     """Training FLOPs of one optimizer step of `global_batch` sequences of `seq` tokens."""
-    return model_flops_per_token(spec, seq, padded_vocab=padded_vocab) * seq * global_batch
+    return (model_flops_per_token(spec, seq, padded_vocab=padded_vocab,
+                                  mtp_num_layers=mtp_num_layers) * seq * global_batch)
