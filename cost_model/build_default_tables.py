@@ -1,0 +1,294 @@
+"""Build the default (published-numbers) tables for every cluster preset: clusters/tables/<kind>/.
+
+    python -m cost_model.build_default_tables [--kinds h100-sxm,...] [--out clusters/tables]
+
+Nothing here is hand-tuned: each family is a physical skeleton whose few parameters are either
+datasheet values of the target GPU or fitted to the public measurements in /work/shared/reference
+(copied under `REFERENCE` below so the build is reproducible without that folder):
+
+- gemm / grouped_gemm: a tiled roofline  t = (tc^p + tm^p)^(1/p),  tc = 2mnk / (peak * e_c * q),
+  tm = bytes / (hbm * e_m), with q the tile/wave quantisation efficiency (128x128 output tiles,
+  64-row tiles for m <= 64, waves over the SM count). (e_c, e_m, p) are least-squares fitted (log
+  error) to DeepGEMM's H800 FP8 dense + grouped rows. Extrapolation: the same efficiencies are used
+  for bf16 (with 2-byte operands) and for every other GPU, scaled by that GPU's datasheet peak,
+  HBM bandwidth and SM count.
+- attention: FlashAttention fraction-of-peak vs sequence length and head dim (approximate reading
+  of FlashAttention-3, arXiv:2407.08608, H100 bf16 causal), scaled by the bf16 peak.
+- collectives: nccl-tests bus bandwidth. Scale-up peak = NVLink unidirectional GB/s x the H100
+  ring all-reduce efficiency (370 / 450, nccl-tests issue 212); scale-out = members-per-node x
+  per-NIC achievable (48.5 of 50 GB/s, nccl-tests issue 267) x a node-count factor fitted to the
+  H100 2- and 4-node all-reduce rows (nccl issue 1221), capped at the scale-up value. Size ramp:
+  busbw(S) = peak * S / (S + peak * latency) with an assumed base latency (documented per row).
+- ep_dispatch: DeepEP / HybridEP normal-kernel bandwidth (DeepEP README, NeMo Automodel benchmark),
+  scaled to the target by NVLink (scale-up) or NIC (scale-out) bandwidth ratio; alltoall rows are
+  the NCCL all_to_all bus bandwidth of the collectives family.
+- dispatch_gap, membw: assumed values (no public measurement in the reference set), labelled so.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from cost_model.tables import TABLE_ROOT, write_family, write_meta
+
+# --- public measurements (copied from /work/shared/reference/deepgemm_h800_fp8.csv) ----------
+DEEPGEMM_SRC = "deepseek-ai/DeepGEMM README @a9967bc (H800 SXM5 FP8)"
+DEEPGEMM = [  # kind, groups, m_per_group, n, k, tflops
+    ("grouped", 4, 8192, 4096, 7168, 1346), ("grouped", 4, 8192, 7168, 2048, 1214),
+    ("grouped", 8, 4096, 4096, 7168, 1346), ("grouped", 8, 4096, 7168, 2048, 1214),
+    ("grouped", 1, 1024, 4096, 7168, 1233), ("grouped", 1, 1024, 7168, 2048, 925),
+    ("grouped", 2, 512, 4096, 7168, 1040), ("grouped", 2, 512, 7168, 2048, 916),
+    ("grouped", 4, 256, 4096, 7168, 932), ("grouped", 4, 256, 7168, 2048, 815),
+    ("dense", 1, 64, 2112, 7168, 206), ("dense", 1, 64, 24576, 1536, 289),
+    ("dense", 1, 64, 32768, 512, 219), ("dense", 1, 64, 7168, 16384, 336),
+    ("dense", 1, 64, 4096, 7168, 287), ("dense", 1, 64, 7168, 2048, 295),
+    ("dense", 1, 128, 2112, 7168, 352), ("dense", 1, 128, 24576, 1536, 535),
+    ("dense", 1, 128, 32768, 512, 358), ("dense", 1, 128, 7168, 16384, 645),
+    ("dense", 1, 128, 4096, 7168, 533), ("dense", 1, 128, 7168, 2048, 510),
+    ("dense", 1, 4096, 2112, 7168, 1127), ("dense", 1, 4096, 24576, 1536, 1212),
+    ("dense", 1, 4096, 32768, 512, 775), ("dense", 1, 4096, 7168, 16384, 1520),
+    ("dense", 1, 4096, 4096, 7168, 1410), ("dense", 1, 4096, 7168, 2048, 1168),
+]
+H800 = {"fp8": 1979.0, "hbm_tbps": 3.35, "sm": 132}  # datasheet (H800 SXM5 = H100 SXM5 compute)
+
+# nccl-tests / nccl issues (reference/collective_busbw.csv)
+H100_RING_AR_BUSBW, H100_NVLINK = 370.0, 450.0
+NCCL_SRC_INTRA = "NVIDIA/nccl-tests issue 212 (H100 8-GPU ring all_reduce 370 GB/s busbw of 450 GB/s NVLink)"
+NIC_ACHIEVABLE = 48.5 / 50.0
+NIC_SRC = "NVIDIA/nccl-tests issue 267 (CX7 NDR400 48-49 GB/s per NIC)"
+INTER_AR = {2: 330.0 / (8 * 48.5), 4: 320.0 / (8 * 48.5)}  # fraction of node NIC bw, NVLS off
+INTER_SRC = "NVIDIA/nccl issue 1221 (H100 2-node 330, 4-node 320 GB/s all_reduce busbw)"
+LAT_SCALEUP_US, LAT_SCALEOUT_US = 10.0, 30.0  # assumed base latencies for the size ramp
+
+# DeepEP / HybridEP (reference/ep_dispatch_combine_bandwidth.csv)
+EP_ROWS = {  # backend, scope -> {ep: (dispatch, combine, ref fabric GB/s, source)}
+    ("deepep", "scaleup"): {8: (323.0, 326.0, 450.0,
+                                "NVIDIA-NeMo/Automodel docs/deepep_vs_hybridep_benchmark.md (H100 EP8, 24 SMs)")},
+    ("hybridep", "scaleup"): {8: (358.0, 364.0, 450.0,
+                                  "NVIDIA-NeMo/Automodel docs/deepep_vs_hybridep_benchmark.md (H100 EP8, 24 SMs)")},
+    ("deepep", "scaleout"): {16: (43.0, 43.0, 50.0, "deepseek-ai/DeepEP README @de8cfca (H800 RDMA EP16)"),
+                             32: (58.0, 57.0, 50.0, "deepseek-ai/DeepEP README @de8cfca (H800 RDMA EP32)"),
+                             64: (51.0, 50.0, 50.0, "deepseek-ai/DeepEP README @de8cfca (H800 RDMA EP64)")},
+}
+# HybridEP vs DeepEP on the same H100 RDMA system (Automodel): 81.6/79.5 dispatch, 76.5/68.2 combine
+HYBRID_OVER_DEEPEP_RDMA = (81.6 / 79.5, 76.5 / 68.2)
+
+# Fallback datasheet values when clusters/<kind>.yaml is not (yet) present.
+DATASHEET = {
+    "h100-sxm": dict(bf16=989.0, fp8=1979.0, hbm_tbps=3.35, sm=132, nvlink=450.0, nic_gbit=400.0,
+                     src="NVIDIA H100 SXM5 datasheet (dense), DGX H100 (8x CX7 400G)"),
+    "h200-sxm": dict(bf16=989.0, fp8=1979.0, hbm_tbps=4.8, sm=132, nvlink=450.0, nic_gbit=400.0,
+                     src="NVIDIA H200 SXM datasheet (dense), HGX H200"),
+    "h800-sxm": dict(bf16=989.0, fp8=1979.0, hbm_tbps=3.35, sm=132, nvlink=200.0, nic_gbit=400.0,
+                     src="NVIDIA H800 SXM5 (H100 compute, 400 GB/s bidir NVLink)"),
+    "b200": dict(bf16=2250.0, fp8=4500.0, hbm_tbps=8.0, sm=148, nvlink=900.0, nic_gbit=400.0,
+                 src="NVIDIA DGX B200 datasheet (dense)"),
+    "gb200-nvl72": dict(bf16=2500.0, fp8=5000.0, hbm_tbps=8.0, sm=148, nvlink=900.0, nic_gbit=400.0,
+                        src="NVIDIA GB200 NVL72 datasheet (dense, per GPU)"),
+    "a100-sxm-80g": dict(bf16=312.0, fp8=0.0, hbm_tbps=2.039, sm=108, nvlink=300.0, nic_gbit=200.0,
+                         src="NVIDIA A100 SXM4 80GB datasheet, DGX A100 (8x HDR 200G)"),
+    "rtx4090": dict(bf16=165.2, fp8=330.3, hbm_tbps=1.008, sm=128, nvlink=0.0, nic_gbit=100.0,
+                    pcie=25.0, src="NVIDIA Ada whitepaper (RTX 4090, fp16/bf16 dense w/o sparsity)"),
+    "cpu-local": dict(bf16=0.5, fp8=0.0, hbm_tbps=0.02, sm=2, nvlink=5.0, nic_gbit=10.0,
+                      src="placeholder until `moetune profile` measures this host"),
+}
+
+M_AX = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+NK_AX = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+G_AX = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+GROUP_AX = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+PERNODE_AX = [1, 2, 4, 8, 16, 36, 72]
+BYTES_AX = [2.0 ** i for i in range(10, 35, 2)]
+
+
+# --- GEMM model -------------------------------------------------------------------------------
+def _tile_eff(groups, m, n, sm):
+    """Best output-tile choice (as DeepGEMM/cuBLAS heuristics pick): padding x wave quantisation."""
+    m, n, groups = np.asarray(m, float), np.asarray(n, float), np.asarray(groups, float)
+    best = None
+    for bm, bn in ((64, 64), (64, 128), (128, 128), (128, 256)):
+        tiles_m, tiles_n = np.ceil(m / bm), np.ceil(n / bn)
+        tiles = groups * tiles_m * tiles_n
+        pad = (m * n) / (tiles_m * bm * tiles_n * bn)
+        eff = pad * tiles / (np.ceil(tiles / sm) * sm)
+        best = eff if best is None else np.maximum(best, eff)
+    return best
+
+
+def gemm_tflops(groups, m, n, k, *, peak, hbm_tbps, sm, elem_bytes, params):
+    e_c, e_m, p = params
+    groups, m, n, k = (np.asarray(x, float) for x in (groups, m, n, k))
+    flops = 2.0 * groups * m * n * k
+    byts = groups * (elem_bytes * (m * k + k * n) + 2.0 * m * n)
+    tc = flops / (peak * 1e12 * e_c * _tile_eff(groups, m, n, sm))
+    tm = byts / (hbm_tbps * 1e12 * e_m)
+    t = (tc ** p + tm ** p) ** (1.0 / p)
+    return flops / t / 1e12
+
+
+def fit_gemm() -> tuple[np.ndarray, float]:
+    rows = np.array([r[1:] for r in DEEPGEMM], float)
+
+    def resid(x):
+        e_c, e_m, p = x
+        pred = gemm_tflops(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], peak=H800["fp8"],
+                           hbm_tbps=H800["hbm_tbps"], sm=H800["sm"], elem_bytes=1.0, params=(e_c, e_m, p))
+        return np.log(pred) - np.log(rows[:, 4])
+
+    sol = least_squares(resid, x0=[0.75, 0.7, 2.0], bounds=([0.1, 0.1, 1.0], [1.0, 1.0, 8.0]))
+    return sol.x, float(np.sqrt(np.mean(sol.fun ** 2)))
+
+
+# --- attention --------------------------------------------------------------------------------
+FA_FWD_FRACTION = {512: 0.33, 1024: 0.45, 2048: 0.53, 4096: 0.58, 8192: 0.61, 16384: 0.63,
+                   32768: 0.64, 65536: 0.64, 131072: 0.64}
+FA_BWD_OVER_FWD = 0.80
+FA_HEADDIM = {64: 0.70, 128: 1.00, 192: 1.02, 256: 1.05}
+FA_SRC = ("approx. FlashAttention-3 (arXiv:2407.08608) H100 bf16 causal fraction of peak; "
+          "bwd = 0.8 x fwd; head-dim factors approximate; scaled by bf16 peak")
+
+
+def _spec_for(kind: str) -> dict:
+    d = dict(DATASHEET.get(kind, DATASHEET["h100-sxm"]))
+    d["src_kind"] = d.pop("src")
+    try:
+        from clusters import load_cluster
+        c = load_cluster(kind)
+        pk = c.peak_tflops
+        d.update(bf16=float(pk.get("bf16") or pk.get("fp16") or pk.get("fp32") or d["bf16"]),
+                 fp8=float(pk.get("fp8") or 0.0), hbm_tbps=float(c.hbm_tbps), sm=int(c.sm_count or d["sm"]),
+                 nvlink=float(c.nvlink_gbps), nic_gbit=float(c.scaleout_gbps or d["nic_gbit"]),
+                 pcie=float(getattr(c, "pcie_gbps", 0.0) or d.get("pcie", 0.0)))
+        d["src_kind"] = f"clusters/{kind}.yaml"
+    except Exception:  # noqa: BLE001 - YAML not there yet: datasheet fallback above
+        pass
+    return d
+
+
+def build(kind: str, out_root: Path, params, rms) -> str:
+    s = _spec_for(kind)
+    src_hw = s["src_kind"]
+    out = out_root / kind
+    out.mkdir(parents=True, exist_ok=True)
+    notes = [f"hardware values from {src_hw}",
+             f"GEMM model fitted on DeepGEMM H800 FP8 rows: e_c={params[0]:.4f} e_m={params[1]:.4f} "
+             f"p={params[2]:.3f}, log-RMS error {rms:.3f}; applied to bf16 and to this GPU by peak/HBM/SM "
+             "ratio (extrapolation)",
+             f"grid ranges m {M_AX[0]}..{M_AX[-1]}, n/k {NK_AX[0]}..{NK_AX[-1]}; queries clamp outside",
+             f"collective size ramp uses assumed base latency {LAT_SCALEUP_US} us scale-up, "
+             f"{LAT_SCALEOUT_US} us scale-out (no public small-message rows in the reference set)",
+             "dispatch_gap and membw are assumptions, not measurements; `moetune profile` replaces them"]
+    dtypes = {"bf16": (s["bf16"], 2.0)}
+    if s["fp8"] > 0:
+        dtypes["fp8"] = (s["fp8"], 1.0)
+    gsrc = "derived:gemm-roofline-fit(deepgemm-h800-fp8)+hw"
+    sources = {gsrc: f"tiled-roofline fit to {DEEPGEMM_SRC}; peak/HBM/SM of {src_hw}"}
+    # gemm
+    rows = []
+    for dt, (peak, eb) in dtypes.items():
+        M, N, K = np.meshgrid(M_AX, NK_AX, NK_AX, indexing="ij")
+        tf = gemm_tflops(1, M, N, K, peak=peak, hbm_tbps=s["hbm_tbps"], sm=s["sm"], elem_bytes=eb, params=params)
+        for m, n, k, v in zip(M.ravel(), N.ravel(), K.ravel(), tf.ravel()):
+            rows.append(dict(dtype=dt, m=int(m), n=int(n), k=int(k), tflops=float(v), source=gsrc))
+    write_family(out, "gemm", rows)
+    # grouped gemm
+    rows = []
+    for dt, (peak, eb) in dtypes.items():
+        G, M, N, K = np.meshgrid(G_AX, M_AX, NK_AX[2:-2], NK_AX[2:-2], indexing="ij")
+        tf = gemm_tflops(G, M, N, K, peak=peak, hbm_tbps=s["hbm_tbps"], sm=s["sm"], elem_bytes=eb, params=params)
+        for g, m, n, k, v in zip(G.ravel(), M.ravel(), N.ravel(), K.ravel(), tf.ravel()):
+            rows.append(dict(dtype=dt, groups=int(g), m=int(m), n=int(n), k=int(k), tflops=float(v), source=gsrc))
+    write_family(out, "grouped_gemm", rows)
+    # attention (always bf16 in Megatron unless fp8 DPA is enabled)
+    rows = []
+    for direction in ("fwd", "bwd"):
+        for seq, frac in FA_FWD_FRACTION.items():
+            for hd, hf in FA_HEADDIM.items():
+                f = frac * hf * (FA_BWD_OVER_FWD if direction == "bwd" else 1.0)
+                rows.append(dict(dtype="bf16", direction=direction, seq=seq, head_dim=hd,
+                                 tflops=s["bf16"] * f, source="derived:fa3-fraction+hw"))
+    sources["derived:fa3-fraction+hw"] = f"{FA_SRC}; bf16 peak of {src_hw}"
+    write_family(out, "attention", rows)
+    # collectives
+    scaleup_link = s["nvlink"] if s["nvlink"] > 0 else s.get("pcie", 0.0) or 10.0
+    up_peak = scaleup_link * H100_RING_AR_BUSBW / H100_NVLINK
+    nic = s["nic_gbit"] / 8.0 * NIC_ACHIEVABLE
+    # node-count factor: fitted power law through the 2- and 4-node rows
+    slope = math.log(INTER_AR[4] / INTER_AR[2]) / math.log(2.0)
+    rows = []
+    for coll in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"):
+        for g in GROUP_AX:
+            for b in BYTES_AX:
+                if g <= 72:
+                    peak = up_peak
+                    bw = peak * b / (b + peak * 1e9 * LAT_SCALEUP_US * 1e-6)
+                    rows.append(dict(collective=coll, scope="scaleup", group=g, per_node=g, bytes=b,
+                                     busbw_gbps=bw, source="derived:nccl-h100-intra+hw"))
+                for pn in PERNODE_AX:
+                    if pn >= g:
+                        continue
+                    nodes = max(2.0, g / pn)
+                    f = INTER_AR[2] * (nodes / 2.0) ** slope
+                    peak = min(up_peak, pn * nic * f) if coll != "send_recv" else nic
+                    lat = LAT_SCALEOUT_US * (1.0 + math.log2(nodes) / 4.0)
+                    bw = peak * b / (b + peak * 1e9 * lat * 1e-6)
+                    rows.append(dict(collective=coll, scope="scaleout", group=g, per_node=pn, bytes=b,
+                                     busbw_gbps=bw, source="derived:nccl-h100-inter+hw"))
+    sources["derived:nccl-h100-intra+hw"] = (f"{NCCL_SRC_INTRA}; scaled by scale-up link of {src_hw}; "
+                                             f"ramp latency {LAT_SCALEUP_US} us (assumed)")
+    sources["derived:nccl-h100-inter+hw"] = (f"{INTER_SRC}; {NIC_SRC}; NIC of {src_hw}; node-count power law "
+                                             f"fitted to 2/4-node rows, extrapolated beyond 4 nodes; ramp latency "
+                                             f"{LAT_SCALEOUT_US} us x (1 + log2(nodes)/4) (assumed)")
+    write_family(out, "collectives", rows)
+    # EP dispatch
+    rows = []
+    for ep in (2, 4, 8, 16, 32, 64, 128, 256, 512):
+        for backend in ("deepep", "hybridep"):
+            d0, c0, ref, src = EP_ROWS[(backend, "scaleup")][8]
+            r = scaleup_link / ref
+            rows.append(dict(backend=backend, scope="scaleup", ep=ep, dispatch_gbps=d0 * r, combine_gbps=c0 * r,
+                             latency_us=LAT_SCALEUP_US * 2, source=f"derived: {src} x NVLink ratio ({src_hw})"))
+            sel = min(EP_ROWS[("deepep", "scaleout")], key=lambda e: abs(math.log2(e) - math.log2(max(ep, 16))))
+            d0, c0, ref, src = EP_ROWS[("deepep", "scaleout")][sel]
+            r = (s["nic_gbit"] / 8.0) / ref
+            if backend == "hybridep":
+                d0, c0 = d0 * HYBRID_OVER_DEEPEP_RDMA[0], c0 * HYBRID_OVER_DEEPEP_RDMA[1]
+                src += "; x HybridEP/DeepEP RDMA ratio (NeMo Automodel H100 EP16)"
+            rows.append(dict(backend=backend, scope="scaleout", ep=ep, dispatch_gbps=d0 * r, combine_gbps=c0 * r,
+                             latency_us=LAT_SCALEOUT_US * 2, source=f"derived: {src} x NIC ratio ({src_hw})"))
+        a2a_up = up_peak
+        a2a_out = nic * INTER_AR[2] * (max(2.0, ep / 8.0) / 2.0) ** slope
+        rows.append(dict(backend="alltoall", scope="scaleup", ep=ep, dispatch_gbps=a2a_up, combine_gbps=a2a_up,
+                         latency_us=LAT_SCALEUP_US, source=f"derived: NCCL all_to_all = {NCCL_SRC_INTRA}"))
+        rows.append(dict(backend="alltoall", scope="scaleout", ep=ep, dispatch_gbps=a2a_out, combine_gbps=a2a_out,
+                         latency_us=LAT_SCALEOUT_US, source=f"derived: NCCL all_to_all per-GPU NIC; {NIC_SRC}; {INTER_SRC}"))
+    write_family(out, "ep_dispatch", rows)
+    gap = 20.0 if kind == "cpu-local" else 6.0
+    write_family(out, "dispatch_gap", [dict(mode="eager", gap_us=gap, source=(
+        "assumed: PyTorch eager per-kernel CPU enqueue stall (no public row in reference set)"))])
+    hbm = s["hbm_tbps"] * 1000.0
+    fr = {"elementwise": 0.80, "permute": 0.55, "router": 0.40, "cross_entropy": 0.60, "optimizer": 0.75}
+    write_family(out, "membw", [dict(op=o, gbps=hbm * f, source=f"assumed: {f:.2f} x HBM {hbm:.0f} GB/s ({src_hw})")
+                                for o, f in fr.items()])
+    return write_meta(out, kind, "cost_model/build_default_tables.py", notes, sources)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kinds", default=",".join(DATASHEET))
+    ap.add_argument("--out", default=str(TABLE_ROOT))
+    a = ap.parse_args(argv)
+    params, rms = fit_gemm()
+    print(f"GEMM fit: e_c={params[0]:.4f} e_m={params[1]:.4f} p={params[2]:.3f} log-RMS={rms:.3f}")
+    for kind in a.kinds.split(","):
+        d = build(kind, Path(a.out), params, rms)
+        print(f"{kind}: {d[:16]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,246 @@
+"""Hardware performance tables: ONE on-disk format, read by the cost model, written by
+`cost_model/build_default_tables.py` (published numbers) and later by `moetune profile` (measured).
+
+Layout: `clusters/tables/<kind>/` holds one CSV per operator family plus `meta.json`.
+
+Every CSV has a header row; columns are, in order, the family's *key* columns (strings), its
+*axis* columns (positive numbers, interpolated in log space), its *value* columns (positive
+numbers, interpolated in log space) and a final `source` column naming where the row comes from
+(a measurement file, a public benchmark with its URL/commit, or `derived: <how>`). Rows of one key
+should form a full grid over the axes; holes are filled from the nearest grid point in log space.
+Queries outside the grid clamp to its edge (the metadata says which ranges were extrapolated).
+
+| family        | keys                 | axes                    | values                                  |
+|---------------|----------------------|-------------------------|-----------------------------------------|
+| gemm          | dtype                | m, n, k                 | tflops (achieved, 2mnk/time)            |
+| grouped_gemm  | dtype                | groups, m, n, k         | tflops (m = rows per group, all groups) |
+| attention     | dtype, direction     | seq, head_dim           | tflops (causal flops, fwd or bwd)       |
+| collectives   | collective, scope    | group, per_node, bytes  | busbw_gbps (nccl-tests convention, GB/s)|
+| ep_dispatch   | backend, scope       | ep                      | dispatch_gbps, combine_gbps, latency_us |
+| dispatch_gap  | mode                 | -                       | gap_us (CPU enqueue stall per kernel)   |
+| membw         | op                   | -                       | gbps (achieved bytes/s of a memory-bound op) |
+
+dtype: bf16 | fp8 (any fp8/mxfp8 recipe) | fp32. direction: fwd | bwd. collective: all_reduce,
+reduce_scatter, all_gather, all_to_all, send_recv. scope: scaleup (group inside one NVLink
+domain) | scaleout (group spans several). per_node: members of the group per scale-up domain.
+ep_dispatch scope: scaleup | scaleout bandwidth of the fabric the bytes cross (per GPU).
+membw op: elementwise, permute, router, cross_entropy, optimizer.
+
+`meta.json`: {"kind", "format": 1, "generator", "notes": [...], "sources": {tag: full citation}
+(a row's `source` may be a short tag explained there), "files": {name: sha256},
+"digest": sha256 over the CSV files (name + bytes, sorted by name)}. Reports quote `digest`.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+TABLE_ROOT = Path(__file__).resolve().parent.parent / "clusters" / "tables"
+FORMAT_VERSION = 1
+
+FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "gemm": (("dtype",), ("m", "n", "k"), ("tflops",)),
+    "grouped_gemm": (("dtype",), ("groups", "m", "n", "k"), ("tflops",)),
+    "attention": (("dtype", "direction"), ("seq", "head_dim"), ("tflops",)),
+    "collectives": (("collective", "scope"), ("group", "per_node", "bytes"), ("busbw_gbps",)),
+    "ep_dispatch": (("backend", "scope"), ("ep",), ("dispatch_gbps", "combine_gbps", "latency_us")),
+    "dispatch_gap": (("mode",), (), ("gap_us",)),
+    "membw": (("op",), (), ("gbps",)),
+}
+
+
+class TableError(ValueError):
+    pass
+
+
+class GridTable:
+    """Rows of one family, pivoted to a dense log-space grid per key; vectorised lookups."""
+
+    def __init__(self, family: str, rows: list[dict]):
+        keys, axes, values = FAMILIES[family]
+        self.family, self.keys, self.axes, self.values = family, keys, axes, values
+        groups: dict[tuple, list[dict]] = {}
+        for r in rows:
+            groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+        self.grids: dict[tuple, tuple[list[np.ndarray], dict[str, np.ndarray]]] = {}
+        for key, rs in groups.items():
+            ax = [np.unique(np.array([float(r[a]) for r in rs])) for a in axes]
+            shape = tuple(len(a) for a in ax)
+            vals = {v: np.full(shape, np.nan) for v in values}
+            for r in rs:
+                idx = tuple(int(np.searchsorted(ax[i], float(r[a]))) for i, a in enumerate(axes))
+                for v in values:
+                    vals[v][idx] = float(r[v])
+            logax = [np.log(a) for a in ax]
+            for v in values:
+                vals[v] = _fill_nearest(np.log(np.maximum(vals[v], 1e-30)), logax)
+            self.grids[key] = (logax, vals)
+
+    def has(self, *key) -> bool:
+        return tuple(key) in self.grids
+
+    def lookup(self, key, value: str | None = None, **axes) -> np.ndarray:
+        """Interpolated value(s) at the given axis arrays (broadcast together)."""
+        key = tuple([key] if isinstance(key, str) else key)
+        if key not in self.grids:
+            raise TableError(f"{self.family} table has no rows for {key}; has {sorted(self.grids)}")
+        logax, vals = self.grids[key]
+        grid = vals[value or self.values[0]]
+        if not self.axes:
+            return np.exp(grid.reshape(()))
+        pts = np.broadcast_arrays(*[np.asarray(axes[a], dtype=float) for a in self.axes])
+        out_shape = pts[0].shape
+        # multilinear interpolation in log space, clamped at the edges
+        lo_idx, w = [], []
+        for la, p in zip(logax, pts):
+            x = np.log(np.maximum(p.ravel(), 1e-30))
+            if len(la) == 1:
+                lo_idx.append(np.zeros(x.shape, dtype=np.intp))
+                w.append(np.zeros(x.shape))
+                continue
+            x = np.clip(x, la[0], la[-1])
+            i = np.clip(np.searchsorted(la, x, side="right") - 1, 0, len(la) - 2)
+            lo_idx.append(i)
+            w.append((x - la[i]) / (la[i + 1] - la[i]))
+        res = np.zeros(pts[0].size)
+        nd = len(logax)
+        for corner in range(1 << nd):
+            idx, wt = [], 1.0
+            for d in range(nd):
+                bit = (corner >> d) & 1
+                if len(logax[d]) == 1:
+                    if bit:
+                        wt = 0.0
+                        break
+                    idx.append(lo_idx[d])
+                    continue
+                idx.append(lo_idx[d] + bit)
+                wt = wt * (w[d] if bit else (1.0 - w[d]))
+            if isinstance(wt, float) and wt == 0.0:
+                continue
+            res += wt * grid[tuple(idx)]
+        return np.exp(res).reshape(out_shape)
+
+
+def _fill_nearest(grid: np.ndarray, logax: list[np.ndarray]) -> np.ndarray:
+    """Fill holes (NaN) from the nearest filled grid point (Euclidean in log-axis space)."""
+    mask = np.isnan(grid)
+    if not mask.any():
+        return grid
+    if mask.all():
+        raise TableError("a table key has no values")
+    coords = np.stack(np.meshgrid(*logax, indexing="ij"), axis=-1).reshape(-1, len(logax)) if logax \
+        else np.zeros((1, 0))
+    flat = grid.ravel().copy()
+    have = ~np.isnan(flat)
+    for i in np.flatnonzero(~have):
+        d = ((coords[have] - coords[i]) ** 2).sum(axis=1)
+        flat[i] = flat[have][int(np.argmin(d))]
+    return flat.reshape(grid.shape)
+
+
+def read_rows(path: Path, family: str) -> list[dict]:
+    keys, axes, values = FAMILIES[family]
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    need = set(keys) | set(axes) | set(values) | {"source"}
+    if rows and not need <= set(rows[0]):
+        raise TableError(f"{path}: missing columns {sorted(need - set(rows[0]))}")
+    for r in rows:
+        if not r.get("source"):
+            raise TableError(f"{path}: a row has no source: {r}")
+    return rows
+
+
+def write_family(directory: Path, family: str, rows: list[dict]) -> None:
+    keys, axes, values = FAMILIES[family]
+    cols = [*keys, *axes, *values, "source"]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: _fmt(r[c]) for c in cols})
+    (directory / f"{family}.csv").write_text(buf.getvalue())
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return v
+
+
+def digest_of(directory: Path) -> tuple[str, dict[str, str]]:
+    h = hashlib.sha256()
+    files = {}
+    for p in sorted(directory.glob("*.csv")):
+        data = p.read_bytes()
+        files[p.name] = hashlib.sha256(data).hexdigest()
+        h.update(p.name.encode() + b"\0" + data + b"\0")
+    return h.hexdigest(), files
+
+
+def write_meta(directory: Path, kind: str, generator: str, notes: list[str],
+               sources: dict[str, str] | None = None) -> str:
+    digest, files = digest_of(directory)
+    meta = {"kind": kind, "format": FORMAT_VERSION, "generator": generator, "notes": notes,
+            "sources": sources or {}, "files": files, "digest": digest}
+    (directory / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return digest
+
+
+@dataclass
+class Tables:
+    """All families of one hardware kind. `digest` is the content hash reports quote."""
+    kind: str
+    directory: Path
+    families: dict[str, GridTable]
+    meta: dict
+
+    @property
+    def digest(self) -> str:
+        return self.meta["digest"]
+
+    def __getitem__(self, family: str) -> GridTable:
+        return self.families[family]
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "Tables":
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise TableError(f"no table directory {directory}")
+        meta_path = directory / "meta.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        digest, files = digest_of(directory)
+        if meta.get("digest") not in (None, digest):
+            meta = dict(meta, stale_digest=meta["digest"])  # edited by hand: quote the real hash
+        meta["digest"] = digest
+        fams = {}
+        for fam in FAMILIES:
+            p = directory / f"{fam}.csv"
+            if not p.exists():
+                raise TableError(f"{directory} lacks {fam}.csv")
+            fams[fam] = GridTable(fam, read_rows(p, fam))
+        return cls(meta.get("kind", directory.name), directory, fams, meta)
+
+
+_CACHE: dict[str, Tables] = {}
+
+
+def load_tables(kind_or_dir: str | Path) -> Tables:
+    """Tables for a cluster kind (clusters/tables/<kind>/) or an explicit directory; cached."""
+    p = Path(kind_or_dir)
+    directory = p if p.is_dir() else TABLE_ROOT / str(kind_or_dir)
+    key = str(directory.resolve())
+    digest, _ = digest_of(directory) if directory.is_dir() else (None, None)
+    hit = _CACHE.get(key)
+    if hit is not None and hit.digest == digest:
+        return hit
+    t = Tables.load(directory)
+    _CACHE[key] = t
+    return t
