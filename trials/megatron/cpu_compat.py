@@ -157,6 +157,21 @@ def apply() -> bool:
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
 
+    # 5b. The alltoall dispatcher turns its split sizes into host numpy arrays with
+    #     maybe_move_tensor_to_cpu(as_numpy=True), which only converts *CUDA* tensors; a CPU
+    #     tensor is passed through and torch.distributed.all_to_all_single rejects a tensor as
+    #     split sizes. On CPU convert to numpy as the GPU path does.
+    from megatron.core.transformer.moe import token_dispatcher
+    _orig_move = moe_utils.maybe_move_tensor_to_cpu
+
+    def _move(tensor, as_numpy=False, record_stream=False):
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return _orig_move(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = _move
+    token_dispatcher.maybe_move_tensor_to_cpu = _move
+
     # 6. Pipeline schedules hard-code `torch.zeros([], dtype=torch.int, device="cuda")` for the
     #    token counter in all three schedules; give that module a torch proxy mapping it to CPU.
     from megatron.core.pipeline_parallel import schedules

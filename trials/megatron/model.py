@@ -186,5 +186,9 @@ def deterministic_init(chunks, seed: int = 1234) -> None:
                 gen = torch.Generator().manual_seed((zlib.crc32(g.encode()) + seed) % (2**63))
                 full = torch.randn(shape, generator=gen, dtype=torch.float32) * INIT_STD
                 if tp and tp[1] > 1:
-                    full = full.chunk(tp[1], dim=tp[2])[tp[0]]
+                    if g.endswith("linear_fc1.weight") and chunk.config.gated_linear_unit:
+                        # SwiGLU fc1 is [gate; up]; a TP shard holds [gate_r; up_r].
+                        full = torch.cat([h.chunk(tp[1], dim=0)[tp[0]] for h in full.chunk(2, dim=0)])
+                    else:
+                        full = full.chunk(tp[1], dim=tp[2])[tp[0]]
                 p.copy_(full.to(p.dtype))

@@ -151,7 +151,7 @@ def main(spec_path: str) -> int:
             chunks = [DistributedDataParallel(config=config, ddp_config=ddp_cfg, module=c,
                                               disable_bucketing=(i > 0))
                       for i, c in enumerate(chunks)]
-        except (AssertionError, ValueError, NotImplementedError, TypeError, StackRejected) as e:
+        except (AssertionError, ValueError, NotImplementedError, TypeError, ImportError, StackRejected) as e:
             raise StackRejected(f"{type(e).__name__}: {e}") from e
 
         config.finalize_model_grads_func = finalize_model_grads
@@ -221,8 +221,11 @@ def main(spec_path: str) -> int:
         obj = [None] * world
         dist.all_gather_object(obj, {"rank": rank, "losses": losses, "is_last": is_last,
                                      "peak_gib": _peak_mem_gib(on_gpu)})
-        last = next(o for o in obj if o["is_last"] and o["losses"] and o["losses"][0] is not None)
-        write({"ok": True, "rank": rank, "step_times_s": times, "losses": last["losses"],
+        # each last-stage rank holds the mean over its own DP shard: average over those ranks
+        # (TP/CP/EP replicas of one shard hold the same value, so the mean is the global mean).
+        last = [o["losses"] for o in obj if o["is_last"] and o["losses"] and o["losses"][0] is not None]
+        mean_losses = [sum(ls[i] for ls in last) / len(last) for i in range(len(last[0]))]
+        write({"ok": True, "rank": rank, "step_times_s": times, "losses": mean_losses,
                "peak_memory_gib": [o["peak_gib"] for o in obj], "dp": dp, "num_microbatches": num_mb,
                "versions": _versions(on_gpu), "cpu_patched": patched})
         dist.barrier()

@@ -1,0 +1,91 @@
+"""What cannot run on CPU with this stack (torch CPU build, megatron-core 0.16.1, no
+TransformerEngine, no apex, no grouped_gemm, no DeepEP), established by running each feature
+through the Megatron trial backend on tiny-moe (2 ranks, gloo). The evidence column quotes the
+error megatron-core (or our own check) raised. The realizability module imports this so the plan
+space and the CPU backend agree.
+"""
+from __future__ import annotations
+
+# code -> (sentence, evidence)
+CPU_UNSUPPORTED: dict[str, tuple[str, str]] = {
+    "grouped_gemm": (
+        "grouped GEMM experts need CUDA kernels (TE GroupedLinear or the grouped_gemm package)",
+        "GroupedMLP: 'Grouped GEMM is not available. Please run pip install ...grouped_gemm'"),
+    "tp_sequence_parallel": (
+        "TP>1 with MoE requires sequence parallelism, whose norms need TE/apex (torch norm refuses SP)",
+        "WrappedTorchNorm: 'sequence parallel not supported by torch LayerNorm'"),
+    "context_parallel": (
+        "context parallelism (CP>1) is only implemented by TEDotProductAttention",
+        "SelfAttention: 'Context parallelism is only supported by TEDotProductAttention!'"),
+    "flex_dispatcher": (
+        "the flex dispatcher needs DeepEP or HybridEP CUDA kernels",
+        "MoEFlexTokenDispatcher: 'DeepEP is not installed'"),
+    "dist_opt": (
+        "Megatron's DistributedOptimizer allocates CUDA buffers; CPU trials use torch Adam over "
+        "param.main_grad, which needs the full (all-reduced) gradient",
+        "with use_distributed_optimizer=True the DDP buffer is only reduce-scattered: an Adam step "
+        "over it diverges (loss 6.164 vs 6.169 at step 2 on tiny-moe)"),
+    "overlap_param_gather": (
+        "parameter all-gather overlap belongs to the distributed optimizer (unsupported on CPU)",
+        "requires dist_opt"),
+    "fp8": (
+        "FP8 recipes need TransformerEngine and FP8 tensor cores",
+        "TransformerConfig: TypeError comparing TE version None (TE absent)"),
+    "a2a_overlap": (
+        "EP all-to-all overlap (overlap_moe_expert_parallel_comm) needs bf16/fp16 and CUDA streams; "
+        "CPU trials run fp32",
+        "TransformerConfig: 'overlap_moe_expert_parallel_comm is only supported with bf16 or fp16 model'"),
+    "recompute_moe_act": (
+        "selective recompute of moe_act is only supported with grouped GEMM",
+        "TransformerConfig: 'moe_act in recompute_modules is only supported with moe_grouped_gemm.'"),
+    "recompute_layernorm": (
+        "selective recompute of layernorm uses CheckpointWithoutOutput, which calls TE's FP8 state",
+        "tensor_parallel/random.py: NameError 'FP8GlobalStateManager' without TE"),
+}
+
+# Supported on CPU and exercised by tests: DP, EP (alltoall, allgather), PP with and without VPP,
+# uneven first/last stages, mbs, recompute none/full(uniform|block)/selective(core_attn, mlp,
+# moe, shared_experts), overlap_grad_reduce (gloo async all-reduce; CUDA streams are no-ops),
+# shared experts with shared_expert_overlap. Precision: CPU trials run fp32 (bf16 plans measured
+# in fp32; the measurement is of the schedule, not of bf16 kernels).
+
+
+def cpu_rejections(plan, model=None) -> list[tuple[str, str]]:
+    """(code, sentence) for every feature of `plan` that cannot run on CPU; [] = runnable."""
+    out = []
+
+    def add(code):
+        out.append((code, CPU_UNSUPPORTED[code][0]))
+
+    is_moe = model is None or getattr(model, "is_moe", True)
+    if plan.grouped_gemm and is_moe:
+        add("grouped_gemm")
+    if plan.tp > 1:
+        add("tp_sequence_parallel")
+    if plan.cp > 1:
+        add("context_parallel")
+    if plan.dispatcher == "flex" and is_moe:
+        add("flex_dispatcher")
+    if plan.dist_opt:
+        add("dist_opt")
+    if plan.overlap_param_gather:
+        add("overlap_param_gather")
+    if plan.fp8:
+        add("fp8")
+    if plan.a2a_overlap and is_moe:
+        add("a2a_overlap")
+    if plan.recompute == "selective":
+        if "moe_act" in plan.recompute_modules:
+            add("recompute_moe_act")
+        if "layernorm" in plan.recompute_modules:
+            add("recompute_layernorm")
+    return out
+
+
+def cpu_defaults(fields: dict) -> dict:
+    """Defaults for a partial plan on cpu-local: the GPU-oriented defaults (dist_opt, overlaps,
+    grouped GEMM) are switched off unless given explicitly."""
+    out = dict(dist_opt=False, overlap_grad_reduce=False, overlap_param_gather=False,
+               grouped_gemm=False)
+    out.update(fields)
+    return out
