@@ -29,6 +29,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.1
 
 
+def _gpu_present() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -53,7 +58,11 @@ def _kill_group(proc: subprocess.Popen) -> None:
 class MegatronBackend(TrialBackend):
     name = "megatron"
 
-    def __init__(self, *, keep_dir: bool = False, extra_spec: dict | None = None):
+    def __init__(self, *, keep_dir: bool = False, extra_spec: dict | None = None,
+                 enforce_cpu_support: bool = True):
+        """enforce_cpu_support: on a machine without GPU, refuse (Failure "unrealizable") plans
+        using features listed in cpu_support.CPU_UNSUPPORTED instead of launching them."""
+        self.enforce_cpu_support = enforce_cpu_support
         self.keep_dir = keep_dir
         self.extra_spec = dict(extra_spec or {})
 
@@ -62,6 +71,12 @@ class MegatronBackend(TrialBackend):
             warmup: int = 2) -> Measurement | Failure:
         plan_s = plan.canonical() if hasattr(plan, "canonical") else str(plan)
         world = resources.devices
+        if self.enforce_cpu_support and not _gpu_present():
+            from trials.megatron.cpu_support import cpu_rejections
+            bad = cpu_rejections(plan, workload.model)
+            if bad:
+                return Failure(plan=plan_s, kind="unrealizable", backend=self.name,
+                               message="; ".join(f"{c}: {s}" for c, s in bad) + " (CPU trial backend)")
         res = launch(plan_s, workload.model.to_dict(), workload.gbs, workload.seq, world,
                      timeout_s=resources.timeout_s, memory_cap_gib=resources.memory_cap_gib,
                      master_port=resources.master_port, iters=iters, warmup=warmup,

@@ -89,3 +89,14 @@ def cpu_defaults(fields: dict) -> dict:
                grouped_gemm=False)
     out.update(fields)
     return out
+
+
+def cpu_rejection_rules() -> list[tuple]:
+    """(code, sentence, predicate(plan, model) -> bool) per unsupported feature, the form
+    `tuner.stack.cpu_profile` consumes."""
+    rules = []
+    for code, (sentence, _evidence) in CPU_UNSUPPORTED.items():
+        def pred(plan, model, _code=code):
+            return any(c == _code for c, _ in cpu_rejections(plan, model))
+        rules.append((f"cpu-{code}", sentence, pred))
+    return rules
