@@ -16,7 +16,7 @@ import torch
 INIT_STD = 0.02
 
 
-def transformer_config(model, plan, *, on_gpu: bool, seq: int):
+def transformer_config(model, plan, *, on_gpu: bool, seq: int, overrides: dict | None = None):
     """The TransformerConfig for this model and plan. Raises megatron's own validation errors
     (AssertionError / ValueError from __post_init__), which the worker reports as stack-rejected."""
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -56,7 +56,11 @@ def transformer_config(model, plan, *, on_gpu: bool, seq: int):
         # for every interleaved run.
         overlap_p2p_comm=plan.vpp > 1,
         batch_p2p_comm=plan.vpp == 1,
-        deallocate_pipeline_outputs=True,
+        # Pseudo-deallocation swaps a sent activation's storage right after isend. NCCL orders
+        # that on the stream; gloo's isend is asynchronous on a host thread, so with the
+        # overlapped p2p of interleaved schedules the peer received a corrupted tensor
+        # (gradients of PP=2,VPP=2 off by 70x vs. unpipelined). On CPU keep the outputs.
+        deallocate_pipeline_outputs=on_gpu,
         # recompute
         recompute_granularity=None if plan.recompute == "none" else plan.recompute,
     )
@@ -90,6 +94,7 @@ def transformer_config(model, plan, *, on_gpu: bool, seq: int):
             kw["moe_flex_dispatcher_backend"] = plan.flex_backend or "deepep"
     if plan.fp8:
         kw.update(fp8="hybrid", fp8_recipe=plan.precision.split("-", 1)[-1])
+    kw.update(overrides or {})
     return TransformerConfig(**kw)
 
 

@@ -131,7 +131,8 @@ def main(spec_path: str) -> int:
                 expert_tensor_parallel_size=plan.etp,
             )
             tensor_parallel.model_parallel_cuda_manual_seed(int(spec.get("seed", 1234)))
-            config = transformer_config(model, plan, on_gpu=on_gpu, seq=seq)
+            config = transformer_config(model, plan, on_gpu=on_gpu, seq=seq,
+                                        overrides=spec.get("config_overrides"))
             dp = ps.get_data_parallel_world_size()
             if gbs % (plan.mbs * dp):
                 raise StackRejected(f"global batch {gbs} is not divisible by mbs*dp = {plan.mbs}*{dp}")
