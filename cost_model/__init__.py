@@ -1,0 +1,101 @@
+"""Training cost model: `predict(workload, plan) -> Prediction`, `predict_many`, and the vectorised
+core `predict_arrays(workload, PlanArrays) -> dict of arrays`. See `cost_model.model` for what is
+modelled, `cost_model.tables` for the table format and `cost_model.calibration` for the single
+labelled correction term."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from cost_model.plans import PlanArrays
+
+
+@dataclass
+class Prediction:
+    feasible: bool
+    reasons: list
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+    peak_memory_gib: float
+    memory_by_stage_gib: list
+    breakdown_s: dict
+    tables_digest: str
+    calibration_id: str
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def resolve_tables(workload, tables=None):
+    from cost_model.tables import Tables, load_tables
+    if isinstance(tables, Tables):
+        return tables
+    return load_tables(tables or workload.cluster.kind)
+
+
+def resolve_calibration(workload, calibration=None):
+    from cost_model.calibration import Calibration, default_calibration
+    if calibration is None:
+        return default_calibration(workload.cluster)
+    if isinstance(calibration, Calibration):
+        return calibration
+    return Calibration.load(calibration)
+
+
+def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserve=0.1, imbalance=1.0,
+                   detail=False) -> dict:
+    """Vectorised core: dict of arrays (step_time_s, tokens_per_s_per_gpu, model_tflops_per_gpu, mfu,
+    peak_memory_gib, fits, ...) for a PlanArrays (or a list of Plans)."""
+    from cost_model.model import evaluate
+    pa = plans if isinstance(plans, PlanArrays) else PlanArrays.from_plans(list(plans))
+    t = resolve_tables(workload, tables)
+    cal = resolve_calibration(workload, calibration)
+    out = evaluate(workload, pa, t, imbalance=imbalance, hbm_reserve=hbm_reserve,
+                   calibration_scale=cal.scale, detail=detail)
+    out["tables_digest"] = t.digest
+    out["calibration_id"] = cal.id
+    return out
+
+
+def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=0.1,
+                 imbalance=1.0) -> list[Prediction]:
+    plans = list(plans)
+    if not plans:
+        return []
+    r = predict_arrays(workload, plans, tables=tables, calibration=calibration, hbm_reserve=hbm_reserve,
+                       imbalance=imbalance, detail=True)
+    preds = []
+    for i, p in enumerate(plans):
+        mask = r["stage_mask"][i] > 0
+        stages = [round(float(x), 3) for x in r["memory_by_stage_gib"][i][mask]]
+        reasons = []
+        if not r["fits"][i]:
+            s = int(np.argmax(r["memory_by_stage_gib"][i]))
+            reasons.append(f"memory: stage {s} needs {stages[s]:.1f} GiB > {r['usable_gib']:.1f} GiB usable "
+                           f"({workload.cluster.hbm_gib:g} GiB HBM, {hbm_reserve:.0%} reserve)")
+        if r["notes"] and r["notes"][i]:
+            reasons.append(r["notes"][i])
+        preds.append(Prediction(
+            feasible=bool(r["fits"][i]), reasons=reasons,
+            step_time_s=float(r["step_time_s"][i]), tokens_per_s_per_gpu=float(r["tokens_per_s_per_gpu"][i]),
+            model_tflops_per_gpu=float(r["model_tflops_per_gpu"][i]), mfu=float(r["mfu"][i]),
+            peak_memory_gib=float(r["peak_memory_gib"][i]), memory_by_stage_gib=stages,
+            breakdown_s={k: float(v[i]) for k, v in r["breakdown_s"].items()},
+            tables_digest=r["tables_digest"], calibration_id=r["calibration_id"],
+            extra={"microbatches": int(r["microbatches"][i]), "dp": int(r["dp"][i]),
+                   "raw_step_time_s": float(r["raw_step_time_s"][i]),
+                   "slowest_stage": int(r["slowest_stage"][i]), "m_expert": float(r["m_expert"][i]),
+                   "plan": p.canonical()}))
+    return preds
+
+
+def predict(workload, plan, *, tables=None, calibration=None, hbm_reserve=0.1, imbalance=1.0) -> Prediction:
+    return predict_many(workload, [plan], tables=tables, calibration=calibration,
+                        hbm_reserve=hbm_reserve, imbalance=imbalance)[0]
+
+
+__all__ = ["Prediction", "PlanArrays", "predict", "predict_many", "predict_arrays"]

@@ -1,0 +1,85 @@
+"""`PlanArrays`: a struct of numpy arrays over many plans (the cost model's vectorised input).
+
+Build it from a list of `Plan`s (`from_plans`) or straight from columns (`from_columns`, what a
+screening shard uses; no Plan objects at all). Categorical fields become small integer codes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tuner.plan import DISPATCHERS, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES, Plan
+
+INT_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute_layers", "pp_first", "pp_last")
+BOOL_FIELDS = ("dist_opt", "overlap_grad_reduce", "overlap_param_gather", "shared_expert_overlap",
+               "a2a_overlap", "grouped_gemm")
+# dispatcher codes: 0 alltoall, 1 allgather, 2 flex/deepep, 3 flex/hybridep
+DISPATCH_CODES = ("alltoall", "allgather", "deepep", "hybridep")
+MODULE_BIT = {m: 1 << i for i, m in enumerate(RECOMPUTE_MODULES)}
+DEFAULT_SELECTIVE = MODULE_BIT["core_attn"]
+
+
+def dispatch_code(dispatcher: str, flex_backend: str) -> int:
+    if dispatcher == "flex":
+        return 3 if flex_backend == "hybridep" else 2
+    return DISPATCHERS.index(dispatcher)
+
+
+@dataclass
+class PlanArrays:
+    n: int
+    cols: dict[str, np.ndarray]
+    layouts: list[str] = field(default_factory=lambda: [""])  # pp_layout code -> string
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["cols"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __len__(self) -> int:
+        return self.n
+
+    @classmethod
+    def from_plans(cls, plans: list[Plan]) -> "PlanArrays":
+        cols: dict[str, list] = {f: [] for f in INT_FIELDS + BOOL_FIELDS}
+        recompute, modules, method, dispatch, prec, layout = [], [], [], [], [], []
+        layouts: dict[str, int] = {"": 0}
+        for p in plans:
+            d = p.__dict__
+            for f in INT_FIELDS:
+                cols[f].append(d[f])
+            for f in BOOL_FIELDS:
+                cols[f].append(d[f])
+            recompute.append(RECOMPUTE.index(p.recompute))
+            mask = 0
+            for m in p.recompute_modules:
+                mask |= MODULE_BIT[m]
+            modules.append(mask or DEFAULT_SELECTIVE)
+            method.append(1 if p.recompute_method == "block" else 0)
+            dispatch.append(dispatch_code(p.dispatcher, p.flex_backend))
+            prec.append(PRECISIONS.index(p.precision))
+            layout.append(layouts.setdefault(p.pp_layout, len(layouts)))
+        out = {f: np.asarray(v, dtype=np.int64) for f, v in cols.items()}
+        out.update(recompute=np.asarray(recompute, np.int64), recompute_modules=np.asarray(modules, np.int64),
+                   recompute_block=np.asarray(method, np.int64), dispatch=np.asarray(dispatch, np.int64),
+                   precision=np.asarray(prec, np.int64), layout=np.asarray(layout, np.int64))
+        return cls(len(plans), out, [k for k, _ in sorted(layouts.items(), key=lambda kv: kv[1])])
+
+    @classmethod
+    def from_columns(cls, n: int | None = None, layouts: list[str] | None = None, **columns) -> "PlanArrays":
+        """Columns by Plan field name (ints / bools / codes); missing ones take Plan defaults.
+        Codes: recompute 0 none / 1 selective / 2 full; dispatch see DISPATCH_CODES; precision index
+        into tuner.plan.PRECISIONS; recompute_modules bitmask (MODULE_BIT); layout index into layouts."""
+        if n is None:
+            n = len(next(iter(columns.values())))
+        d = Plan()
+        out = {}
+        for f in INT_FIELDS + BOOL_FIELDS:
+            out[f] = np.broadcast_to(np.asarray(columns.get(f, getattr(d, f)), np.int64), (n,)).copy()
+        defaults = dict(recompute=0, recompute_modules=DEFAULT_SELECTIVE, recompute_block=0,
+                        dispatch=0, precision=0, layout=0)
+        for f, v in defaults.items():
+            out[f] = np.broadcast_to(np.asarray(columns.get(f, v), np.int64), (n,)).copy()
+        return cls(n, out, layouts or [""])
