@@ -281,7 +281,12 @@ def _distinct_ranks(E, topk, ep):
 
 
 # ---- the model ----------------------------------------------------------------------------------
-def evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.1, calibration_scale=1.0,
+def evaluate(workload, pa: PlanArrays, tables, **kw) -> dict:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _evaluate(workload, pa, tables, **kw)
+
+
+def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.1, calibration_scale=1.0,
              flash=True, dropout=False, detail=True) -> dict:
     spec, cl = workload.model, workload.cluster
     W, gbs, seq = workload.world, workload.gbs, workload.seq

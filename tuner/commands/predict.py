@@ -1,0 +1,78 @@
+"""`moetune predict`: the cost model's prediction for one plan of one workload."""
+from __future__ import annotations
+
+import json
+
+from tuner.commands.common import UsageError, add_workload_args, workload_from_args
+from tuner.plan import Plan
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("predict", help="predict step time, throughput, MFU and memory of one plan")
+    add_workload_args(p)
+    p.add_argument("--plan", default="", help='canonical or partial plan string, e.g. "tp=2,pp=8,vpp=4,ep=64"')
+    p.add_argument("--json", action="store_true", help="print the Prediction as JSON")
+    p.add_argument("--tables", default=None, help="table directory (default clusters/tables/<kind>)")
+    p.add_argument("--calibration", default=None, help="calibration JSON (default: shipped GPU fit)")
+    p.add_argument("--hbm-reserve", type=float, default=0.1, help="fraction of HBM kept free (default 0.1)")
+    p.add_argument("--imbalance", type=float, default=1.0, help="routing imbalance factor (1.0 = balanced)")
+    return p
+
+
+def _precision(args, cluster) -> str:
+    prec = args.precision
+    if prec == "fp8":
+        return "mxfp8" if getattr(cluster, "mxfp8", False) else "fp8-blockwise"
+    return prec
+
+
+def run(args) -> int:
+    import cost_model
+    w = workload_from_args(args)
+    plan = Plan.parse(args.plan)
+    if "precision=" not in args.plan:
+        plan = plan.replace(precision=_precision(args, w.cluster))
+    try:
+        from tuner import complete
+        if hasattr(complete, "complete_plan"):
+            plan = complete.complete_plan(w, plan)
+    except Exception:  # noqa: BLE001 - completion is best effort here
+        pass
+    realize_reasons = []
+    try:
+        from tuner import realize
+        if hasattr(realize, "check"):
+            from tuner.stack import profile_for
+            realize_reasons = [str(getattr(r, "sentence", r)) for r in
+                               realize.check(w, plan, profile_for(w.cluster))]
+    except Exception:  # noqa: BLE001 - realizability is advisory here
+        pass
+    try:
+        pred = cost_model.predict(w, plan, tables=args.tables, calibration=args.calibration,
+                                  hbm_reserve=args.hbm_reserve, imbalance=args.imbalance)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        d = pred.to_dict()
+        d["plan"] = plan.canonical()
+        d["realize_reasons"] = realize_reasons
+        print(json.dumps(d, indent=1))
+        return 0
+    print(f"plan           {plan.canonical()}")
+    print(f"workload       {w.model.name} on {w.world}x {w.cluster.kind}, gbs {w.gbs}, seq {w.seq}")
+    for r in realize_reasons:
+        print(f"not realizable {r}")
+    print(f"step time      {pred.step_time_s:.3f} s  ({pred.extra['microbatches']} microbatches, dp {pred.extra['dp']})")
+    print(f"tokens/s/GPU   {pred.tokens_per_s_per_gpu:,.0f}")
+    print(f"model TFLOP/s  {pred.model_tflops_per_gpu:.1f} per GPU, MFU {pred.mfu:.1%} (of bf16 peak)")
+    print(f"memory         peak {pred.peak_memory_gib:.1f} GiB; by stage " +
+          " ".join(f"{x:.1f}" for x in pred.memory_by_stage_gib) + (" (fits)" if pred.feasible else ""))
+    for r in pred.reasons:
+        print(f"note           {r}")
+    print("breakdown (s per iteration):")
+    for k, v in sorted(pred.breakdown_s.items(), key=lambda kv: -abs(kv[1])):
+        if abs(v) > 0:
+            print(f"  {k:24s} {v:9.3f}")
+    print(f"tables         {args.tables or 'clusters/tables/' + w.cluster.kind} sha256 {pred.tables_digest[:16]}")
+    print(f"calibration    {pred.calibration_id}")
+    return 0
