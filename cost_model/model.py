@@ -115,11 +115,15 @@ def stage_structure(spec, pp, vpp, first, last, layout):
         try:
             split = split_layers(spec.num_layers, pp, vpp, first, last, layout)
         except LayoutError as e:
-            alt = balanced_layout(spec.num_layers, pp, vpp)
-            split = split_layers(spec.num_layers, pp, vpp, 0, 0, alt)
-            note = f"pipeline: {e}; costed with the balanced layout {alt}"
+            try:
+                alt = balanced_layout(spec.num_layers, pp, vpp)
+                split = split_layers(spec.num_layers, pp, vpp, 0, 0, alt)
+                note = f"pipeline: {e}; costed with the balanced layout {alt}"
+            except LayoutError as e2:
+                raise ImportError(f"pipeline: {e2}") from None
         chunks, emb_at, loss_at = split.chunks, split.embedding_at, split.loss_at
-    except ImportError:  # private fallback: even split, first/last honoured
+    except ImportError as e:  # private fallback: near-even split over ranks
+        note = note or (str(e) + "; costed with a near-even split" if str(e).startswith("pipeline") else "")
         counts = [spec.num_layers // pp] * pp
         for i in range(spec.num_layers - sum(counts)):
             counts[i] += 1
