@@ -1,0 +1,161 @@
+"""Megatron-core trial backend on CPU (gloo, 2 ranks, tiny-moe, gbs 8, seq 64).
+
+Slow tests launch real megatron-core training steps (~5-10 s each on 2 cores); they are marked
+`slow`. The fast ones check the CPU support table and argument handling."""
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import time
+
+import psutil
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+from trials.base import Failure, Measurement, Resources  # noqa: E402
+from trials.megatron.backend import MegatronBackend, launch  # noqa: E402
+from trials.megatron.cpu_support import CPU_UNSUPPORTED, cpu_defaults, cpu_rejections, cpu_rejection_rules  # noqa: E402
+from tuner.model_spec import load_model  # noqa: E402
+from tuner.plan import Plan, parse_fields  # noqa: E402
+
+GBS, SEQ, WORLD = 8, 64, 2
+MODEL = load_model("tiny-moe")
+slow = pytest.mark.slow
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU backend tests")
+
+
+class _Cluster:  # the backend reads only the model/gbs/seq from a workload
+    num_devices = WORLD
+    is_gpu = False
+
+
+class _Workload:
+    def __init__(self, model=MODEL, gbs=GBS, seq=SEQ):
+        self.model, self.gbs, self.seq, self.cluster = model, gbs, seq, _Cluster()
+
+    @property
+    def world(self):
+        return WORLD
+
+
+def plan(text=""):
+    return Plan(**cpu_defaults(parse_fields(text)))
+
+
+def no_strays():
+    me = psutil.Process()
+    kids = [c for c in me.children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    return kids
+
+
+def run(text, *, iters=3, warmup=1, timeout=120.0, cap=None, model=MODEL, gbs=GBS):
+    r = MegatronBackend().run(plan(text), _Workload(model, gbs), Resources(WORLD, timeout, cap),
+                              iters=iters, warmup=warmup)
+    assert not no_strays(), "trial left processes behind"
+    return r
+
+
+# ---- fast ------------------------------------------------------------------------------------
+def test_cpu_rejections_table():
+    assert cpu_rejections(plan(""), MODEL) == []
+    codes = {c for c, _ in cpu_rejections(Plan(), MODEL)}  # GPU defaults: dist_opt, opg, grouped gemm
+    assert {"dist_opt", "overlap_param_gather", "grouped_gemm"} <= codes
+    assert {c for c, _ in cpu_rejections(plan("tp=2,cp=2,dispatcher=flex,precision=fp8-delayed"), MODEL)} == {
+        "tp_sequence_parallel", "context_parallel", "flex_dispatcher", "fp8"}
+    assert all(code in CPU_UNSUPPORTED for code, _ in cpu_rejections(Plan(tp=2, cp=2), MODEL))
+    rules = cpu_rejection_rules()
+    assert any(pred(plan("tp=2"), MODEL) for _, _, pred in rules)
+    assert not any(pred(plan("ep=2,pp=2,vpp=2"), MODEL) for _, _, pred in rules)
+
+
+def test_backend_refuses_cpu_unsupported_without_launching():
+    r = MegatronBackend().run(plan("grouped_gemm=1"), _Workload(), Resources(WORLD, 30))
+    assert isinstance(r, Failure) and r.kind == "unrealizable" and "grouped_gemm" in r.message
+
+
+# ---- measurements ------------------------------------------------------------------------------
+PLANS = ["", "ep=2", "ep=2,dispatcher=allgather", "pp=2", "pp=2,vpp=2", "mbs=2",
+         "ep=2,recompute=full", "pp=2,recompute=selective,recompute_modules=core_attn+moe",
+         "overlap_grad_reduce=1"]
+
+
+@slow
+def test_trials_across_plans():
+    seen = {}
+    for text in PLANS:
+        t0 = time.time()
+        m = run(text)
+        assert isinstance(m, Measurement), (text, m)
+        assert time.time() - t0 < 60
+        assert m.step_time_s > 0 and all(t > 0 for t in m.step_times_s) and len(m.step_times_s) == 3
+        assert min(m.step_times_s) <= m.step_time_s <= max(m.step_times_s)
+        assert m.step_time_spread_s == pytest.approx(max(m.step_times_s) - min(m.step_times_s))
+        assert m.tokens_per_s_per_gpu == pytest.approx(GBS * SEQ / m.step_time_s / WORLD)
+        assert len(m.peak_memory_gib) == WORLD and all(x > 0 for x in m.peak_memory_gib)
+        assert len(m.losses) == 4 and m.losses[-1] < m.losses[0]  # learning
+        assert m.plan == plan(text).canonical()
+        seen[m.plan] = m.step_times_s
+    assert len(set(seen.values())) == len(PLANS)  # distinct plans, distinct measurements
+
+
+@slow
+def test_same_model_same_first_loss_across_plans():
+    """Name-based init and shared synthetic data: every plan starts from the same loss."""
+    first = [run(t, iters=1, warmup=0).losses[0] for t in ("", "pp=2", "ep=2")]
+    assert max(first) - min(first) < 1e-4
+
+
+# ---- gradient equality --------------------------------------------------------------------------
+def _grads(text, world):
+    d = tempfile.mkdtemp(prefix="moetune-grads-")
+    r = launch(plan(text).canonical(), MODEL.to_dict(), GBS, SEQ, world, timeout_s=120, mode="grads",
+               out_dir=d)
+    assert r["ok"], r
+    out = {}
+    for f in sorted(glob.glob(os.path.join(d, "grads_rank*.pt"))):
+        for k, v in torch.load(f).items():
+            if k in out:  # DP replicas hold identical parameters and (all-reduced) gradients
+                assert torch.equal(out[k]["param"], v["param"]) and torch.allclose(out[k]["grad"], v["grad"])
+            out[k] = v
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference_grads():
+    return _grads("", 1)  # unpipelined, one process, same 8 microbatches
+
+
+@slow
+@pytest.mark.parametrize("text", ["pp=2", "pp=2,vpp=2", "ep=2"])
+def test_gradients_equal_unpipelined_reference(reference_grads, text):
+    got = _grads(text, WORLD)
+    assert set(got) == set(reference_grads)
+    for k, ref in reference_grads.items():
+        assert torch.equal(got[k]["param"], ref["param"]), k  # identical init
+        torch.testing.assert_close(got[k]["grad"], ref["grad"], rtol=1e-4, atol=1e-6, msg=k)
+    assert any(".local_experts." in k for k in got) and any("layers.3." in k for k in got)
+
+
+# ---- failures -----------------------------------------------------------------------------------
+@slow
+def test_megatron_rejection_is_stack_rejected():
+    r = run("pp=2,pp_first=3,pp_last=3")  # 6 layers requested of a 4-layer model
+    assert isinstance(r, Failure) and r.kind == "stack-rejected", r
+    assert "layer" in r.message.lower()
+
+
+@slow
+def test_memory_cap_is_oom():
+    r = run("", cap=0.05)
+    assert isinstance(r, Failure) and r.kind == "oom", r
+
+
+@slow
+def test_timeout_kills_everything():
+    t0 = time.time()
+    r = run("", timeout=2.0)
+    assert isinstance(r, Failure) and r.kind == "timeout", r
+    assert time.time() - t0 < 20
