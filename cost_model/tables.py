@@ -96,6 +96,13 @@ class GridTable:
             return np.exp(grid.reshape(()))
         pts = np.broadcast_arrays(*[np.asarray(axes[a], dtype=float) for a in self.axes])
         out_shape = pts[0].shape
+        if pts[0].size > 2048:  # many plans share shapes: interpolate each distinct point once
+            stacked = np.ascontiguousarray(np.stack([p.ravel() for p in pts], axis=1))
+            keys = stacked.view(np.dtype((np.void, stacked.dtype.itemsize * stacked.shape[1]))).ravel()
+            _, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+            if len(first) < 0.5 * len(keys):
+                uq = self.lookup(key, value, **{a: stacked[first, i] for i, a in enumerate(self.axes)})
+                return uq[inv.reshape(-1)].reshape(out_shape)
         # multilinear interpolation in log space, clamped at the edges
         lo_idx, w = [], []
         for la, p in zip(logax, pts):
