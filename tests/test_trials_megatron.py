@@ -159,3 +159,29 @@ def test_timeout_kills_everything():
     r = run("", timeout=2.0)
     assert isinstance(r, Failure) and r.kind == "timeout", r
     assert time.time() - t0 < 20
+
+
+# ---- CLI --------------------------------------------------------------------------------------
+def _cli(*args):
+    from tuner.cli import main
+    return main(["trial", "--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2",
+                 "--gbs", str(GBS), "--seq", str(SEQ), *args])
+
+
+def test_cli_bad_input_exit_2(capsys):
+    assert _cli("--plan", "bogus=1") == 2
+    assert _cli("--plan", "ep=2", "--iters", "0") == 2
+
+
+def test_cli_unrealizable_on_cpu_exit_1(capsys):
+    assert _cli("--plan", "ep=2,grouped_gemm=1") == 1
+    assert "unrealizable" in capsys.readouterr().out
+
+
+@slow
+def test_cli_measurement_json(capsys):
+    import json
+    assert _cli("--plan", "ep=2", "--iters", "2", "--warmup", "1", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["ok"] and d["plan"].startswith("tp=1,cp=1,pp=1,vpp=1,ep=2") and "dist_opt=0" in d["plan"]
+    assert "grouped_gemm=0" in d["plan"] and d["tokens_per_s_per_gpu"] > 0

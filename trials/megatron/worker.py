@@ -165,7 +165,20 @@ def main(spec_path: str) -> int:
             if len(chunks) == 1:
                 config.grad_sync_func = config.grad_sync_func[0]
         params = [p for c in chunks for p in c.parameters() if p.requires_grad]
-        opt = torch.optim.Adam(params, lr=float(spec.get("lr", 3e-3)))
+        lr = float(spec.get("lr", 3e-3))
+        if on_gpu:
+            # GPU: Megatron's own optimizer (DistributedOptimizer when plan.dist_opt).
+            # NOTE: not exercised in this repository's CI (no GPU); the CPU path below is tested.
+            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+            mopt = get_megatron_optimizer(
+                OptimizerConfig(optimizer="adam", lr=lr, bf16=config.bf16,
+                                use_distributed_optimizer=plan.dist_opt, clip_grad=0.0),
+                chunks)
+        else:
+            # CPU: Megatron's optimizers/DistributedOptimizer hard-code CUDA buffers; use torch
+            # Adam over the DDP-reduced param.main_grad (dist_opt is refused on CPU).
+            mopt = None
+            opt = torch.optim.Adam(params, lr=lr)
         fwd_bwd = get_forward_backward_func()
         dp_rank = ps.get_data_parallel_rank()
         vocab = model.vocab_size
@@ -208,9 +221,13 @@ def main(spec_path: str) -> int:
             dist.barrier()
             t0 = time.perf_counter()
             loss = step(it)
-            for p in params:
-                p.grad = p.main_grad.to(p.dtype) if p.main_grad.dtype != p.dtype else p.main_grad
-            opt.step()
+            if mopt is not None:
+                mopt.step()
+                mopt.zero_grad()
+            else:
+                for p in params:
+                    p.grad = p.main_grad.to(p.dtype) if p.main_grad.dtype != p.dtype else p.main_grad
+                opt.step()
             if on_gpu:
                 torch.cuda.synchronize()
             dist.barrier()
