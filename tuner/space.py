@@ -227,7 +227,10 @@ def iter_realizable(space: Space, workload: Workload, profile: StackProfile,
 
 
 def summarize(space: Space, workload: Workload, profile: StackProfile, shard: int = 0,
-              num_shards: int = 1, max_examples: int = 5, progress=None) -> SpaceSummary:
+              num_shards: int = 1, max_examples: int = 5, progress=None,
+              example_stride: int = 1) -> SpaceSummary:
+    """Counts over the shard; examples are one realizable plan per `example_stride`-th parallel
+    point, so they show different layouts."""
     walker = _Walker(space, workload, profile)
     out = SpaceSummary()
     per_point = space.options_per_point
@@ -251,8 +254,8 @@ def summarize(space: Space, workload: Workload, profile: StackProfile, shard: in
         for code, (j, sentence) in v.first.items():
             if code not in out.rejected_examples:
                 out.rejected_examples[code] = (walker.plan(base, j).canonical(), sentence)
-        for j in v.ok[:max(0, max_examples - len(out.examples))]:
-            out.examples.append(walker.plan(base, j))
+        if v.ok and len(out.examples) < max_examples and i % example_stride == 0:
+            out.examples.append(walker.plan(base, v.ok[0]))
     return out
 
 

@@ -28,3 +28,28 @@ def workload_from_args(args) -> Workload:
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
     return Workload(model=model, cluster=cluster, gbs=args.gbs, seq=args.seq or model.seq_length)
+
+
+def add_stack_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stack", default="auto",
+                   help="target stack profile: auto (gpu-full on GPUs, cpu-local on CPU), gpu-full, "
+                        "gpu-te (no DeepEP/HybridEP), gpu-plain (no TransformerEngine), cpu-local")
+
+
+def completed_plan(args, workload):
+    """The user's (possibly partial) --plan completed with documented defaults, and the profile."""
+    from tuner.complete import complete_plan
+    from tuner.stack import profile_for
+    profile = profile_for(workload.cluster, getattr(args, "stack", "auto"))
+    return complete_plan(args.plan, workload, profile, args.precision), profile
+
+
+def write_atomic(path, text: str) -> None:
+    """Write via a temporary file and rename, so a kill never leaves half a file."""
+    import os
+    from pathlib import Path
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

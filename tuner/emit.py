@@ -1,0 +1,155 @@
+"""Emit the Megatron-LM training stack for a plan: a bash launch script for `pretrain_gpt.py`.
+
+Flag names are Megatron-LM core_v0.16.1's (megatron/training/arguments.py and the flags generated
+from TransformerConfig fields); `tests/test_emit.py` checks each one against that list.
+"""
+from __future__ import annotations
+
+import shlex
+
+from tuner.plan import Plan
+from tuner.stack import StackProfile
+from tuner.workload import Workload
+
+FP8_RECIPE_FLAGS = {  # plan precision -> (--fp8-format, --fp8-recipe)
+    "fp8-tensorwise": ("hybrid", "tensorwise"),
+    "fp8-delayed": ("hybrid", "delayed"),
+    "fp8-blockwise": ("e4m3", "blockwise"),
+    "mxfp8": ("e4m3", "mxfp8"),
+}
+
+
+def model_args(w: Workload) -> list[str]:
+    m = w.model
+    a = ["--num-layers", m.num_layers, "--hidden-size", m.hidden_size,
+         "--num-attention-heads", m.num_attention_heads, "--ffn-hidden-size", m.ffn_hidden_size,
+         "--seq-length", w.seq, "--max-position-embeddings", max(m.max_position_embeddings, w.seq),
+         "--vocab-size", m.vocab_size, "--tokenizer-type", "NullTokenizer",
+         "--normalization", "RMSNorm", "--position-embedding-type", "rope"]
+    if m.gated_linear_unit:
+        a += ["--swiglu"]
+    if not m.attention_bias:
+        a += ["--disable-bias-linear"]
+    if not m.tie_embeddings:
+        a += ["--untie-embeddings-and-output-weights"]
+    if m.mla:
+        a += ["--multi-latent-attention", "--kv-lora-rank", m.kv_lora_rank,
+              "--qk-head-dim", m.qk_head_dim, "--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim,
+              "--v-head-dim", m.v_head_dim]
+        if m.q_lora_rank:
+            a += ["--q-lora-rank", m.q_lora_rank]
+    else:
+        if m.query_groups != m.num_attention_heads:
+            a += ["--group-query-attention", "--num-query-groups", m.query_groups]
+        if m.kv_channels:
+            a += ["--kv-channels", m.kv_channels]
+    if m.is_moe:
+        pattern = "[" + ",".join("1" if x else "0" for x in m.moe_layers) + "]"
+        a += ["--num-experts", m.num_experts, "--moe-router-topk", m.moe_router_topk,
+              "--moe-ffn-hidden-size", m.moe_ffn_hidden_size, "--moe-layer-freq", pattern,
+              "--moe-router-score-function", m.moe_router_score_function,
+              "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-3"]
+        if m.moe_shared_expert_ffn:
+            a += ["--moe-shared-expert-intermediate-size", m.moe_shared_expert_ffn]
+        if m.moe_router_num_groups:
+            a += ["--moe-router-num-groups", m.moe_router_num_groups,
+                  "--moe-router-group-topk", m.moe_router_group_topk]
+        if m.moe_router_topk == 1 and m.moe_router_score_function == "softmax":
+            a += ["--moe-router-pre-softmax"]  # TransformerConfig requires it for top-1 softmax
+    return [str(x) for x in a]
+
+
+def plan_args(w: Workload, p: Plan, profile: StackProfile) -> list[str]:
+    a = ["--tensor-model-parallel-size", p.tp, "--pipeline-model-parallel-size", p.pp,
+         "--context-parallel-size", p.cp, "--micro-batch-size", p.mbs, "--global-batch-size", w.gbs]
+    if w.model.is_moe:
+        a += ["--expert-model-parallel-size", p.ep, "--expert-tensor-parallel-size", p.etp,
+              "--moe-token-dispatcher-type", p.dispatcher]
+        if p.flex_backend:
+            a += ["--moe-flex-dispatcher-backend", p.flex_backend]
+        if p.grouped_gemm:
+            a += ["--moe-grouped-gemm"]
+        if p.shared_expert_overlap:
+            a += ["--moe-shared-expert-overlap"]
+        if p.a2a_overlap:
+            a += ["--overlap-moe-expert-parallel-comm"]
+    if p.tp > 1:
+        a += ["--sequence-parallel"]  # required for MoE with TP > 1 (moe_layer.py), faster for dense
+    if p.pp_layout:
+        a += ["--pipeline-model-parallel-layout", p.pp_layout]
+    else:
+        if p.vpp > 1:
+            a += ["--num-virtual-stages-per-pipeline-rank", p.vpp]
+        if p.pp_first:
+            a += ["--decoder-first-pipeline-num-layers", p.pp_first]
+        if p.pp_last:
+            a += ["--decoder-last-pipeline-num-layers", p.pp_last]
+    # Interleaved schedules keep Megatron-LM's default overlap_p2p_comm=True, which implies
+    # batch_p2p_comm=False: batched p2p mixes up the two directions at PP=2 and corrupts
+    # gradients (Megatron-LM issues 750 and 1450). Never pass --no-overlap-p2p-communication.
+    if p.recompute != "none":
+        a += ["--recompute-granularity", p.recompute]
+        if p.recompute == "full":
+            a += ["--recompute-method", p.recompute_method, "--recompute-num-layers", p.recompute_layers]
+        elif p.recompute_modules:
+            a += ["--recompute-modules", *p.recompute_modules]
+    if p.dist_opt:
+        a += ["--use-distributed-optimizer"]
+    if p.overlap_grad_reduce:
+        a += ["--overlap-grad-reduce"]
+    if p.overlap_param_gather:
+        a += ["--overlap-param-gather"]
+    a += ["--bf16"]
+    if p.fp8:
+        fmt, recipe = FP8_RECIPE_FLAGS[p.precision]
+        a += ["--fp8-format", fmt, "--fp8-recipe", recipe]
+    a += ["--transformer-impl", "transformer_engine" if profile.transformer_engine else "local"]
+    return [str(x) for x in a]
+
+
+def env_vars(w: Workload, p: Plan) -> dict:
+    env = {}
+    blackwell = w.cluster.mxfp8
+    if (p.tp > 1 or p.cp > 1) and not blackwell:
+        # validate_args requires it for TP/CP before Blackwell (ordering of comm vs GEMM kernels)
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    env["NCCL_NVLS_ENABLE"] = "0" if w.cluster.nvlink_gbps == 0 else "1"
+    env["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
+    return env
+
+
+def megatron_script(w: Workload, p: Plan, profile: StackProfile, train_iters: int = 50) -> str:
+    """A bash script that launches this plan with torchrun on every node."""
+    c = w.cluster
+    per_node = c.devices_per_node
+    nodes = max(1, w.world // per_node)
+    args = model_args(w) + plan_args(w, p, profile) + [
+        "--train-iters", str(train_iters), "--lr", "1e-4", "--min-lr", "1e-5",
+        "--lr-decay-style", "cosine", "--weight-decay", "0.1", "--clip-grad", "1.0",
+        "--mock-data", "--split", "99,1,0", "--log-interval", "1", "--eval-iters", "0",
+        "--log-throughput"]
+    lines = ["#!/usr/bin/env bash",
+             f"# moetune plan: {p.canonical()}",
+             f"# model {w.model.name} ({w.model.digest()[:12]}), cluster {c.kind} x {w.world}, "
+             f"gbs {w.gbs}, seq {w.seq}, stack {profile.describe()}",
+             "# Run on every node with NODE_RANK and MASTER_ADDR set; MEGATRON_LM points at a",
+             "# Megatron-LM checkout matching megatron-core " + profile.megatron_core + ".",
+             "set -euo pipefail"]
+    for k, v in env_vars(w, p).items():
+        lines.append(f"export {k}={shlex.quote(v)}")
+    lines += [": \"${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}\"",
+              "NODE_RANK=${NODE_RANK:-0}", "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}",
+              "MASTER_PORT=${MASTER_PORT:-6000}", "",
+              f"torchrun --nproc-per-node {per_node} --nnodes {nodes} --node-rank \"$NODE_RANK\" \\",
+              "  --master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\",
+              "  \"$MEGATRON_LM/pretrain_gpt.py\" \\"]
+    body = []
+    i = 0
+    while i < len(args):
+        j = i + 1
+        while j < len(args) and not args[j].startswith("--"):
+            j += 1
+        body.append("  " + " ".join(shlex.quote(x) for x in args[i:j]))
+        i = j
+    lines.append(" \\\n".join(body))
+    return "\n".join(lines) + "\n"
