@@ -164,12 +164,21 @@ def _local_expert_count(chunk, name):
     return 1
 
 
-def _tp_coords(param):
+def _tp_coords(param, global_name: str):
+    """(rank, size, partition_dim) of a TP-sharded parameter, else None. Expert weights are
+    recognised by name and sharded over the expert-tensor-parallel group (their
+    `tensor_model_parallel` attribute is not reliable in 0.16 SequentialMLP)."""
     from megatron.core import parallel_state as ps
+    if ".experts." in global_name:
+        size = ps.get_expert_tensor_parallel_world_size()
+        if size == 1:
+            return None
+        dim = getattr(param, "partition_dim", None)
+        if dim is None or not getattr(param, "tensor_model_parallel", False):
+            dim = 0 if "linear_fc1" in global_name else 1
+        return ps.get_expert_tensor_parallel_rank(), size, dim
     if not getattr(param, "tensor_model_parallel", False):
         return None
-    if not getattr(param, "allreduce", True):  # expert parameter: expert-tensor-parallel group
-        return ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size(), param.partition_dim
     return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size(), param.partition_dim
 
 
@@ -185,7 +194,7 @@ def deterministic_init(chunks, seed: int = 1234) -> None:
                     p.fill_(0.0 if g.endswith("bias") else 1.0)  # norm weights 1, biases 0
                     continue
                 shape = list(p.shape)
-                tp = _tp_coords(p)
+                tp = _tp_coords(p, g)
                 if tp and tp[1] > 1:
                     shape[tp[2]] *= tp[1]
                 gen = torch.Generator().manual_seed((zlib.crc32(g.encode()) + seed) % (2**63))
