@@ -17,6 +17,9 @@ Analytical skeleton, measured/published lookup tables, no hand-tuned constants:
   copies = topk for the alltoall dispatcher, the expected number of distinct destination ranks
   for flex (DeepEP/HybridEP send a token once per rank), all tokens for allgather; intra-domain
   and cross-domain bytes go over their own fabric (`ep_dispatch`), slower one sets the time.
+  Cross-domain bytes: NCCL alltoall ships every copy bound for another node; flex ships a token
+  once per remote scale-up domain over RDMA and fans out over NVLink there (`_distinct_domains`,
+  group-limited routing aware), which is what the DeepEP RDMA bandwidth rows measure.
 * Pipeline: per-stage microbatch time (layers of the stage, embedding on the first, LM head + CE
   on the last, explicit layouts / uneven stages via `tuner.pipeline`), the slowest stage sets the
   pace: step = (m + (pp-1)/vpp) * C_max (1F1B / interleaved bubble), plus exposed PP p2p.
@@ -244,13 +247,16 @@ class _Ops:
             vol = nbytes
         return np.where(size > 1, vol / bw, 0.0)
 
-    def ep_dispatch(self, backend_code, nbytes_d, nbytes_c, ep, etp):
-        """fwd seconds of (dispatch, combine) for per-GPU payloads; intra/inter bytes split."""
+    def ep_dispatch(self, backend_code, nbytes_d, nbytes_c, ep, etp, inter=None):
+        """fwd seconds of (dispatch, combine) for per-GPU payloads (all copies). `inter`: the share of
+        the payload that crosses the scale-up domain (default: uniform, (ep - per)/ep); the share
+        that stays inside is (per - 1)/ep. Slower fabric sets the time."""
         ep = np.asarray(ep, float)
         out, per = self.scope(ep, etp)
         per = np.minimum(per, ep)
         intra = (per - 1) / ep
-        inter = (ep - per) / ep
+        if inter is None:
+            inter = (ep - per) / ep
         tab = self.t["ep_dispatch"]
         names = ("alltoall", "alltoall", "deepep", "hybridep")
         res_d = np.zeros_like(ep)
@@ -271,6 +277,30 @@ class _Ops:
             res_d = np.where(sel, td, res_d)
             res_c = np.where(sel, tc, res_c)
         return np.where(ep > 1, res_d, 0.0), np.where(ep > 1, res_c, 0.0)
+
+
+def _distinct_domains(spec, E, topk, ep, per):
+    """Expected number of OTHER scale-up domains a token's top-k experts land on (DeepEP/HybridEP
+    send a token once per remote domain over RDMA and fan it out over NVLink there; DeepEP README,
+    "NVLink and RDMA forwarding"). EP ranks are contiguous, so a domain hosts E*per/ep experts.
+    Group-limited routing (DeepSeek-V3: moe_router_num_groups / group_topk) picks experts only
+    from group_topk groups; when groups align with domains the hit probability is taken per group."""
+    ep = np.asarray(ep, float)
+    per = np.maximum(np.minimum(np.asarray(per, float), ep), 1.0)
+    nd = np.maximum(ep / per, 1.0)  # domains spanned by the EP group
+    loc = E / nd  # experts per domain
+    p = np.ones_like(nd)
+    for i in range(topk):
+        p = p * np.clip((E - loc - i) / (E - i), 0.0, None)
+    G, gk = int(spec.moe_router_num_groups or 0), int(spec.moe_router_group_topk or 0)
+    if G and gk and gk < G:
+        gpd = G / nd  # groups per domain
+        pg = np.ones_like(nd)
+        for i in range(gk):
+            pg = pg * np.clip((G - gpd - i) / (G - i), 0.0, None)
+        aligned = (gpd >= 1) & (np.abs(gpd - np.round(gpd)) < 1e-9)
+        p = np.where(aligned, np.maximum(p, pg), p)
+    return (nd - 1.0) * (1.0 - p)
 
 
 def _distinct_ranks(E, topk, ep):
@@ -387,7 +417,12 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
         copies = np.where(disp >= 2, _distinct_ranks(E, K, ep), np.minimum(K, ep) * 0 + K)
         d_bytes = np.where((disp >= 2) & fp8, 1.0 + 4.0 / 128, 2.0) * Tsp * copies * h * imbalance
         c_bytes = 2.0 * Tsp * copies * h * imbalance
-        ep_d, ep_c = ops.ep_dispatch(disp, d_bytes, c_bytes, ep, eti)
+        # cross-domain share: alltoall (NCCL) sends every copy; flex sends once per remote domain
+        _, per_ep = ops.scope(ep, eti)
+        remote = _distinct_domains(spec, E, K, ep, per_ep)
+        inter = np.where(disp >= 2, remote / np.maximum(copies, 1e-9),
+                         (ep - np.minimum(per_ep, ep)) / ep)
+        ep_d, ep_c = ops.ep_dispatch(disp, d_bytes, c_bytes, ep, eti, inter=inter)
         ag_size = ep
         ag = ops.collective("all_gather", 2.0 * Tsp * h * ag_size, ep, eti)
         rs = ops.collective("reduce_scatter", 2.0 * Tsp * h * ag_size, ep, eti)
