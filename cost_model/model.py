@@ -157,8 +157,11 @@ def stage_structure(spec, pp, vpp, first, last, layout):
 def _stage_arrays(spec, pa: PlanArrays):
     """[P, S] arrays of dense/MoE layer counts, embedding/loss flags, stage mask; notes per plan."""
     keys = np.stack([pa.pp, pa.vpp, pa.pp_first, pa.pp_last, pa.layout], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    code = np.zeros(pa.n, dtype=np.int64)  # mixed-radix code: a 1-D unique is far cheaper than axis=0
+    for j, r in enumerate(keys.max(axis=0) + 1):
+        code = code * int(r) + keys[:, j]
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    uniq, inv = keys[first], inv.reshape(-1)
     S = int(pa.pp.max())
     U = len(uniq)
     nd, nm, em, lo, mask = (np.zeros((U, S)) for _ in range(5))
@@ -181,14 +184,36 @@ class _Ops:
                    ("elementwise", "permute", "router", "cross_entropy", "optimizer")}
         self.gap = float(tables["dispatch_gap"].lookup("eager")) * 1e-6
         self.up = max(1, int(cluster.scaleup_size))
+        self.first = self.inv = None
+
+    def set_rowkey(self, first, inv):
+        """Plans sharing a row key (the plan columns that shape one layer) issue the same table
+        queries: `_q` then interpolates only the distinct rows and scatters the result back."""
+        self.first, self.inv = first, inv
+
+    def _q(self, fn, *arrays):
+        """fn(*arrays) evaluated once per distinct row key when every per-plan array is constant
+        within each key (checked, O(n)); otherwise on all rows."""
+        first, inv = self.first, self.inv
+        if first is not None and len(first) < 0.5 * len(inv):
+            n = len(inv)
+            arrs = [np.asarray(a, float) for a in arrays]
+            if all(a.ndim == 0 or (a.shape == (n,) and np.array_equal(a, a[first][inv])) for a in arrs):
+                sub = fn(*[a if a.ndim == 0 else a[first] for a in arrs])
+                return np.asarray(sub)[inv] if np.ndim(sub) else np.full(n, float(sub))
+        return fn(*arrays)
 
     def _tf(self, fam, m, n, k, groups=None):
         tab = self.t[fam]
-        ax = dict(m=m, n=n, k=k) if groups is None else dict(groups=groups, m=m, n=n, k=k)
-        bf = tab.lookup("bf16", **ax)
+        if groups is None:
+            look = lambda key: self._q(lambda m_, n_, k_: tab.lookup(key, m=m_, n=n_, k=k_), m, n, k)  # noqa: E731
+        else:
+            look = lambda key: self._q(lambda g_, m_, n_, k_: tab.lookup(key, groups=g_, m=m_, n=n_, k=k_),  # noqa: E731
+                                       groups, m, n, k)
+        bf = look("bf16")
         if not self.any_fp8:
             return bf
-        f8 = tab.lookup("fp8", **ax)
+        f8 = look("fp8")
         return np.where(self.fp8, f8, bf)
 
     def gemm(self, m, n, k):
@@ -219,8 +244,8 @@ class _Ops:
 
     def attention(self, flops_f, seq, head_dim):
         tab = self.t["attention"]
-        f = flops_f / (tab.lookup(("bf16", "fwd"), seq=seq, head_dim=head_dim) * 1e12)
-        b = 2.5 * flops_f / (tab.lookup(("bf16", "bwd"), seq=seq, head_dim=head_dim) * 1e12)
+        f = flops_f / (self._q(lambda s_: tab.lookup(("bf16", "fwd"), seq=s_, head_dim=head_dim), seq) * 1e12)
+        b = 2.5 * flops_f / (self._q(lambda s_: tab.lookup(("bf16", "bwd"), seq=s_, head_dim=head_dim), seq) * 1e12)
         return f, b
 
     def scope(self, size, stride):
@@ -236,8 +261,10 @@ class _Ops:
         out, per = self.scope(size, stride)
         tab = self.t["collectives"]
         g = np.maximum(size, 2)
-        bw_up = tab.lookup((coll, "scaleup"), group=g, per_node=g, bytes=np.maximum(nbytes, 1))
-        bw_out = tab.lookup((coll, "scaleout"), group=g, per_node=np.maximum(per, 1), bytes=np.maximum(nbytes, 1))
+        nb = np.maximum(nbytes, 1)
+        bw_up = self._q(lambda g_, b_: tab.lookup((coll, "scaleup"), group=g_, per_node=g_, bytes=b_), g, nb)
+        bw_out = self._q(lambda g_, p_, b_: tab.lookup((coll, "scaleout"), group=g_, per_node=p_, bytes=b_),
+                         g, np.maximum(per, 1), nb)
         bw = np.where(out, bw_out, bw_up) * 1e9
         if coll == "all_reduce":
             vol = 2.0 * nbytes * (size - 1) / np.maximum(size, 1)
@@ -266,12 +293,12 @@ class _Ops:
             name = names[int(code)]
             if not tab.has(name, "scaleup"):
                 name = "alltoall"
-            du = tab.lookup((name, "scaleup"), "dispatch_gbps", ep=ep) * 1e9
-            cu = tab.lookup((name, "scaleup"), "combine_gbps", ep=ep) * 1e9
-            do = tab.lookup((name, "scaleout"), "dispatch_gbps", ep=ep) * 1e9
-            co = tab.lookup((name, "scaleout"), "combine_gbps", ep=ep) * 1e9
-            lat = np.where(out, tab.lookup((name, "scaleout"), "latency_us", ep=ep),
-                           tab.lookup((name, "scaleup"), "latency_us", ep=ep)) * 1e-6
+            lk = lambda scope, v: self._q(lambda e_: tab.lookup((name, scope), v, ep=e_), ep)  # noqa: E731
+            du = lk("scaleup", "dispatch_gbps") * 1e9
+            cu = lk("scaleup", "combine_gbps") * 1e9
+            do = lk("scaleout", "dispatch_gbps") * 1e9
+            co = lk("scaleout", "combine_gbps") * 1e9
+            lat = np.where(out, lk("scaleout", "latency_us"), lk("scaleup", "latency_us")) * 1e-6
             td = np.maximum(nbytes_d * intra / du, nbytes_d * inter / do) + lat
             tc = np.maximum(nbytes_c * intra / cu, nbytes_c * inter / co) + lat
             res_d = np.where(sel, td, res_d)
@@ -333,6 +360,14 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
     m = np.ceil(gbs / (dp * mbs))  # microbatches per step
     fp8 = pa.precision != 0
     ops = _Ops(tables, cl, fp8)
+    # row key: the plan columns every per-layer table query is a function of
+    rk = np.stack([pa.tp, pa.cp, pa.ep, pa.etp, pa.mbs, pa.precision, pa.dispatch, pa.grouped_gemm], axis=1)
+    radix = rk.max(axis=0) + 1
+    code = np.zeros(pa.n, dtype=np.int64)
+    for j in range(rk.shape[1]):
+        code = code * int(radix[j]) + rk[:, j]
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    ops.set_rowkey(first, inv.reshape(-1))
     BWe = ops.bw["elementwise"]
     h, nh, V = spec.hidden_size, spec.num_attention_heads, spec.vocab_size
     glu = spec.gated_linear_unit
@@ -407,7 +442,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
         expert_b = e1[1] + e2[1] + 2 * moe_act_f
         # router (fp32 logits, score, top-k, aux loss) and permute/unpermute, memory-bound
         router_f = (4.0 * Tsp * E * 6) / ops.bw["router"] + 2.0 * Tsp * E * h / (
-            ops.t["gemm"].lookup("bf16", m=Tsp, n=E, k=h) * 1e12 / 2)  # fp32 router GEMM at half bf16 rate
+            ops._q(lambda m_: ops.t["gemm"].lookup("bf16", m=m_, n=E, k=h), Tsp) * 1e12 / 2)  # fp32 router GEMM at half bf16 rate
         # permute (read Tsp rows, write the routed copies) and unpermute (the reverse)
         perm_f = 2 * 2.0 * (Tsp + Tsp * K * imbalance) * h / ops.bw["permute"]
         router_perm_f = router_f + perm_f
@@ -493,7 +528,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
     head_f = head[0] + ce_f + tp_ag + ln_f / 2
     head_b = head[1] + ce_b + tp_rs + ln_f
     col = lambda x: np.asarray(x, float)[:, None]  # noqa: E731
-    comp = {  # per stage, per microbatch, fwd+bwd seconds
+    comp = lambda: {  # noqa: E731  per stage, per microbatch, fwd+bwd seconds (breakdown only)
         "attention_proj": nlay * col(attn_proj_f + attn_proj_b),
         "core_attention": nlay * col(core_f + core_b),
         "dense_mlp": nd * col(dense_f + dense_b),
@@ -508,7 +543,13 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
         "lm_head_ce": lo * col(head_f + head_b),
         "recompute": rc_frac * (nd * col(rec_dense) + nm * col(rec_moe)),
     }
-    stage_compute = sum(comp.values()) * smask
+    # the same sum, per layer kind first ([P] vectors), so only a few [P, S] passes are made
+    per_common = (attn_proj_f + attn_proj_b + core_f + core_b + 3 * elem_attn_f + 2 * tp_block + cp_f + cp_b)
+    per_dense = per_common + dense_f + dense_b + 2 * tp_block
+    per_moe = (per_common + router_perm_f + router_perm_b + ep_exp_f + ep_exp_b + expert_f + expert_b
+               + shared_f + shared_b)
+    stage_compute = (nd * (col(per_dense) + rc_frac * col(rec_dense)) + nm * (col(per_moe) + rc_frac * col(rec_moe))
+                     + em * col(emb_f + emb_b) + lo * col(head_f + head_b)) * smask
     stage_fwd = (nd * col(dense_layer_f) + nm * col(moe_layer_f) + em * col(emb_f) + lo * col(head_f)) * smask
     stage_bwd = stage_compute - stage_fwd
     # CPU floor: kernels per microbatch x dispatch gap (structural kernel counts, fwd; bwd = 2x)
@@ -649,7 +690,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
     usable = cl.hbm_gib * (1.0 - hbm_reserve)
     out.update(peak_memory_gib=peak_mem, fits=peak_mem <= usable, usable_gib=usable)
     if detail:
-        bd = {k: m * v[rows, slow] for k, v in comp.items()}
+        bd = {k: m * v[rows, slow] for k, v in comp().items()}
         floor_extra = np.maximum(0.0, floor[rows, slow] - stage_compute[rows, slow])
         bd["cpu_launch_floor"] = m * floor_extra
         bd.update(pipeline_bubble=bubble, pp_p2p=p2p_exposed, dp_grad_reduce_scatter=grad_exposed,
