@@ -1,0 +1,127 @@
+"""Pre-registration of a study's predictions (moefs: hashed before the first trial, never rewritten).
+
+`<study dir>/preregistration.json` holds the plans to be tried and the baseline, each with its
+predicted step time, throughput and memory; the acceptance bar; the sha256 of the model spec and
+cluster, the tables digest, the calibration id and hash, the code version (git describe + sha256 of
+the tuner's source files). Integrity, two ways:
+- `sha256` inside the file: sha256 of the canonical JSON (sorted keys, no whitespace) of the
+  document without that field;
+- the sidecar `preregistration.sha256`: sha256 of the file's bytes, `sha256sum` format.
+Written atomically (tmp file + fsync + rename); `write` refuses to replace an existing file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+FORMAT = "moetune-preregistration/1"
+NAME = "preregistration.json"
+SIDECAR = "preregistration.sha256"
+ACCEPTANCE_RATIO = 0.98
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SOURCE_DIRS = ("tuner", "cost_model", "trials", "clusters")
+
+
+class PreregistrationError(Exception):
+    """A pre-registration that is missing or does not verify."""
+
+
+def canonical_hash(doc: dict) -> str:
+    body = {k: v for k, v in doc.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def code_version() -> dict:
+    h = hashlib.sha256()
+    for d in SOURCE_DIRS:
+        for p in sorted((REPO_ROOT / d).rglob("*.py")):
+            h.update(str(p.relative_to(REPO_ROOT)).encode())
+            h.update(p.read_bytes())
+    try:
+        desc = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT, text=True,
+                              capture_output=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        desc = ""
+    if not desc:
+        try:
+            from importlib.metadata import version
+            desc = "moetune " + version("moetune")
+        except Exception:  # noqa: BLE001
+            desc = "unknown"
+    return {"describe": desc, "source_sha256": h.hexdigest()}
+
+
+def build(*, study: str, workload, precision: str, plans: list[dict], baseline: dict,
+          baseline_source: str, tables_digest: str, calibration, trials_budget: int,
+          sampler: str, space: dict) -> dict:
+    cal = calibration.to_dict()
+    cal_hash = hashlib.sha256(json.dumps(cal, sort_keys=True).encode()).hexdigest()
+    doc = {
+        "format": FORMAT,
+        "study": study,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "workload": {"model": workload.model.name, "cluster": workload.cluster.kind,
+                     "devices": workload.world, "gbs": workload.gbs, "seq": workload.seq,
+                     "precision": precision},
+        "hashes": {"model_spec_sha256": workload.model.digest(),
+                   "cluster_sha256": workload.cluster.digest(),
+                   "tables_digest": tables_digest,
+                   "calibration_id": calibration.id, "calibration_sha256": cal_hash,
+                   "code": code_version()},
+        "acceptance": {"ratio": ACCEPTANCE_RATIO,
+                       "rule": "best measured tokens/s/GPU over searched plans >= "
+                               f"{ACCEPTANCE_RATIO} x the baseline plan's measured tokens/s/GPU"},
+        "baseline": {**baseline, "source": baseline_source},
+        "plans": plans,
+        "trials_budget": trials_budget,
+        "sampler": sampler,
+        "space": space,
+    }
+    doc["sha256"] = canonical_hash(doc)
+    return doc
+
+
+def write(study_dir: str | Path, doc: dict) -> Path:
+    d = Path(study_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / NAME
+    if path.exists():
+        raise PreregistrationError(f"{path} exists; a pre-registration is never rewritten")
+    data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+    for target, blob in ((d / SIDECAR, f"{hashlib.sha256(data).hexdigest()}  {NAME}\n".encode()),
+                         (path, data)):
+        tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    return path
+
+
+def load(study_dir: str | Path) -> dict:
+    """Read and verify; raises PreregistrationError with one clear sentence if it does not verify."""
+    d = Path(study_dir)
+    path = d / NAME
+    if not path.exists():
+        raise PreregistrationError(f"no pre-registration at {path}")
+    data = path.read_bytes()
+    side = d / SIDECAR
+    if not side.exists():
+        raise PreregistrationError(f"{side} is missing: the pre-registration cannot be verified")
+    want = side.read_text().split()[0] if side.read_text().split() else ""
+    got = hashlib.sha256(data).hexdigest()
+    if got != want:
+        raise PreregistrationError(f"{path} was modified after registration "
+                                   f"(sha256 {got[:16]}... != registered {want[:16]}...)")
+    try:
+        doc = json.loads(data)
+    except json.JSONDecodeError as e:
+        raise PreregistrationError(f"{path} is not valid JSON: {e}") from None
+    if doc.get("sha256") != canonical_hash(doc):
+        raise PreregistrationError(f"{path}: embedded sha256 does not match its content")
+    return doc

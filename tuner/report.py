@@ -1,0 +1,187 @@
+"""`<study dir>/report.md` for `moetune tune`: trials.csv, PNG plots (matplotlib Agg), measured vs
+predicted, the winner's predicted breakdown, failures with reasons, baseline comparison and
+adjudication, and the winner's Megatron-LM launch script (`tuner.emit.megatron_script`)."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+CSV_COLS = ("number", "state", "plan", "roles", "predicted_step_time_s", "predicted_raw_step_time_s",
+            "measured_step_time_s", "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
+            "predicted_peak_memory_gib", "measured_peak_memory_gib", "failure_kind", "failure_message",
+            "claim_lost_to", "owner")
+
+
+def adjudicate(rows: list[dict], prereg: dict) -> dict:
+    """Verdict over measured trials: {'verdict': PASS|FAIL|INCOMPLETE, 'ratio', 'baseline', 'best', 'line'}."""
+    ratio_bar = prereg["acceptance"]["ratio"]
+    base_plan = prereg["baseline"]["plan"]
+    done = [r for r in rows if r["state"] == "COMPLETE"]
+    base = next((r for r in done if r["plan"] == base_plan), None)
+    searched = [r for r in done if "searched" in str(r.get("roles", ""))]
+    best = max(searched, key=lambda r: r["measured_tokens_per_s_per_gpu"], default=None)
+    out = {"bar": ratio_bar, "baseline": base, "best": best, "ratio": None}
+    if base is None:
+        failed = next((r for r in rows if r["plan"] == base_plan and r.get("failure_kind")), None)
+        why = f" (it failed: {failed['failure_kind']})" if failed else ""
+        out.update(verdict="INCOMPLETE", line=f"INCOMPLETE: the baseline plan has no measurement{why}")
+        return out
+    if best is None:
+        out.update(verdict="INCOMPLETE", line="INCOMPLETE: no searched plan was measured")
+        return out
+    b, s = base["measured_tokens_per_s_per_gpu"], best["measured_tokens_per_s_per_gpu"]
+    ratio = s / b
+    verdict = "PASS" if ratio >= ratio_bar else "FAIL"
+    out.update(verdict=verdict, ratio=ratio,
+               line=f"{verdict}: searched best {s:.1f} tok/s/GPU / baseline {b:.1f} tok/s/GPU = "
+                    f"{ratio:.3f} (bar {ratio_bar}); winner trial #{best['number']}")
+    return out
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in CSV_COLS})
+
+
+def _plots(d: Path, measured: list[dict], winner_breakdown: dict | None) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    out = []
+    if measured:
+        fig, ax = plt.subplots(figsize=(5, 5))
+        x = [r["predicted_step_time_s"] for r in measured]
+        y = [r["measured_step_time_s"] for r in measured]
+        ax.scatter(x, y)
+        for r in measured:
+            ax.annotate(f"#{r['number']}", (r["predicted_step_time_s"], r["measured_step_time_s"]),
+                        fontsize=7)
+        lo, hi = min(x + y) * 0.8, max(x + y) * 1.2
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("predicted step time (s, calibration at trial time)")
+        ax.set_ylabel("measured step time (s)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(d / "measured_vs_predicted.png", dpi=100)
+        plt.close(fig)
+        out.append("measured_vs_predicted.png")
+    if winner_breakdown:
+        items = [(k, v) for k, v in winner_breakdown.items() if v and math.isfinite(v)]
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.barh([k for k, _ in items], [v for _, v in items])
+        ax.set_xlabel("seconds per step (predicted)")
+        ax.set_title("winner: predicted step-time breakdown")
+        fig.tight_layout()
+        fig.savefig(d / "winner_breakdown.png", dpi=100)
+        plt.close(fig)
+        out.append("winner_breakdown.png")
+    return out
+
+
+def _fmt(v, spec=".4f"):
+    if v is None or v == "":
+        return "-"
+    try:
+        return format(float(v), spec)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict], backend: str,
+                 calibration=None, cal_report=None, predict_only_pool=None, wall_s: float | None = None,
+                 storage_url: str = "") -> Path:
+    import cost_model
+    from tuner.plan import Plan
+    d = Path(study_dir)
+    write_csv(rows, d / "trials.csv")
+    measured = [r for r in rows if r["state"] == "COMPLETE"]
+    failures = [r for r in rows if r["state"] == "FAIL"]
+    verdict = adjudicate(rows, prereg) if backend != "predict-only" else None
+    if backend == "predict-only":
+        winner_plan = (predict_only_pool[0].plan if predict_only_pool else prereg["plans"][0]["plan"])
+        winner_src = "top predicted plan (no trials: --backend predict-only)"
+    elif measured:
+        w = max(measured, key=lambda r: r["measured_tokens_per_s_per_gpu"])
+        winner_plan, winner_src = w["plan"], f"best measured trial #{w['number']}"
+    else:
+        winner_plan, winner_src = prereg["plans"][0]["plan"], "no trial measured: top predicted plan"
+    plan = Plan.parse(winner_plan)
+    pred = cost_model.predict(workload, plan, calibration=calibration)
+    pngs = _plots(d, measured, pred.breakdown_s)
+    L = [f"# moetune tune: study `{prereg['study']}`", ""]
+    wl = prereg["workload"]
+    L += [f"Workload: {wl['model']} on {wl['devices']} x {wl['cluster']}, gbs {wl['gbs']}, seq {wl['seq']}, "
+          f"{wl['precision']}; stack profile {profile.describe()}; backend {backend}.",
+          f"Storage: `{storage_url}`." if storage_url else "",
+          f"Wall time of this run: {wall_s:.0f} s." if wall_s is not None else "", ""]
+    L += ["## Winner", "", f"{winner_src}:", "", f"`{winner_plan}`", ""]
+    L += [f"Predicted (calibration {pred.calibration_id}): step {pred.step_time_s:.4f} s, "
+          f"{pred.tokens_per_s_per_gpu:.1f} tok/s/GPU, peak memory {pred.peak_memory_gib:.2f} GiB.", ""]
+    if "winner_breakdown.png" in pngs:
+        L += ["![winner breakdown](winner_breakdown.png)", ""]
+    if verdict:
+        L += ["## Baseline and adjudication", "",
+              f"Baseline ({prereg['baseline']['source']}): `{prereg['baseline']['plan']}` - predicted "
+              f"{prereg['baseline']['predicted_tokens_per_s_per_gpu']:.1f} tok/s/GPU.", "",
+              f"Acceptance bar (pre-registered): {prereg['acceptance']['rule']}.", "",
+              f"**{verdict['line']}**", "",
+              f"Pre-registration sha256 {prereg['sha256']} (verify with `moetune adjudicate "
+              f"{prereg['study']} --study-dir {d}`).", ""]
+    if cal_report:
+        L += ["## Calibration after the trials", "",
+              f"Fitted scale {cal_report['scale']:.4g} on {len(cal_report['rows'])} measured plans; "
+              f"max |rel err| {cal_report['max_abs_rel_err']:.1%}, leave-one-out max "
+              f"{cal_report['loo_max_abs_rel_err']:.1%}.", ""]
+    if measured:
+        L += ["## Measured vs predicted", "", "![measured vs predicted](measured_vs_predicted.png)", "",
+              "| # | roles | plan (non-default fields) | pred step s | meas step s | pred tok/s/GPU | meas tok/s/GPU |",
+              "|---|---|---|---|---|---|---|"]
+        for r in sorted(measured, key=lambda r: -r["measured_tokens_per_s_per_gpu"]):
+            L.append(f"| {r['number']} | {r.get('roles', '')} | `{_short(r['plan'])}` | "
+                     f"{_fmt(r.get('predicted_step_time_s'))} | {_fmt(r.get('measured_step_time_s'))} | "
+                     f"{_fmt(r.get('predicted_tokens_per_s_per_gpu'), '.1f')} | "
+                     f"{_fmt(r.get('measured_tokens_per_s_per_gpu'), '.1f')} |")
+        L.append("")
+    if failures:
+        L += ["## Failures", "", "| # | plan | kind | reason |", "|---|---|---|---|"]
+        for r in failures:
+            msg = str(r.get("failure_message", "")).replace("\n", " ").replace("|", "/")[-240:]
+            L.append(f"| {r['number']} | `{_short(r['plan'])}` | {r.get('failure_kind', '')} | {msg} |")
+        L.append("")
+    if backend == "predict-only" and predict_only_pool:
+        L += ["## Top predicted plans", "", "| plan | pred step s | pred tok/s/GPU | pred peak GiB |",
+              "|---|---|---|---|"]
+        for s in predict_only_pool[:15]:
+            L.append(f"| `{_short(s.plan)}` | {s.step_time_s:.4f} | {s.tokens_per_s_per_gpu:.1f} | "
+                     f"{s.peak_memory_gib:.2f} |")
+        L.append("")
+    L += ["## Winner launch script (Megatron-LM pretrain_gpt.py)", ""]
+    try:
+        from tuner.emit import megatron_script
+        L += ["```bash", megatron_script(workload, plan, profile).rstrip(), "```", ""]
+    except ImportError:
+        L += ["(tuner.emit is not available in this checkout)", ""]
+    except Exception as e:  # noqa: BLE001 - the report must still be written
+        L += [f"(emit failed: {e})", ""]
+    L += ["Files: trials.csv, preregistration.json (+ .sha256)" + "".join(f", {p}" for p in pngs), ""]
+    path = d / "report.md"
+    tmp = path.with_name(".report.md.tmp")
+    tmp.write_text("\n".join(x for x in L if x is not None) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _short(plan: str) -> str:
+    """Non-default fields of a canonical plan, for tables."""
+    from tuner.plan import Plan
+    p, dflt = Plan.parse(plan), Plan()
+    parts = [f"{f}={getattr(p, f)}" for f in p.__dataclass_fields__
+             if getattr(p, f) != getattr(dflt, f) and f not in ("dist_opt", "overlap_grad_reduce",
+                                                                 "overlap_param_gather", "grouped_gemm")]
+    return ",".join(parts) or "defaults"
