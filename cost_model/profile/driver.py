@@ -1,0 +1,424 @@
+"""Driver of `moetune profile`: sweep points -> Ray actors (one per device) / spawned collective
+workers -> partial CSVs (resume) -> the tables the cost model reads, written atomically.
+
+    run_profile("cpu-local", out_dir, budget_s=600)
+
+Budget: per-device sweeps run coarse-to-fine (grid ends first, then midpoints), interleaved over
+families, until their share of the budget is used; collectives get the rest (minus a few seconds
+to assemble). Unmeasured grid points are holes the table loader fills from the nearest measured
+point; a rerun measures only what is missing (partial/<runner>.csv in the output directory).
+A family with no measured row at all keeps the shipped default rows (source "default: ...").
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import importlib
+import io
+import json
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cost_model.profile.common import Ctx, host_info, pin_to_core
+
+DEVICE_RUNNERS = ("dispatch_gap", "gemm", "grouped_mlp", "attention", "elementwise", "cross_entropy")
+REPO = Path(__file__).resolve().parents[2]
+SOURCES = {
+    "measured:gemm": "moetune profile: torch F.linear(x[m,k], w[n,k]) timed per device (cost_model/profile/gemm.py)",
+    "measured:sequential-mlp": "moetune profile: Megatron SequentialMLP expert loop (split, F.linear per local expert, cat), "
+                               "as the CPU trial stack runs the experts (cost_model/profile/grouped_mlp.py)",
+    "measured:grouped-mm": "moetune profile: torch._grouped_mm grouped GEMM (cost_model/profile/grouped_mlp.py)",
+    "measured:sdpa-flash": "moetune profile: torch SDPA causal fwd/bwd (cost_model/profile/attention.py)",
+    "measured:megatron-local-attention": "moetune profile: unfused baddbmm/mask/fp32 softmax/bmm of Megatron's local "
+                                         "DotProductAttention, fwd and bwd (cost_model/profile/attention.py)",
+    "measured:dispatch-gap-eager": "moetune profile: per-op time of a chain of 1-element adds (cost_model/profile/dispatch_gap.py)",
+    "measured:dispatch-gap-autograd": "moetune profile: per-op time of a recorded chain, fwd + bwd (cost_model/profile/dispatch_gap.py)",
+    "measured:ep-alltoall": "moetune profile: Megatron alltoall dispatcher pattern (counts all_to_all + all_to_all_single "
+                            "with splits), t = latency + sent/bw least-squares fit over payloads (cost_model/profile/collectives.py)",
+}
+
+
+# ---- partial store (resume) -------------------------------------------------------------------
+class PartialStore:
+    """out/partial/<runner>.csv: one line per measured row (point id, family, row as JSON).
+    Rewritten atomically (temp file + os.replace) after every result."""
+
+    def __init__(self, out: Path):
+        self.dir = Path(out) / "partial"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.data: dict[str, dict[str, list]] = {}
+        for p in self.dir.glob("*.csv"):
+            rows: dict[str, list] = {}
+            try:
+                with open(p, newline="") as f:
+                    for r in csv.DictReader(f):
+                        try:
+                            rows.setdefault(r["point"], []).append((r["family"], json.loads(r["row"])))
+                        except (KeyError, json.JSONDecodeError, TypeError):
+                            continue
+            except (OSError, csv.Error):
+                continue
+            self.data[p.stem] = rows
+
+    def done(self, runner: str) -> set:
+        return set(self.data.get(runner, {}))
+
+    def add(self, runner: str, point_id: str, rows: list) -> None:
+        self.data.setdefault(runner, {})[point_id] = [(f, dict(r)) for f, r in rows]
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["point", "family", "row"])
+        for pid, rs in self.data[runner].items():
+            for fam, r in rs:
+                w.writerow([pid, fam, json.dumps(r, sort_keys=True)])
+        _atomic_write(self.dir / f"{runner}.csv", buf.getvalue())
+
+    def rows(self) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for rs in self.data.values():
+            for lst in rs.values():
+                for fam, r in lst:
+                    out.setdefault(fam, []).append(r)
+        return out
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.data.values())
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ---- per-device execution ----------------------------------------------------------------------
+class DeviceProfiler:
+    """Measures sweep points on one device (a pinned core on CPU, one GPU). Used as a Ray actor."""
+
+    def __init__(self, index: int, device: str, sweep: str, min_time_s: float = 0.01, reps: int = 3):
+        import torch
+        if device.startswith("cuda"):
+            torch.cuda.set_device(index % max(1, torch.cuda.device_count()))
+            device = f"cuda:{torch.cuda.current_device()}"
+        else:
+            pin_to_core(index)
+        self.ctx = Ctx(device=device, sweep=sweep, min_time_s=min_time_s, reps=reps)
+
+    def measure(self, runner: str, point: dict):
+        mod = importlib.import_module(f"cost_model.profile.{runner}")
+        try:
+            return runner, point["id"], mod.measure(point, self.ctx), None
+        except Exception as e:  # noqa: BLE001 - one bad point must not end the sweep
+            return runner, point["id"], [], f"{type(e).__name__}: {e}"
+
+
+def _ray_init(address: str | None, num_cpus: int):
+    import ray
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        return False
+    env = {"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}}
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 object_store_memory=80 * 1024 * 1024, runtime_env=env, log_to_driver=False,
+                 configure_logging=False)
+    return True
+
+
+def _make_actors(ray, ctx: Ctx, devices: int, address: str | None):
+    remote = ray.remote(DeviceProfiler)
+    if ctx.on_gpu:
+        return [remote.options(num_gpus=1, num_cpus=1).remote(i, "cuda", ctx.sweep, ctx.min_time_s, ctx.reps)
+                for i in range(devices)]
+    if address:  # a Ray cluster of CPU nodes: one actor per node, points spread over the nodes
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+        return [remote.options(num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(
+            0, "cpu", ctx.sweep, ctx.min_time_s, ctx.reps) for n in nodes]
+    return [remote.options(num_cpus=1).remote(i, "cpu", ctx.sweep, ctx.min_time_s, ctx.reps) for i in range(devices)]
+
+
+def _ordered(todo: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """Coarse-to-fine, round-robin over runners within a level."""
+    by = {}
+    for r, p in todo:
+        by.setdefault((p.get("level", 0), r), []).append((r, p))
+    out = []
+    for lvl in sorted({k[0] for k in by}):
+        queues = [by[k] for k in sorted(by) if k[0] == lvl]
+        while any(queues):
+            for q in queues:
+                if q:
+                    out.append(q.pop(0))
+    return out
+
+
+def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str | None = None,
+                executor: str = "ray", sweep: str = "full", devices: int | None = None,
+                progress: bool = True, log=print, min_time_s: float = 0.01, reps: int = 3) -> dict:
+    import torch
+    t0 = time.time()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    on_gpu = torch.cuda.is_available()
+    ctx = Ctx(device="cuda" if on_gpu else "cpu", sweep=sweep, min_time_s=min_time_s, reps=reps)
+    if devices is None:
+        devices = torch.cuda.device_count() if on_gpu else len(os.sched_getaffinity(0))
+    store = PartialStore(out)
+    skipped = _gpu_only_skips(ctx)
+    todo, total = [], 0
+    for name in DEVICE_RUNNERS:
+        mod = importlib.import_module(f"cost_model.profile.{name}")
+        why = mod.skip_reason(ctx)
+        if why:
+            skipped.append(f"{name}: {why}")
+            continue
+        pts = mod.points(ctx)
+        total += len(pts)
+        done = store.done(name)
+        todo += [(name, p) for p in pts if p["id"] not in done]
+    from cost_model.profile import collectives
+    why = collectives.skip_reason(ctx, devices)
+    cpts = []
+    if why:
+        skipped.append(f"collectives: {why}")
+    else:
+        allc = collectives.points(ctx, devices)
+        total += len(allc)
+        done = store.done("collectives")
+        cpts = [p for p in allc if p["id"] not in done]
+    for s in skipped:
+        log(f"skip  {s}")
+    todo = _ordered(todo)
+    already = total - len(todo) - len(cpts)
+    if already:
+        log(f"resume: {already} of {total} points already measured in {out / 'partial'}")
+    reserve = min(10.0, 0.05 * budget_s)
+    dev_deadline = t0 + (budget_s - reserve) * (0.6 if cpts else 1.0)
+    bar = _bar(total, already, progress)
+    errors: list[str] = []
+
+    def record(runner, pid, rows, err):
+        if err:
+            errors.append(f"{runner} {pid}: {err}")
+        elif rows:
+            store.add(runner, pid, rows)
+        bar.update(1)
+
+    if todo:
+        if executor == "local":
+            _run_local(todo, ctx, dev_deadline, record)
+        else:
+            _run_ray(todo, ctx, devices, dev_deadline, record, ray_address)
+    if cpts:
+        coll_deadline = t0 + budget_s - reserve
+        if time.time() < coll_deadline:
+            r = collectives.run(ctx, cpts, devices, coll_deadline,
+                                on_result=lambda pid, rows: record("collectives", pid, rows, None))
+            if r["stopped"]:
+                errors.append(f"collectives: {r['stopped']}")
+    bar.close()
+    for e in errors[:10]:
+        log(f"error {e}")
+    measured = store.count()
+    info = dict(host_info(), date=datetime.datetime.now().isoformat(timespec="seconds"), budget_s=budget_s,
+                sweep=sweep, device=ctx.device, devices=devices, points_total=total, points_measured=measured,
+                elapsed_s=round(time.time() - t0, 1), skipped=skipped, errors=errors[:50])
+    digest = assemble(kind, out, store, info)
+    info.update(digest=digest, elapsed_s=round(time.time() - t0, 1))
+    return info
+
+
+class _NoBar:
+    def update(self, n=1):
+        pass
+
+    def close(self):
+        pass
+
+
+def _bar(total, initial, progress):
+    if not progress:
+        return _NoBar()
+    from tqdm import tqdm
+    return tqdm(total=total, initial=initial, unit="pt", desc="profile", dynamic_ncols=True)
+
+
+def _run_local(todo, ctx: Ctx, deadline: float, record) -> None:
+    import torch
+    try:
+        aff = os.sched_getaffinity(0)
+    except AttributeError:
+        aff = None
+    threads = torch.get_num_threads()
+    try:
+        prof = DeviceProfiler(0, ctx.device, ctx.sweep, ctx.min_time_s, ctx.reps)
+        for runner, p in todo:
+            if time.time() > deadline:
+                break
+            record(*prof.measure(runner, p))
+    finally:  # the CLI process must not stay pinned: collective workers inherit its affinity
+        torch.set_num_threads(threads)
+        if aff is not None:
+            os.sched_setaffinity(0, aff)
+
+
+def _run_ray(todo, ctx: Ctx, devices: int, deadline: float, record, address: str | None) -> None:
+    import ray
+    started = _ray_init(address, devices)
+    try:
+        actors = _make_actors(ray, ctx, devices, address)
+        queue = list(todo)
+        inflight = {}
+        for a in actors:
+            if queue:
+                r, p = queue.pop(0)
+                inflight[a.measure.remote(r, p)] = a
+        while inflight:
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=max(1.0, deadline - time.time() + 60))
+            if not ready:
+                break
+            for ref in ready:
+                a = inflight.pop(ref)
+                record(*ray.get(ref))
+                if queue and time.time() < deadline:
+                    r, p = queue.pop(0)
+                    inflight[a.measure.remote(r, p)] = a
+        for a in actors:
+            ray.kill(a)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _gpu_only_skips(ctx: Ctx) -> list[str]:
+    if ctx.on_gpu:
+        return ["ep_dispatch deepep/hybridep: DeepEP/HybridEP kernels are not benchmarked here (alltoall only)",
+                "collectives scaleout: one host measured; scale-out rows copy scale-up (run on a Ray cluster "
+                "spanning nodes to measure them)"]
+    return ["gemm/grouped_gemm fp8: GPU only (the CPU trial stack runs bf16 plans in fp32; fp32 is measured "
+            "and written under bf16 and fp32)",
+            "grouped GEMM kernel: GPU only (CPU: Megatron's SequentialMLP loop is measured instead)",
+            "attention SDPA flash backend: GPU only (CPU: Megatron's local unfused attention is measured)",
+            "ep_dispatch deepep/hybridep: GPU only (alltoall dispatcher measured)",
+            "collectives scaleout: single host (scale-out rows copy the measured scale-up rows)"]
+
+
+# ---- assembly ------------------------------------------------------------------------------------
+def _median_rows(rows: list[dict], keys: tuple, values: tuple) -> list[dict]:
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    out = []
+    for _, rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        r = dict(rs[0])
+        for v in values:
+            r[v] = float(statistics.median(float(x[v]) for x in rs))
+        out.append(r)
+    return out
+
+
+def build_family_rows(kind: str, rows: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], list[str]]:
+    """Measured partial rows -> rows per table family (+ notes). Families without measured rows
+    are filled from the shipped defaults for `kind` (source "default: ...")."""
+    from cost_model.tables import FAMILIES, TABLE_ROOT, read_rows
+    fam: dict[str, list[dict]] = {}
+    notes = []
+    for f in ("gemm", "grouped_gemm", "attention", "dispatch_gap"):
+        k, a, v = FAMILIES[f]
+        if rows.get(f):
+            fam[f] = _median_rows(rows[f], k + a, v)
+    if rows.get("collectives"):
+        k, a, v = FAMILIES["collectives"]
+        best: dict = {}
+        for r in rows["collectives"]:  # slower of contiguous / strided layouts
+            key = tuple(r[x] for x in k + a)
+            if key not in best or float(r["busbw_gbps"]) < float(best[key]["busbw_gbps"]):
+                best[key] = r
+        up = [dict(r) for r in best.values()]
+        out_rows = [dict(r, scope="scaleout", per_node=1,
+                         source="derived: single-host profile, no scale-out fabric; copy of the measured scale-up row")
+                    for r in up]
+        fam["collectives"] = up + out_rows
+        lay = {}
+        for r in rows["collectives"]:
+            lay.setdefault(r.get("layout", "contiguous"), []).append(r)
+        notes.append("collectives: rank layouts measured " + ", ".join(f"{k} ({len(v)} rows)" for k, v in sorted(lay.items())))
+    if rows.get("ep_sample"):
+        eps = {}
+        for r in rows["ep_sample"]:
+            eps.setdefault(int(r["ep"]), []).append(r)
+        out = []
+        for ep, rs in sorted(eps.items()):
+            sent = np.array([float(r["bytes"]) * (ep - 1) / ep for r in rs])
+            t = np.array([float(r["seconds"]) for r in rs])
+            if len(rs) >= 2 and np.ptp(sent) > 0:
+                slope, lat = np.polyfit(sent, t, 1)
+            else:
+                slope, lat = float(t[0] / sent[0]), 0.0
+            slope = max(float(slope), 1e-15)
+            lat = max(float(lat), 0.0)
+            bw = 1.0 / slope / 1e9
+            for scope in ("scaleup", "scaleout"):
+                out.append(dict(backend="alltoall", scope=scope, ep=ep, dispatch_gbps=bw, combine_gbps=bw,
+                                latency_us=lat * 1e6, source="measured:ep-alltoall" if scope == "scaleup" else
+                                "derived: single host; copy of the measured scale-up alltoall fit"))
+            notes.append(f"ep_dispatch ep={ep}: latency {lat * 1e6:.1f} us, {bw:.3f} GB/s over {len(rs)} payloads")
+        fam["ep_dispatch"] = out
+    if rows.get("membw_sample"):
+        ops = {}
+        for r in rows["membw_sample"]:
+            ops.setdefault(r["op"], []).append(float(r["gbps"]))
+        fam["membw"] = [dict(op=o, gbps=float(statistics.median(g)),
+                             source=f"measured:membw-{o} (median of {len(g)} sizes)") for o, g in sorted(ops.items())]
+        notes.append("membw: " + ", ".join(f"{o} {statistics.median(g):.2f} GB/s" for o, g in sorted(ops.items())))
+    # complete: every family and every op/key the cost model looks up
+    default_dir = TABLE_ROOT / kind
+    for f in FAMILIES:
+        dflt = read_rows(default_dir / f"{f}.csv", f) if (default_dir / f"{f}.csv").exists() else []
+        if f not in fam:
+            fam[f] = [dict(r, source=f"default: {r['source']}") for r in dflt]
+            notes.append(f"{f}: not measured, shipped default rows kept")
+        elif f == "membw":
+            have = {r["op"] for r in fam[f]}
+            for r in dflt:
+                if r["op"] not in have:
+                    fam[f].append(dict(r, source=f"default: {r['source']}"))
+                    notes.append(f"membw {r['op']}: not measured, default kept")
+        elif f == "dispatch_gap" and not any(r["mode"] == "eager" for r in fam[f]):
+            fam[f] += [dict(r, source=f"default: {r['source']}") for r in dflt if r["mode"] == "eager"]
+    return fam, notes
+
+
+def assemble(kind: str, out: Path, store: PartialStore, info: dict) -> str:
+    """Write the tables (CSV per family + meta.json) into `out` atomically: staged in a temp dir,
+    then each file moved into place with os.replace (meta.json last)."""
+    from cost_model.tables import FAMILIES, write_family, write_meta
+    fam, notes = build_family_rows(kind, store.rows())
+    stage = out / f".staging-{os.getpid()}"
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir()
+    try:
+        for f in FAMILIES:
+            write_family(stage, f, fam[f])
+        measured = sorted(f for f in FAMILIES if any(str(r["source"]).startswith("measured") for r in fam[f]))
+        notes = [f"measured on {info.get('host')} ({info.get('cpu') if not info.get('gpu') else info.get('gpu')}), "
+                 f"{info.get('date')}; families measured: {', '.join(measured)}"] + notes
+        digest = write_meta(stage, kind, "moetune profile (cost_model/profile)", notes, SOURCES)
+        meta = json.loads((stage / "meta.json").read_text())
+        meta.update(measured=True, profile=info, measured_families=measured)
+        (stage / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
+        for f in FAMILIES:
+            os.replace(stage / f"{f}.csv", out / f"{f}.csv")
+        os.replace(stage / "meta.json", out / "meta.json")
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return digest

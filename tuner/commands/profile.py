@@ -1,0 +1,64 @@
+"""`moetune profile`: measure this machine's performance tables for a cluster kind (GEMM, grouped
+expert MLP, attention, memory-bound ops, cross-entropy, collectives, dispatch gap) and write them in
+the one table format the cost model reads (cost_model/tables.py).
+
+  moetune profile --cluster cpu-local [--budget-min 10] [--out DIR] [--ray-address ADDR]
+      [--sweep tiny|small|full] [--executor ray|local] [--no-progress]
+
+Default output: $MOETUNE_HOME/tables/<kind>/ (MOETUNE_HOME defaults to ~/.moetune), which the
+cost model then prefers over the shipped clusters/tables/<kind>/ (`moetune predict` prints which it
+used). Rerunning resumes: points already in <out>/partial/*.csv are not measured again. Per-device
+sweeps run in one Ray actor per device (embedded Ray on 127.0.0.1 unless --ray-address);
+collectives in spawned torch.distributed workers. See cost_model/profile/.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tuner.commands.common import UsageError
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("profile", help="measure this machine's performance tables for the cost model",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--cluster", required=True, help="hardware kind (clusters/*.yaml) these tables are for")
+    p.add_argument("--budget-min", type=float, default=None,
+                   help="wall-clock budget in minutes (default 10 on CPU kinds, 30 on GPU kinds)")
+    p.add_argument("--out", default=None, help="output directory (default $MOETUNE_HOME/tables/<kind>)")
+    p.add_argument("--ray-address", default=None, help="existing Ray cluster (default: embedded, 127.0.0.1)")
+    p.add_argument("--sweep", choices=("tiny", "small", "full"), default="full",
+                   help="sweep density (default full; tiny is for tests and smoke runs)")
+    p.add_argument("--executor", choices=("ray", "local"), default="ray",
+                   help="per-device sweeps in Ray actors (default) or in this process (one device)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def run(args) -> int:
+    import torch
+
+    from clusters import load_cluster
+    from cost_model.profile.driver import run_profile
+    from cost_model.tables import measured_tables_dir
+    cluster = load_cluster(args.cluster)
+    if cluster.is_gpu and not torch.cuda.is_available():
+        raise UsageError(f"{cluster.kind} is a GPU kind but this machine has no visible GPU; "
+                         "run on that hardware (or profile cpu-local)")
+    budget_min = args.budget_min if args.budget_min is not None else (30.0 if cluster.is_gpu else 10.0)
+    if budget_min <= 0:
+        raise UsageError("--budget-min must be positive")
+    out = Path(args.out) if args.out else measured_tables_dir(cluster.kind)
+    devices = cluster.devices_per_node if not cluster.is_gpu else None
+    t0 = time.time()
+    print(f"profiling {cluster.kind} on this machine -> {out} (budget {budget_min:g} min, sweep {args.sweep})",
+          flush=True)
+    info = run_profile(cluster.kind, out, budget_min * 60.0, ray_address=args.ray_address, executor=args.executor,
+                       sweep=args.sweep, devices=devices, progress=not args.no_progress)
+    print(f"measured {info['points_measured']} of {info['points_total']} points in {time.time() - t0:.0f} s "
+          f"({info['device']}, {info['devices']} device(s))")
+    print(f"tables   {out} sha256 {info['digest'][:16]}")
+    if info["points_measured"] < info["points_total"]:
+        print("note     budget reached before the full sweep: unmeasured grid points are filled from the "
+              "nearest measured one; rerun to measure the rest")
+    return 0
