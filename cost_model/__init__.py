@@ -31,16 +31,22 @@ class Prediction:
 
 
 def resolve_tables(workload, tables=None):
-    from cost_model.tables import Tables, load_tables
+    """Explicit tables (Tables or a directory) or, by the lookup rule of
+    `cost_model.tables.tables_dir_for`, measured tables ($MOETUNE_HOME/tables/<kind>/) before the
+    shipped defaults (clusters/tables/<kind>/)."""
+    from cost_model.tables import Tables, load_tables, tables_dir_for
     if isinstance(tables, Tables):
         return tables
-    return load_tables(tables or workload.cluster.kind)
+    return load_tables(tables or tables_dir_for(workload.cluster.kind))
 
 
-def resolve_calibration(workload, calibration=None):
-    from cost_model.calibration import Calibration, default_calibration
+def resolve_calibration(workload, calibration=None, tables=None):
+    """Explicit calibration (Calibration or a JSON path) or, by the lookup rule of
+    `cost_model.calibration.calibration_for`, the fitted $MOETUNE_HOME/calibration/<kind>.json when
+    it was fitted on the tables in use (same digest), else the shipped default."""
+    from cost_model.calibration import Calibration, calibration_for
     if calibration is None:
-        return default_calibration(workload.cluster)
+        return calibration_for(workload.cluster, resolve_tables(workload, tables))
     if isinstance(calibration, Calibration):
         return calibration
     return Calibration.load(calibration)
@@ -53,7 +59,7 @@ def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserv
     from cost_model.model import evaluate
     pa = plans if isinstance(plans, PlanArrays) else PlanArrays.from_plans(list(plans))
     t = resolve_tables(workload, tables)
-    cal = resolve_calibration(workload, calibration)
+    cal = resolve_calibration(workload, calibration, t)
     out = evaluate(workload, pa, t, imbalance=imbalance, hbm_reserve=hbm_reserve,
                    calibration_scale=cal.scale, detail=detail)
     out["tables_digest"] = t.digest

@@ -55,6 +55,27 @@ def default_calibration(cluster) -> Calibration:
     return IDENTITY
 
 
+def user_calibration_path(kind: str) -> Path:
+    """Where `moetune calibrate` installs a fit for a cluster kind: $MOETUNE_HOME/calibration/<kind>.json."""
+    from cost_model.tables import moetune_home
+    return moetune_home() / "calibration" / f"{kind}.json"
+
+
+def calibration_for(cluster, tables=None) -> Calibration:
+    """The lookup rule: the installed fit for this cluster kind when its provenance names the
+    digest of `tables` (the tables the model will read; a fit on other tables is not used), else
+    `default_calibration(cluster)`."""
+    p = user_calibration_path(cluster.kind)
+    if p.is_file():
+        try:
+            cal = Calibration.load(p)
+        except (OSError, ValueError, KeyError):
+            cal = None
+        if cal is not None and (tables is None or cal.provenance.get("tables_digest") == tables.digest):
+            return cal
+    return default_calibration(cluster)
+
+
 def fit_calibration(pairs, *, provenance: dict | None = None) -> tuple[Calibration, dict]:
     """pairs: iterable of (predicted_raw_step_s, measured_step_s[, label]). Robust (soft-L1) least
     squares on log step time for the single scale; returns (Calibration, report) where report has

@@ -236,6 +236,24 @@ class Tables:
         return cls(meta.get("kind", directory.name), directory, fams, meta)
 
 
+def moetune_home() -> Path:
+    """User state: measured tables and fitted calibrations ($MOETUNE_HOME, default ~/.moetune)."""
+    import os
+    return Path(os.environ.get("MOETUNE_HOME") or "~/.moetune").expanduser()
+
+
+def measured_tables_dir(kind: str) -> Path:
+    """Where `moetune profile --cluster <kind>` writes by default: $MOETUNE_HOME/tables/<kind>/."""
+    return moetune_home() / "tables" / str(kind)
+
+
+def tables_dir_for(kind: str) -> Path:
+    """The lookup rule: measured tables ($MOETUNE_HOME/tables/<kind>/, when its meta.json exists)
+    are preferred over the shipped defaults (clusters/tables/<kind>/). `--tables DIR` overrides both."""
+    m = measured_tables_dir(kind)
+    return m if (m / "meta.json").is_file() else TABLE_ROOT / str(kind)
+
+
 _CACHE: dict[str, Tables] = {}
 
 

@@ -12,8 +12,10 @@ def add_parser(subparsers):
     add_workload_args(p)
     p.add_argument("--plan", default="", help='canonical or partial plan string, e.g. "tp=2,pp=8,vpp=4,ep=64"')
     p.add_argument("--json", action="store_true", help="print the Prediction as JSON")
-    p.add_argument("--tables", default=None, help="table directory (default clusters/tables/<kind>)")
-    p.add_argument("--calibration", default=None, help="calibration JSON (default: shipped GPU fit)")
+    p.add_argument("--tables", default=None, help="table directory (default: measured $MOETUNE_HOME/tables/<kind> "
+                   "when `moetune profile` wrote it, else the shipped clusters/tables/<kind>)")
+    p.add_argument("--calibration", default=None, help="calibration JSON (default: $MOETUNE_HOME/calibration/<kind>.json "
+                   "when fitted on the tables in use, else the shipped GPU fit / identity on CPU)")
     p.add_argument("--hbm-reserve", type=float, default=0.1, help="fraction of HBM kept free (default 0.1)")
     p.add_argument("--imbalance", type=float, default=1.0, help="routing imbalance factor (1.0 = balanced)")
     return p
@@ -24,6 +26,25 @@ def _precision(args, cluster) -> str:
     if prec == "fp8":
         return "mxfp8" if getattr(cluster, "mxfp8", False) else "fp8-blockwise"
     return prec
+
+
+def _sources(cost_model, w, args) -> tuple[str, str]:
+    """(tables directory + whether measured, where the calibration came from) for the report."""
+    from cost_model.calibration import DEFAULT_GPU_CALIBRATION, user_calibration_path
+    t = cost_model.resolve_tables(w, args.tables)
+    kind = "measured" if t.meta.get("measured") else "shipped defaults"
+    tabs = f"{t.directory} ({kind}{', --tables' if args.tables else ''})"
+    cal = cost_model.resolve_calibration(w, args.calibration, t)
+    if args.calibration:
+        src = args.calibration
+    elif user_calibration_path(w.cluster.kind).is_file() and cal.provenance and \
+            cal.provenance.get("tables_digest") == t.digest:
+        src = str(user_calibration_path(w.cluster.kind))
+    elif cal.id == "identity":
+        src = "identity: no fit for these tables"
+    else:
+        src = f"shipped {DEFAULT_GPU_CALIBRATION.name}"
+    return tabs, src
 
 
 def run(args) -> int:
@@ -73,6 +94,7 @@ def run(args) -> int:
     for k, v in sorted(pred.breakdown_s.items(), key=lambda kv: -abs(kv[1])):
         if abs(v) > 0:
             print(f"  {k:24s} {v:9.3f}")
-    print(f"tables         {args.tables or 'clusters/tables/' + w.cluster.kind} sha256 {pred.tables_digest[:16]}")
-    print(f"calibration    {pred.calibration_id}")
+    tabs, cal_src = _sources(cost_model, w, args)
+    print(f"tables         {tabs} sha256 {pred.tables_digest[:16]}")
+    print(f"calibration    {pred.calibration_id} ({cal_src})")
     return 0
