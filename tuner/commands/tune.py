@@ -327,7 +327,8 @@ def _run_trials(args, workload, study, prereg, sampler, cal_state, progress) -> 
                 sampler.observe(plan, result["step_time_s"] if result.get("ok") else None, raw)
                 if sampler.measured:
                     cal_state["cal"], cal_state["report"] = sampler.refit()
-                trial.set_user_attr("calibration_after_scale", sampler.scale)
+                if sampler.cal is not None:
+                    study.set_user_attr("calibration", sampler.cal.to_dict() | {"provenance": {}})
                 what = (f"{result['tokens_per_s_per_gpu']:.1f} tok/s/GPU" if result.get("ok")
                         else f"FAIL {result.get('kind')}")
                 bar.update(1)

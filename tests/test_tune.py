@@ -1,0 +1,256 @@
+"""moetune tune: guided sampler, failure recording, plan claims, pre-registration/adjudication, and
+one end-to-end kill -9 + resume study on CPU (slow)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from clusters import load_cluster
+from tuner.model_spec import load_model
+from tuner.plan import Plan
+from tuner.stack import profile_for
+from tuner.workload import Workload
+
+REPO = Path(__file__).resolve().parents[1]
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return Workload(model=load_model("tiny-moe"), cluster=load_cluster("cpu-local", 2), gbs=8, seq=128)
+
+
+def P(text):
+    return Plan.parse(text).canonical()
+
+
+# sampler ------------------------------------------------------------------------------------------
+
+def _pool():
+    # raw predicted step times: A fastest by the model, D slowest
+    return [{"plan": P("mbs=4"), "raw_step_time_s": 1.0}, {"plan": P("mbs=2"), "raw_step_time_s": 1.1},
+            {"plan": P("ep=2,mbs=4"), "raw_step_time_s": 1.2}, {"plan": P("pp=2,mbs=1"), "raw_step_time_s": 1.3}]
+
+
+def test_sampler_follows_model_first_then_measurements():
+    from tuner.sampler import GuidedSampler
+    s = GuidedSampler(_pool(), beta=0.0)
+    assert s.propose() == P("mbs=4")
+    # mbs=4 turns out 3x slower than predicted, mbs=2 as predicted: the global scale rises, and the
+    # neighbour of mbs=4 that differs only in ep is pulled down by the local residual.
+    s.observe(P("mbs=4"), 3.0)
+    s.observe(P("mbs=2"), 1.1)
+    cal, rep = s.refit()
+    assert 1.0 < cal.scale < 3.0 and len(rep["rows"]) == 2
+    ranked = [r[0] for r in s.rank()]
+    assert P("mbs=4") not in ranked and P("mbs=2") not in ranked  # nothing tried is proposed again
+    assert ranked == [P("pp=2,mbs=1"), P("ep=2,mbs=4")]  # ep=2,mbs=4 shares mbs=4's slowness
+
+
+def test_sampler_skips_failed_and_excluded():
+    from tuner.sampler import GuidedSampler
+    s = GuidedSampler(_pool())
+    s.observe(P("mbs=4"), None)  # OOM / crash
+    assert s.propose() == P("mbs=2")
+    assert s.propose(exclude={P("mbs=2")}) == P("ep=2,mbs=4")
+    mean, sigma = s.estimate(P("ep=2,mbs=4"))
+    assert mean == pytest.approx(1.2) and sigma == pytest.approx(0.3)
+
+
+def test_tpe_proposer_covers_space():
+    from tuner.sampler import TPEProposer
+    plans = [r["plan"] for r in _pool()]
+    vals = {p: float(i) for i, p in enumerate(plans)}
+    got = list(TPEProposer(plans, seed=1, n_startup_trials=2).run(vals.get, max_asks=300))
+    assert len(got) == len(set(got)) >= 2 and set(got) <= set(plans)  # real trials only, none twice
+
+
+# study: claims, failures, stale trials -------------------------------------------------------------
+
+@pytest.fixture()
+def study(tmp_path):
+    from tuner import study as S
+    return S.open_study("t", S.open_storage(None, tmp_path))
+
+
+def test_failure_recorded_as_fail_with_reason(study):
+    from trials.base import Failure
+    from tuner import study as S
+    plan = P("pp=2")
+    t = S.claim(study, plan, {"roles": "searched", "predicted_step_time_s": 1.0})
+    S.record(study, t, Failure(plan=plan, kind="oom", message="rank 1 RSS 3.1 GiB > cap 2 GiB").to_dict())
+    ft = study.trials[0]
+    assert ft.state == TrialState.FAIL
+    assert ft.user_attrs["failure_kind"] == "oom" and "RSS" in ft.user_attrs["failure_message"]
+    st = S.plan_status(study)
+    assert st[plan]["failed"] == 1 and not S.eligible(st, plan)
+    assert S.claim(study, plan, {}) is None  # a really failed plan is not run again
+
+
+def test_measurement_recorded_and_never_rerun(study):
+    from tuner import study as S
+    plan = P("mbs=2")
+    t = S.claim(study, plan, {"predicted_step_time_s": 0.5})
+    S.record(study, t, {"ok": True, "step_time_s": 1.0, "tokens_per_s_per_gpu": 512.0,
+                        "step_time_spread_s": 0.1, "peak_memory_gib": [0.3, 0.4], "step_times_s": [1.0]})
+    ft = study.trials[0]
+    assert ft.state == TrialState.COMPLETE and ft.value == 512.0
+    assert ft.user_attrs["measured_step_time_s"] == 1.0 and ft.user_attrs["predicted_step_time_s"] == 0.5
+    assert S.claim(study, plan, {}) is None
+    assert study.trials[-1].state == TrialState.PRUNED and study.trials[-1].user_attrs["claim_lost_to"] == 0
+
+
+def test_concurrent_claim_lowest_number_wins(study):
+    from tuner import study as S
+    plan = P("ep=2")
+    first = S.claim(study, plan, {})
+    assert first is not None
+    assert S.claim(study, plan, {}) is None  # RUNNING lower-numbered trial holds it
+
+
+def test_stale_running_trial_failed_and_retried_once(study):
+    from tuner import study as S
+    plan = P("ep=2,mbs=2")
+    t = study.ask()
+    t.set_user_attr("plan", plan)
+    t.set_user_attr("owner", f"{S.socket.gethostname()}:999999999")  # a dead process
+    assert S.fail_stale(study) == [0]
+    ft = study.trials[0]
+    assert ft.state == TrialState.FAIL and ft.user_attrs["failure_kind"] == "interrupted"
+    st = S.plan_status(study)
+    assert S.eligible(st, plan)  # retried once ...
+    t2 = S.claim(study, plan, {})
+    S.mark_interrupted(study, t2)
+    assert not S.eligible(S.plan_status(study), plan)  # ... but not twice
+
+
+# pre-registration and adjudication --------------------------------------------------------------------
+
+def _prereg(tmp_path, workload, base_plan):
+    from cost_model.calibration import IDENTITY
+    from tuner import prereg as PR
+    doc = PR.build(study="adj", workload=workload, precision="bf16",
+                   plans=[{"plan": P("mbs=4"), "predicted_step_time_s": 1.0}],
+                   baseline={"plan": base_plan, "predicted_step_time_s": 1.0,
+                             "predicted_tokens_per_s_per_gpu": 100.0},
+                   baseline_source="test", tables_digest="x", calibration=IDENTITY, trials_budget=1,
+                   sampler="guided-ucb", space={})
+    PR.write(tmp_path, doc)
+    with pytest.raises(PR.PreregistrationError):
+        PR.write(tmp_path, doc)  # never rewritten
+    return doc
+
+
+@pytest.mark.parametrize("searched_tps,verdict,rc", [(99.0, "PASS", 0), (90.0, "FAIL", 1)])
+def test_adjudicate_verdicts(tmp_path, workload, capsys, searched_tps, verdict, rc):
+    from tuner import study as S
+    from tuner.cli import main
+    base = P("ep=2")
+    _prereg(tmp_path, workload, base)
+    st = S.open_study("adj", S.open_storage(None, tmp_path))
+    for plan, roles, tps in ((base, "baseline", 100.0), (P("mbs=4"), "searched", searched_tps)):
+        t = S.claim(st, plan, {"roles": roles})
+        S.record(st, t, {"ok": True, "step_time_s": 1.0, "tokens_per_s_per_gpu": tps})
+    assert main(["adjudicate", "adj", "--study-dir", str(tmp_path)]) == rc
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1].startswith(verdict)
+    assert f"{searched_tps / 100.0:.3f}" in out
+
+
+def test_adjudicate_refuses_tampered_file(tmp_path, workload, capsys):
+    from tuner import prereg as PR
+    from tuner.cli import main
+    _prereg(tmp_path, workload, P("ep=2"))
+    path = tmp_path / PR.NAME
+    path.write_text(path.read_text().replace('"ratio": 0.98', '"ratio": 0.5'))
+    assert main(["adjudicate", "adj", "--study-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "modified" in err[0]
+    # consistent re-hash of the body but stale sidecar: still refused
+    doc = json.loads(path.read_text())
+    doc["sha256"] = PR.canonical_hash(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PR.PreregistrationError):
+        PR.load(tmp_path)
+
+
+def test_baseline_heuristic_keeps_ep_in_domain_and_tp1(workload):
+    from tuner.baseline import hand_tuned_baseline
+    plan, pred = hand_tuned_baseline(workload, profile_for(workload.cluster))
+    assert plan.tp == 1 and plan.ep == 2 and plan.cp == 1 and pred.feasible
+
+
+def test_select_candidates_diverse_layouts():
+    from tuner.screen import Scored, select_candidates
+    pool = [Scored(f"p{i}", 1.0 + i, 1.0 + i, 100.0 - i, 0.1, (1, 1, 1, 1, 1, 1)) for i in range(10)]
+    pool += [Scored("q", 20.0, 20.0, 50.0, 0.1, (1, 1, 2, 1, 1, 1)),
+             Scored("r", 30.0, 30.0, 40.0, 0.1, (1, 1, 1, 1, 2, 1))]
+    got = [s.plan for s in select_candidates(pool, 4)]
+    assert got[:2] == ["p0", "p1"] and {"q", "r"} <= set(got)
+
+
+# end to end: kill -9 and resume --------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_tune_end_to_end_kill_and_resume(tmp_path):
+    import hashlib
+    d = tmp_path / "study"
+    cmd = [sys.executable, "-m", "tuner.cli", "tune", "--model", "tiny-moe", "--cluster", "cpu-local",
+           "--gpus", "2", "--gbs", "8", "--seq", "128", "--study", "e2e", "--study-dir", str(d),
+           "--trials", "4", "--iters", "2", "--warmup", "1", "--trial-timeout", "120", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    url = f"sqlite:///{d / 'study.db'}"
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and p.poll() is None:
+            time.sleep(1)
+            try:
+                st = optuna.load_study(study_name="e2e", storage=url)
+            except Exception:  # noqa: BLE001 - not created yet
+                continue
+            if any(t.state == TrialState.COMPLETE for t in st.get_trials(deepcopy=False)):
+                break
+        assert p.poll() is None, p.stdout.read().decode()[-3000:]
+        prereg_bytes = (d / "preregistration.json").read_bytes()
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    finally:
+        time.sleep(1)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # Ray processes of the killed tuner
+        except ProcessLookupError:
+            pass
+    assert not (d / "report.md").exists()
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    report = Path(r.stdout.strip().splitlines()[-1])
+    assert report == (d / "report.md").resolve() and report.exists()
+    text = report.read_text()
+    assert "Measured vs predicted" in text and "pretrain_gpt.py" in text and "adjudication" in text
+    assert (d / "trials.csv").exists() and (d / "measured_vs_predicted.png").exists()
+    assert (d / "preregistration.json").read_bytes() == prereg_bytes
+    assert "resuming: pre-registration" in r.stdout
+    st = optuna.load_study(study_name="e2e", storage=url)
+    done = [t for t in st.get_trials() if t.state == TrialState.COMPLETE]
+    plans = [t.user_attrs["plan"] for t in done]
+    assert len(plans) == len(set(plans)) >= 4  # >= 4 real measured trials, none twice
+    for t in st.get_trials():
+        assert t.state != TrialState.RUNNING
+        if t.state == TrialState.FAIL:
+            assert t.user_attrs["failure_kind"] in ("interrupted", "oom", "crash", "timeout", "stack-rejected")
+    adj = subprocess.run([sys.executable, "-m", "tuner.cli", "adjudicate", "e2e", "--study-dir", str(d)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert adj.returncode in (0, 1) and adj.stdout.strip().splitlines()[-1].split(":")[0] in ("PASS", "FAIL")
+    assert hashlib.sha256(prereg_bytes).hexdigest() in (d / "preregistration.sha256").read_text()
