@@ -92,15 +92,25 @@ def write(study_dir: str | Path, doc: dict) -> Path:
     if path.exists():
         raise PreregistrationError(f"{path} exists; a pre-registration is never rewritten")
     data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
-    for target, blob in ((d / SIDECAR, f"{hashlib.sha256(data).hexdigest()}  {NAME}\n".encode()),
-                         (path, data)):
-        tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
-        with open(tmp, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+    side = f"{hashlib.sha256(data).hexdigest()}  {NAME}\n".encode()
+    tmp = _tmp_write(path, data)
+    try:
+        os.link(tmp, path)  # exclusive: fails if another process registered first
+    except FileExistsError:
+        raise PreregistrationError(f"{path} exists; a pre-registration is never rewritten") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    os.replace(_tmp_write(d / SIDECAR, side), d / SIDECAR)
     return path
+
+
+def _tmp_write(target: Path, blob: bytes) -> Path:
+    tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
 
 
 def load(study_dir: str | Path) -> dict:
@@ -111,6 +121,10 @@ def load(study_dir: str | Path) -> dict:
         raise PreregistrationError(f"no pre-registration at {path}")
     data = path.read_bytes()
     side = d / SIDECAR
+    for _ in range(20):  # a concurrent writer links the JSON first, then the sidecar
+        if side.exists():
+            break
+        time.sleep(0.1)
     if not side.exists():
         raise PreregistrationError(f"{side} is missing: the pre-registration cannot be verified")
     want = side.read_text().split()[0] if side.read_text().split() else ""
