@@ -23,7 +23,9 @@ Analytical skeleton, measured/published lookup tables, no hand-tuned constants:
 * Pipeline: per-stage microbatch time (layers of the stage, embedding on the first, LM head + CE
   on the last, explicit layouts / uneven stages via `tuner.pipeline`), the slowest stage sets the
   pace: step = (m + (pp-1)/vpp) * C_max (1F1B / interleaved bubble), plus exposed PP p2p.
-* Per-microbatch CPU floor (§5.4): C_s = max(compute_s, kernels_s * dispatch gap).
+* Per-microbatch CPU floor (§5.4): C_s = max(compute_s, kernels_s * dispatch gap) on GPUs (async
+  launches); compute_s + kernels_s * gap on CPU devices (synchronous), gap of the trial stack
+  (`dispatch_gap` mode "stack") when measured.
 * DP: grad reduce-scatter (fp32 main grads) + param all-gather (dist-opt) or all-reduce, over the
   DP x CP group (dense) and expert-DP group (experts), exposed beyond the overlap window (backward
   resp. forward of one microbatch on the stage) when overlap is on, at least the last bucket.
@@ -182,7 +184,13 @@ class _Ops:
         self.any_fp8 = bool(fp8mask.any()) and tables["gemm"].has("fp8")
         self.bw = {op: float(tables["membw"].lookup(op)) * 1e9 for op in
                    ("elementwise", "permute", "router", "cross_entropy", "optimizer")}
-        self.gap = float(tables["dispatch_gap"].lookup("eager")) * 1e-6
+        # CPU devices execute ops on the dispatching thread: the floor adds to compute, and a
+        # measured per-kernel gap of the trial stack itself (mode "stack", `moetune profile`) is
+        # preferred over the bare-op chain ("eager") when the tables have it.
+        self.async_launch = bool(getattr(cluster, "is_gpu", True))
+        gaps = tables["dispatch_gap"]
+        mode = "stack" if (not self.async_launch and gaps.has("stack")) else "eager"
+        self.gap = float(gaps.lookup(mode)) * 1e-6
         self.up = max(1, int(cluster.scaleup_size))
         self.first = self.inv = None
 
@@ -328,6 +336,17 @@ def _distinct_domains(spec, E, topk, ep, per):
         aligned = (gpd >= 1) & (np.abs(gpd - np.round(gpd)) < 1e-9)
         p = np.where(aligned, np.maximum(p, pg), p)
     return (nd - 1.0) * (1.0 - p)
+
+
+def structural_kernels(spec, tp=1, cp=1, grouped=False, local_experts=1):
+    """Forward kernels per (attention block, dense MLP, MoE MLP) of one layer and microbatch (the
+    CPU floor's structural counts; backward = 2x). Arrays broadcast."""
+    tp, cp = np.asarray(tp, float), np.asarray(cp, float)
+    k_attn = 14 + (6 if spec.mla else 0) + 4 * (tp > 1) + 2 * (cp > 1) * (cp - 1)
+    k_dense = 6 + 2 * (tp > 1)
+    k_moe = 16 + np.where(np.asarray(grouped, bool), 3, 3 * np.asarray(local_experts, float)) + (
+        4 if spec.moe_shared_expert_ffn else 0)
+    return k_attn, k_dense, k_moe
 
 
 def _distinct_ranks(E, topk, ep):
@@ -553,13 +572,13 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
     stage_fwd = (nd * col(dense_layer_f) + nm * col(moe_layer_f) + em * col(emb_f) + lo * col(head_f)) * smask
     stage_bwd = stage_compute - stage_fwd
     # CPU floor: kernels per microbatch x dispatch gap (structural kernel counts, fwd; bwd = 2x)
-    k_attn = 14 + (6 if spec.mla else 0) + 4 * (tp > 1) + 2 * (cp > 1) * (cp - 1)
-    k_dense = 6 + 2 * (tp > 1)
-    k_moe = 16 + np.where(pa.grouped_gemm.astype(bool), 3, 3 * G) + (4 if spec.moe_shared_expert_ffn else 0)
+    k_attn, k_dense, k_moe = structural_kernels(spec, tp, cp, pa.grouped_gemm.astype(bool), G)
     kern = 3 * (nd * col(k_attn + k_dense) + nm * col(k_attn + k_moe) + em * 4 + lo * 12)
     kern = kern + (pa.recompute > 0)[:, None] * nlay * col(k_attn) * rc_frac
     floor = kern * ops.gap
-    stage_time = np.maximum(stage_compute, floor) * smask
+    # GPU: the host enqueues asynchronously, so the floor overlaps compute (max). CPU: one thread
+    # dispatches and executes every op synchronously, so the dispatch time adds to the compute.
+    stage_time = (np.maximum(stage_compute, floor) if ops.async_launch else stage_compute + floor) * smask
     slow = np.argmax(stage_time, axis=1)
     rows = np.arange(pa.n)
     C = stage_time[rows, slow]
@@ -691,7 +710,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
     out.update(peak_memory_gib=peak_mem, fits=peak_mem <= usable, usable_gib=usable)
     if detail:
         bd = {k: m * v[rows, slow] for k, v in comp().items()}
-        floor_extra = np.maximum(0.0, floor[rows, slow] - stage_compute[rows, slow])
+        floor_extra = (np.maximum(0.0, floor[rows, slow] - stage_compute[rows, slow]) if ops.async_launch
+                       else floor[rows, slow])
         bd["cpu_launch_floor"] = m * floor_extra
         bd.update(pipeline_bubble=bubble, pp_p2p=p2p_exposed, dp_grad_reduce_scatter=grad_exposed,
                   dp_param_all_gather=ag_exposed, optimizer_step=opt_t,

@@ -38,6 +38,8 @@ SOURCES = {
                                          "DotProductAttention, fwd and bwd (cost_model/profile/attention.py)",
     "measured:dispatch-gap-eager": "moetune profile: per-op time of a chain of 1-element adds (cost_model/profile/dispatch_gap.py)",
     "measured:dispatch-gap-autograd": "moetune profile: per-op time of a recorded chain, fwd + bwd (cost_model/profile/dispatch_gap.py)",
+    "measured:stack-floor": "moetune profile: Megatron trial backend, 1 rank, reference MoE model with 1 and 3 layers at "
+                            "16 tokens; per-layer fwd+bwd time / structural kernels (cost_model/profile/stack_floor.py)",
     "measured:ep-alltoall": "moetune profile: Megatron alltoall dispatcher pattern (counts all_to_all + all_to_all_single "
                             "with splits), t = latency + sent/bw least-squares fit over payloads (cost_model/profile/collectives.py)",
 }
@@ -184,6 +186,12 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
         total += len(pts)
         done = store.done(name)
         todo += [(name, p) for p in pts if p["id"] not in done]
+    from cost_model.profile import stack_floor as _sf
+    if not _sf.skip_reason(ctx):
+        total += len(_sf.points(ctx))
+        already_sf = len([p for p in _sf.points(ctx) if p["id"] in store.done("stack_floor")])
+    else:
+        already_sf = 0
     from cost_model.profile import collectives
     why = collectives.skip_reason(ctx, devices)
     cpts = []
@@ -197,7 +205,7 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
     for s in skipped:
         log(f"skip  {s}")
     todo = _ordered(todo)
-    already = total - len(todo) - len(cpts)
+    already = total - len(todo) - len(cpts) - (len(_sf.points(ctx)) - already_sf if not _sf.skip_reason(ctx) else 0)
     if already:
         log(f"resume: {already} of {total} points already measured in {out / 'partial'}")
     reserve = min(10.0, 0.05 * budget_s)
@@ -217,6 +225,22 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
             _run_local(todo, ctx, dev_deadline, record)
         else:
             _run_ray(todo, ctx, devices, dev_deadline, record, ray_address)
+    from cost_model.profile import stack_floor
+    why = stack_floor.skip_reason(ctx)
+    if why:
+        skipped.append(f"dispatch_gap stack: {why}")
+    else:
+        for p in stack_floor.points(ctx):
+            if p["id"] in store.done("stack_floor"):
+                continue
+            if time.time() > t0 + (budget_s - reserve) * (0.75 if cpts else 1.0):
+                break
+            try:
+                sec = stack_floor.measure_layers(p["layers"])
+                record("stack_floor", p["id"], [("stack_sample", dict(layers=p["layers"], seconds=sec,
+                                                                       source="measured:stack-floor"))], None)
+            except Exception as e:  # noqa: BLE001
+                record("stack_floor", p["id"], [], f"{type(e).__name__}: {e}")
     if cpts:
         coll_deadline = t0 + budget_s - reserve
         if time.time() < coll_deadline:
@@ -372,6 +396,13 @@ def build_family_rows(kind: str, rows: dict[str, list[dict]]) -> tuple[dict[str,
                                 "derived: single host; copy of the measured scale-up alltoall fit"))
             notes.append(f"ep_dispatch ep={ep}: latency {lat * 1e6:.1f} us, {bw:.3f} GB/s over {len(rs)} payloads")
         fam["ep_dispatch"] = out
+    if rows.get("stack_sample"):
+        from cost_model.profile.stack_floor import rows_from
+        times = {int(r["layers"]): float(r["seconds"]) for r in rows["stack_sample"]}
+        if len(times) >= 2:
+            for f, r in rows_from(times):
+                fam.setdefault("dispatch_gap", []).append(r)
+                notes.append(f"dispatch_gap stack: {r['source']}")
     if rows.get("membw_sample"):
         ops = {}
         for r in rows["membw_sample"]:

@@ -1,0 +1,91 @@
+"""Measure a spread of realizable tiny-moe plans on this CPU host with the Megatron trial backend
+and write the CSV `moetune calibrate --measurements` reads.
+
+  PYTHONPATH=. python bench/cpu_calibration_set.py OUT.csv [--model tiny-moe] [--gbs 16] [--seq 256]
+      [--plans 16] [--iters 5] [--warmup 2]
+
+Plans: `tuner.space.default_space(workload, profile_for(cluster), "bf16", level="core")` filtered
+by `tuner.space.iter_realizable`, then an evenly spaced subset of that (deterministic) list, so the
+set spans pp/vpp, ep/etp, mbs, dispatcher and recompute. Rows already in OUT.csv are kept (resume).
+Columns: model, cluster, gpus, gbs, seq, plan, step_time_s (median over iters), spread_s,
+status, iters, warmup, wall_s, date.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+COLUMNS = ["model", "cluster", "gpus", "gbs", "seq", "plan", "step_time_s", "spread_s", "status",
+           "iters", "warmup", "wall_s", "date"]
+
+
+def select_plans(workload, n: int) -> list:
+    from tuner.space import default_space, iter_realizable
+    from tuner.stack import profile_for
+    prof = profile_for(workload.cluster)
+    plans = list(iter_realizable(default_space(workload, prof, "bf16", level="core"), workload, prof))
+    if len(plans) <= n:
+        return plans
+    step = len(plans) / n
+    return [plans[int(i * step + step / 2)] for i in range(n)]
+
+
+def main(argv=None) -> int:
+    from clusters import load_cluster
+    from trials.base import Failure, Resources
+    from trials.megatron.backend import MegatronBackend
+    from tuner.model_spec import load_model
+    from tuner.workload import Workload
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--model", default="tiny-moe")
+    ap.add_argument("--cluster", default="cpu-local")
+    ap.add_argument("--gbs", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--plans", type=int, default=16)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300)
+    a = ap.parse_args(argv)
+    cluster = load_cluster(a.cluster)
+    w = Workload(model=load_model(a.model), cluster=cluster, gbs=a.gbs, seq=a.seq)
+    out = Path(a.out)
+    done = {}
+    if out.exists():
+        with open(out, newline="") as f:
+            done = {r["plan"]: r for r in csv.DictReader(f)}
+    rows = list(done.values())
+    for plan in select_plans(w, a.plans):
+        text = plan.canonical()
+        if text in done:
+            continue
+        t0 = time.time()
+        r = MegatronBackend().run(plan, w, Resources(w.world, a.timeout), iters=a.iters, warmup=a.warmup)
+        row = dict(model=a.model, cluster=a.cluster, gpus=w.world, gbs=a.gbs, seq=a.seq, plan=text,
+                   iters=a.iters, warmup=a.warmup, wall_s=f"{time.time() - t0:.1f}",
+                   date=datetime.datetime.now().isoformat(timespec="seconds"))
+        if isinstance(r, Failure):
+            row.update(step_time_s="", spread_s="", status=r.kind)
+        else:
+            row.update(step_time_s=f"{r.step_time_s:.5f}", spread_s=f"{r.step_time_spread_s:.5f}", status="ok")
+        rows.append(row)
+        print(f"{row['status']:<6} {row['step_time_s']:>9} {row['wall_s']:>6}s  {text}", flush=True)
+        tmp = out.with_suffix(".tmp")
+        with open(tmp, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=COLUMNS)
+            wr.writeheader()
+            wr.writerows(rows)
+        os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
