@@ -1,0 +1,9 @@
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+# Local Ray clusters in tests: no auth token, loopback only.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -1,0 +1,127 @@
+"""One accepting and one rejecting case for every realizability rule, and the published layouts."""
+import dataclasses
+
+import pytest
+
+from clusters import load_cluster
+from tuner.complete import complete_plan
+from tuner.model_spec import load_model
+from tuner.plan import Plan
+from tuner.realize import RULES, check
+from tuner.stack import GPU_FULL, GPU_NO_EP_LIBS, GPU_NO_TE, cpu_profile
+from tuner.workload import Workload
+
+
+def wl(model="mixtral-8x7b", kind="h100-sxm", gpus=64, gbs=256, seq=4096, **model_changes):
+    m = load_model(model)
+    if model_changes:
+        m = dataclasses.replace(m, **model_changes)
+    return Workload(m, load_cluster(kind, gpus), gbs, seq)
+
+
+def codes(w, plan, profile=GPU_FULL):
+    return {r.code for r in check(w, plan, profile)}
+
+
+P = Plan.parse
+BASE = "grouped_gemm=1"
+
+# code -> (workload kwargs, accepted plan, rejected plan[, profile])
+CASES = {
+    "world-div-tp-cp-pp": ({}, "tp=2,pp=4", "tp=2,pp=3"),
+    "world-div-etp-ep-pp": ({"gpus": 16}, "ep=8,pp=2", "ep=8,etp=2,pp=2"),
+    "ep-needs-moe": ({"num_experts": 0, "moe_layers": (False,) * 32, "moe_router_topk": 0}, "ep=1,grouped_gemm=0", "ep=2,grouped_gemm=0"),
+    "experts-div-ep": ({}, "ep=8", "ep=16"),
+    "heads-div-tp": ({"num_attention_heads": 24, "num_query_groups": 8}, "tp=8", "tp=16"),
+    "groups-vs-tp": ({"num_attention_heads": 48, "num_query_groups": 12}, "tp=4", "tp=8"),
+    "ffn-div-tp": ({"model": "deepseek-v2-lite", "gpus": 16, "ffn_hidden_size": 10940}, "tp=1", "tp=8"),
+    "moe-ffn-div-etp": ({"moe_ffn_hidden_size": 14340}, "etp=4", "etp=8"),
+    "seq-div-2cp": ({"seq": 4100}, "cp=2", "cp=4"),
+    "seq-div-tp-sp": ({"seq": 4100}, "tp=2", "tp=8"),
+    "seq-le-max-pos": ({"seq": 4096, "max_position_embeddings": 4096}, "tp=1", None),
+    "gbs-div-mbs-dp": ({"gbs": 192}, "mbs=1", "mbs=2"),
+    "pp-layers": ({}, "pp=4", "pp=4,pp_first=7"),
+    "vpp-needs-pp": ({}, "pp=2,vpp=2", "vpp=2"),
+    "layout-conflict": ({}, "pp=2,pp_layout=Et*16|t*16L", "pp=2,pp_layout=Et*16|t*16L,pp_first=16"),
+    "interleave-microbatches": ({"gbs": 256}, "pp=4,vpp=2,mbs=1", "pp=4,vpp=2,mbs=8"),
+    "recompute-args": ({}, "recompute=selective", "recompute=selective,recompute_method=uniform"),
+    "recompute-layers": ({}, "recompute=full,recompute_method=block,recompute_layers=8,pp=4",
+                         "recompute=full,recompute_method=block,recompute_layers=9,pp=4"),
+    "recompute-module": ({}, "recompute=selective,recompute_modules=moe_act",
+                         "recompute=selective,recompute_modules=mla_up_proj"),
+    "opg-needs-dist-opt": ({}, "dist_opt=1,overlap_param_gather=1", "dist_opt=0,overlap_param_gather=1"),
+    "opg-needs-ogr": ({}, "overlap_grad_reduce=1,overlap_param_gather=1", "overlap_grad_reduce=0,overlap_param_gather=1"),
+    "flex-backend": ({}, "ep=8,dispatcher=flex,flex_backend=deepep", "ep=8,dispatcher=flex"),
+    "flex-needs-tp-ep": ({}, "ep=2,dispatcher=flex,flex_backend=hybridep", "ep=1,dispatcher=flex,flex_backend=hybridep"),
+    "shared-overlap": ({"model": "qwen3-30b-a3b", "gpus": 16, "moe_shared_expert_ffn": 1024},
+                       "ep=8,shared_expert_overlap=1", "ep=8,shared_expert_overlap=1,dispatcher=allgather"),
+    "a2a-overlap": ({}, "ep=8,a2a_overlap=1", "ep=1,a2a_overlap=1"),
+    "fp8-hardware": ({}, "precision=fp8-blockwise", "precision=mxfp8"),
+    "fp8-delayed-recompute": ({}, "precision=fp8-tensorwise,recompute=selective,recompute_modules=layernorm",
+                              "precision=fp8-delayed,recompute=selective,recompute_modules=layernorm"),
+    "dispatcher-needs-moe": ({"num_experts": 0, "moe_layers": (False,) * 32, "moe_router_topk": 0},
+                             "grouped_gemm=0", "grouped_gemm=0,dispatcher=allgather"),
+}
+
+
+def _plan(text):
+    fields = dict(kv.split("=") for kv in text.split(","))
+    if "grouped_gemm" not in fields:
+        text = text + "," + BASE
+    return P(text)
+
+
+@pytest.mark.parametrize("code", sorted(RULES))
+def test_every_rule_has_an_accepting_and_a_rejecting_case(code):
+    if code in ("stack-missing", "stack-cpu"):
+        pytest.skip("profile rules: tested in test_stack_rules")
+    kwargs, ok, bad = CASES[code]
+    kwargs = dict(kwargs)
+    w = wl(**{k: kwargs.pop(k) for k in ("model", "kind", "gpus", "gbs", "seq") if k in kwargs}, **kwargs)
+    assert code not in codes(w, _plan(ok)), check(w, _plan(ok), GPU_FULL)
+    if code == "seq-le-max-pos":
+        w = dataclasses.replace(w, seq=8192)
+        bad = "tp=1"
+    reasons = check(w, _plan(bad), GPU_FULL)
+    assert code in {r.code for r in reasons}
+    r = next(r for r in reasons if r.code == code)
+    assert r.flag.startswith("--") and len(r.sentence) > 10 and "\n" not in r.sentence
+
+
+def test_accepted_cases_are_fully_realizable_where_meant_to_be():
+    w = wl()
+    assert check(w, _plan("tp=2,pp=4,ep=8"), GPU_FULL) == []
+
+
+def test_stack_rules():
+    w = wl()
+    assert "stack-missing" in codes(w, _plan("ep=8,dispatcher=flex,flex_backend=deepep"), GPU_NO_EP_LIBS)
+    assert "stack-missing" not in codes(w, _plan("ep=8,dispatcher=flex,flex_backend=deepep"), GPU_FULL)
+    assert "stack-missing" in codes(w, _plan("precision=fp8-blockwise"), GPU_NO_TE)
+    cpu = wl(model="tiny-moe", kind="cpu-local", gpus=2, gbs=16, seq=256)
+    prof = cpu_profile()
+    assert "stack-cpu" in codes(cpu, _plan("ep=2"), prof)  # grouped GEMM on CPU
+    assert check(cpu, P("ep=2,grouped_gemm=0,dist_opt=0,overlap_grad_reduce=0,overlap_param_gather=0"), prof) == []
+    assert "stack-cpu" in codes(cpu, P("tp=2,grouped_gemm=0,dist_opt=0,overlap_grad_reduce=0,overlap_param_gather=0"), prof)
+
+
+@pytest.mark.parametrize("model,gpus,gbs,plan,precision", [
+    ("deepseek-v3", 1024, 8192, "tp=2,pp=8,vpp=4,ep=64,mbs=1", "fp8"),
+    ("qwen3-235b-a22b", 256, 8192, "tp=2,pp=8,vpp=4,ep=32,mbs=1", "bf16"),
+    ("qwen3-30b-a3b", 16, 1024, "tp=1,pp=1,ep=16,mbs=1", "bf16"),
+    ("mixtral-8x7b", 64, 256, "tp=1,ep=8,pp=4,vpp=8,mbs=1", "bf16"),
+])
+def test_published_layouts_are_realizable(model, gpus, gbs, plan, precision):
+    w = wl(model=model, gpus=gpus, gbs=gbs, seq=4096)
+    p = complete_plan(plan, w, GPU_FULL, precision)
+    assert check(w, p, GPU_FULL) == []
+    assert Plan.parse(p.canonical()) == p
+
+
+def test_deepseek_v3_pp8_vpp4_gets_balanced_layout():
+    w = wl(model="deepseek-v3", gpus=1024, gbs=8192)
+    p = complete_plan("tp=2,pp=8,vpp=4,ep=64,mbs=1", w, GPU_FULL, "fp8")
+    assert p.pp_layout == "Et|(tt|)*30L"
+    assert p.precision == "fp8-blockwise"
+    # without the layout the even split is impossible, and says so
+    assert "pp-layers" in codes(w, p.replace(pp_layout=""))
