@@ -1,7 +1,7 @@
 """Bench for `moetune tune` on this CPU host (cpu-local, real megatron-core trials).
 
   PYTHONPATH=. python bench/bench_tune.py [--out bench/out/tune_space.csv] [--gbs 8 --seq 128]
-      [--iters 3 --warmup 1] [--tpe-seeds 20] [--remeasure]
+      [--iters 3 --warmup 1] [--tpe-seeds 10 --tpe-asks 1000] [--remeasure]
 
 1. A small space: the realizable core-level plans of tiny-moe on 2 cores with recompute none and
    the alltoall dispatcher (every parallel layout x mbs), ~12-20 plans. Every plan is measured for
@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--tpe-seeds", type=int, default=20)
+    ap.add_argument("--tpe-seeds", type=int, default=10)
+    ap.add_argument("--tpe-asks", type=int, default=1000, help="TPE asks per seed (invalid or repeated proposals included)")
     ap.add_argument("--remeasure", action="store_true")
     args = ap.parse_args(argv)
     w = Workload(model=load_model("tiny-moe"), cluster=load_cluster("cpu-local", 2), gbs=args.gbs, seq=args.seq)
@@ -128,7 +129,11 @@ def main(argv=None) -> int:
     guided = trials_to_reach(order, tps, target)
     tpe = []
     for seed in range(args.tpe_seeds):
-        tpe_order = list(TPEProposer(names, seed=seed).run(lambda p: tps.get(p), max_asks=3000))
+        tpe_order = []
+        for p in TPEProposer(names, seed=seed).run(lambda p: tps.get(p), max_asks=args.tpe_asks):
+            tpe_order.append(p)
+            if (tps.get(p) or 0) >= target:
+                break
         tpe.append(trials_to_reach(tpe_order, tps, target) or len(names) + 1)
     rnd = []
     rng = random.Random(0)

@@ -127,7 +127,8 @@ class GuidedSampler:
 class TPEProposer:
     """Optuna TPE over the plan tiers: one categorical per plan field, choices = the values the
     candidate plans take. A proposal that is not one of the candidates (not realizable / not in the
-    space) is told FAIL without a real trial; one already measured is told its known value."""
+    space) costs no real trial and is told the worst value (0), as is a failed plan; one already
+    measured is told its known value again."""
 
     def __init__(self, plans, seed: int = 0, n_startup_trials: int = 5):
         import optuna
@@ -146,7 +147,6 @@ class TPEProposer:
     def run(self, evaluate, max_asks: int = 2000):
         """Drive TPE with evaluate(plan) -> throughput or None (failed); yields each distinct plan
         evaluated for real, in order."""
-        import optuna
         seen: dict[str, float | None] = {}
         for _ in range(max_asks):
             if len(seen) == len(self.plans):
@@ -154,14 +154,11 @@ class TPEProposer:
             t = self.study.ask()
             key = tuple(t.suggest_categorical(k, self.choices[k]) for k in self.keys)
             plan = self.by_key.get(key)
-            if plan is None:
-                self.study.tell(t, state=optuna.trial.TrialState.FAIL)
+            if plan is None:  # not realizable: the worst value, so TPE learns to avoid the region
+                self.study.tell(t, 0.0)
                 continue
             if plan not in seen:
                 seen[plan] = evaluate(plan)
                 yield plan
             v = seen[plan]
-            if v is None:
-                self.study.tell(t, state=optuna.trial.TrialState.FAIL)
-            else:
-                self.study.tell(t, v)
+            self.study.tell(t, 0.0 if v is None else v)
