@@ -2,13 +2,16 @@
 and write the CSV `moetune calibrate --measurements` reads.
 
   PYTHONPATH=. python bench/cpu_calibration_set.py OUT.csv [--model tiny-moe] [--gbs 16] [--seq 256]
-      [--plans 16] [--iters 5] [--warmup 2]
+      [--plans 16] [--iters 5] [--warmup 2] [--passes 2]
 
 Plans: `tuner.space.default_space(workload, profile_for(cluster), "bf16", level="core")` filtered
 by `tuner.space.iter_realizable`, then an evenly spaced subset of that (deterministic) list, so the
-set spans pp/vpp, ep/etp, mbs, dispatcher and recompute. Rows already in OUT.csv are kept (resume).
-Columns: model, cluster, gpus, gbs, seq, plan, step_time_s (median over iters), spread_s,
-status, iters, warmup, wall_s, date.
+set spans pp/vpp, ep/etp, mbs, dispatcher and recompute. Each plan is run in `--passes` separate
+passes over the list (so a burst of load from other processes on a shared host hits one pass,
+not every run of a plan); rows already in OUT.csv keep their passes (resume).
+Columns: model, cluster, gpus, gbs, seq, plan, step_time_s (median over all timed iterations),
+min_step_time_s (least-interfered iteration), spread_s, status, passes, iters, warmup,
+step_times_s (all, ';'-joined), wall_s, date.
 """
 from __future__ import annotations
 
@@ -16,14 +19,15 @@ import argparse
 import csv
 import datetime
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-COLUMNS = ["model", "cluster", "gpus", "gbs", "seq", "plan", "step_time_s", "spread_s", "status",
-           "iters", "warmup", "wall_s", "date"]
+COLUMNS = ["model", "cluster", "gpus", "gbs", "seq", "plan", "step_time_s", "min_step_time_s", "spread_s",
+           "status", "passes", "iters", "warmup", "step_times_s", "wall_s", "date"]
 
 
 def select_plans(workload, n: int) -> list:
@@ -54,6 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--passes", type=int, default=2)
     a = ap.parse_args(argv)
     cluster = load_cluster(a.cluster)
     w = Workload(model=load_model(a.model), cluster=cluster, gbs=a.gbs, seq=a.seq)
@@ -62,28 +67,35 @@ def main(argv=None) -> int:
     if out.exists():
         with open(out, newline="") as f:
             done = {r["plan"]: r for r in csv.DictReader(f)}
-    rows = list(done.values())
-    for plan in select_plans(w, a.plans):
-        text = plan.canonical()
-        if text in done:
-            continue
-        t0 = time.time()
-        r = MegatronBackend().run(plan, w, Resources(w.world, a.timeout), iters=a.iters, warmup=a.warmup)
-        row = dict(model=a.model, cluster=a.cluster, gpus=w.world, gbs=a.gbs, seq=a.seq, plan=text,
-                   iters=a.iters, warmup=a.warmup, wall_s=f"{time.time() - t0:.1f}",
-                   date=datetime.datetime.now().isoformat(timespec="seconds"))
-        if isinstance(r, Failure):
-            row.update(step_time_s="", spread_s="", status=r.kind)
-        else:
-            row.update(step_time_s=f"{r.step_time_s:.5f}", spread_s=f"{r.step_time_spread_s:.5f}", status="ok")
-        rows.append(row)
-        print(f"{row['status']:<6} {row['step_time_s']:>9} {row['wall_s']:>6}s  {text}", flush=True)
-        tmp = out.with_suffix(".tmp")
-        with open(tmp, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=COLUMNS)
-            wr.writeheader()
-            wr.writerows(rows)
-        os.replace(tmp, out)
+    plans = select_plans(w, a.plans)
+    for ps in range(a.passes):
+        for plan in plans:
+            text = plan.canonical()
+            prev = done.get(text)
+            if prev and (prev["status"] != "ok" or int(prev.get("passes") or 1) > ps):
+                continue
+            t0 = time.time()
+            r = MegatronBackend().run(plan, w, Resources(w.world, a.timeout), iters=a.iters, warmup=a.warmup)
+            row = dict(model=a.model, cluster=a.cluster, gpus=w.world, gbs=a.gbs, seq=a.seq, plan=text,
+                       iters=a.iters, warmup=a.warmup, passes=ps + 1,
+                       wall_s=f"{time.time() - t0 + float((prev or {}).get('wall_s') or 0):.1f}",
+                       date=datetime.datetime.now().isoformat(timespec="seconds"))
+            if isinstance(r, Failure):
+                row.update(step_time_s="", min_step_time_s="", spread_s="", step_times_s="", status=r.kind)
+            else:
+                times = [float(x) for x in (prev or {}).get("step_times_s", "").split(";") if x] + list(r.step_times_s)
+                row.update(step_time_s=f"{statistics.median(times):.5f}", min_step_time_s=f"{min(times):.5f}",
+                           spread_s=f"{max(times) - min(times):.5f}", status="ok",
+                           step_times_s=";".join(f"{x:.5f}" for x in times))
+            done[text] = row
+            print(f"pass {ps + 1} {row['status']:<6} {row['step_time_s']:>9} {row['min_step_time_s']:>9} "
+                  f"{row['wall_s']:>6}s  {text}", flush=True)
+            tmp = out.with_suffix(".tmp")
+            with open(tmp, "w", newline="") as f:
+                wr = csv.DictWriter(f, fieldnames=COLUMNS)
+                wr.writeheader()
+                wr.writerows(done.values())
+            os.replace(tmp, out)
     return 0
 
 

@@ -30,8 +30,8 @@ class CalibrateError(ValueError):
     pass
 
 
-def _measured(r: dict):
-    for k in TIME_KEYS:
+def _measured(r: dict, keys=TIME_KEYS):
+    for k in keys:
         v = r.get(k)
         if v not in (None, ""):
             try:
@@ -41,26 +41,27 @@ def _measured(r: dict):
     return None
 
 
-def clean_rows(rows: list[dict]) -> list[dict]:
+def clean_rows(rows: list[dict], keys=TIME_KEYS) -> list[dict]:
     out = []
     for r in rows:
         if str(r.get("status", "ok")).strip() not in ("ok", "COMPLETE", ""):
             continue
-        t = _measured(r)
+        t = _measured(r, keys)
         if t is None or not (t > 0) or not r.get("plan"):
             continue
         out.append(dict(r, measured_step_time_s=t))
     return out
 
 
-def load_csv(path: str | Path) -> list[dict]:
+def load_csv(path: str | Path, time_column: str | None = None) -> list[dict]:
+    keys = (time_column,) if time_column else TIME_KEYS
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if rows and "plan" not in rows[0]:
         raise CalibrateError(f"{path}: no 'plan' column (have {', '.join(rows[0])})")
-    if rows and not any(k in rows[0] for k in TIME_KEYS):
-        raise CalibrateError(f"{path}: no measured step time column ({' or '.join(TIME_KEYS)})")
-    return clean_rows(rows)
+    if rows and not any(k in rows[0] for k in keys):
+        raise CalibrateError(f"{path}: no measured step time column ({' or '.join(keys)})")
+    return clean_rows(rows, keys)
 
 
 def load_study(name: str, storage: str | None, study_dir: str | Path | None = None,

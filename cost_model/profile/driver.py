@@ -236,7 +236,7 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
             if time.time() > t0 + (budget_s - reserve) * (0.75 if cpts else 1.0):
                 break
             try:
-                sec = stack_floor.measure_layers(p["layers"])
+                sec = stack_floor.measure_layers(p["layers"], **({"iters": 3, "warmup": 1} if sweep == "tiny" else {}))
                 record("stack_floor", p["id"], [("stack_sample", dict(layers=p["layers"], seconds=sec,
                                                                        source="measured:stack-floor"))], None)
             except Exception as e:  # noqa: BLE001

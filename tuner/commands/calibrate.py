@@ -37,6 +37,9 @@ def add_parser(subparsers):
     p.add_argument("--gpus", type=int, default=None, help="devices for rows that lack them")
     p.add_argument("--gbs", type=int, default=None, help="global batch for rows that lack it")
     p.add_argument("--seq", type=int, default=None, help="sequence length for rows that lack it")
+    p.add_argument("--time-column", default=None,
+                   help="CSV column with the measured step time (default measured_step_time_s or step_time_s; "
+                        "e.g. min_step_time_s for the least-interfered iteration on a shared host)")
     p.add_argument("--tables", default=None, help="table directory (default: the cost model's lookup rule)")
     p.add_argument("--out", default=None, help="report directory (default runs/calibrate-<kind>-<time>)")
     p.add_argument("--no-install", action="store_true",
@@ -69,8 +72,9 @@ def run(args) -> int:
         if args.measurements:
             if not Path(args.measurements).is_file():
                 raise UsageError(f"no measurements file {args.measurements}")
-            rows = C.load_csv(args.measurements)
-            source = {"file": str(Path(args.measurements).resolve()), "sha256": C.file_sha256(args.measurements)}
+            rows = C.load_csv(args.measurements, args.time_column)
+            source = {"file": str(Path(args.measurements).resolve()), "sha256": C.file_sha256(args.measurements),
+                      "time_column": args.time_column or "measured_step_time_s|step_time_s"}
         else:
             wl = {"model": args.model, "cluster": args.cluster, "gpus": args.gpus, "gbs": args.gbs, "seq": args.seq}
             rows = C.load_study(args.study, args.storage, args.study_dir, wl)
