@@ -225,6 +225,11 @@ def scatter_png(report: dict, path: str | Path, title: str = "") -> Path:
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FormatStrFormatter("%g"))
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("measured step time (s)")
     ax.set_ylabel("predicted step time (s)")
     ax.set_title(title or f"{report['tables']['kind']}: {m['n']} runs, scale {m['scale']:.3f}", fontsize=9)

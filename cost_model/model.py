@@ -191,6 +191,9 @@ class _Ops:
         gaps = tables["dispatch_gap"]
         mode = "stack" if (not self.async_launch and gaps.has("stack")) else "eager"
         self.gap = float(gaps.lookup(mode)) * 1e-6
+        # per layer and step (outside the microbatch loop: optimizer over the layer's tensors,
+        # grad buffers) of the CPU trial stack, when measured; GPUs: in the optimizer bytes term
+        self.step_gap = float(gaps.lookup("stack_step")) * 1e-6 if (mode == "stack" and gaps.has("stack_step")) else 0.0
         self.up = max(1, int(cluster.scaleup_size))
         self.first = self.inv = None
 
@@ -629,6 +632,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
     # optimizer: Adam over the local shard, memory-bound (grad 4 R, master 4 RW, m/v 8 RW, bf16 2 W)
     local = np.where(dist, Pd / dshard + Pe / edp, Pd + Pe)
     opt_t = local * (4 + 8 + 16 + 2 + 4) / ops.bw["optimizer"]
+    if ops.step_gap:
+        opt_t = opt_t + nlay[rows, slow] * ops.step_gap
 
     # -- step ---------------------------------------------------------------------------------------
     steady = m * C

@@ -236,9 +236,11 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
             if time.time() > t0 + (budget_s - reserve) * (0.75 if cpts else 1.0):
                 break
             try:
-                sec = stack_floor.measure_layers(p["layers"], **({"iters": 3, "warmup": 1} if sweep == "tiny" else {}))
-                record("stack_floor", p["id"], [("stack_sample", dict(layers=p["layers"], seconds=sec,
-                                                                       source="measured:stack-floor"))], None)
+                sec = stack_floor.measure_layers(p["layers"], p["microbatches"],
+                                                 **({"iters": 3, "warmup": 1} if sweep == "tiny" else {}))
+                record("stack_floor", p["id"], [("stack_sample", dict(
+                    layers=p["layers"], microbatches=p["microbatches"], seconds=sec,
+                    source="measured:stack-floor"))], None)
             except Exception as e:  # noqa: BLE001
                 record("stack_floor", p["id"], [], f"{type(e).__name__}: {e}")
     if cpts:
@@ -398,8 +400,8 @@ def build_family_rows(kind: str, rows: dict[str, list[dict]]) -> tuple[dict[str,
         fam["ep_dispatch"] = out
     if rows.get("stack_sample"):
         from cost_model.profile.stack_floor import rows_from
-        times = {int(r["layers"]): float(r["seconds"]) for r in rows["stack_sample"]}
-        if len(times) >= 2:
+        times = {(int(r["layers"]), int(r.get("microbatches", 1))): float(r["seconds"]) for r in rows["stack_sample"]}
+        if len(times) >= 4:
             for f, r in rows_from(times):
                 fam.setdefault("dispatch_gap", []).append(r)
                 notes.append(f"dispatch_gap stack: {r['source']}")
