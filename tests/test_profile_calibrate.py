@@ -191,3 +191,35 @@ def test_calibrate_usage_errors(home, tmp_path, capsys):
     assert main(["calibrate", "--measurements", str(bad)]) == 2
     assert "no measured step time column" in capsys.readouterr().err
     assert main(["calibrate", "--study", "nope", "--study-dir", str(tmp_path / "s")]) == 2
+
+
+def test_calibrate_from_optuna_study(home, tmp_path, capsys):
+    """`moetune tune` stores plan / measured_step_time_s / predicted_step_time_s as trial user
+    attributes and the workload in preregistration.json; calibrate reads both."""
+    import optuna
+
+    import cost_model
+    from clusters import load_cluster
+    from cost_model.calibration import IDENTITY
+    from trials.megatron.cpu_support import cpu_defaults
+    from tuner.cli import main
+    from tuner.model_spec import load_model
+    from tuner.plan import Plan, parse_fields
+    from tuner.workload import Workload
+    w = Workload(model=load_model("tiny-moe"), cluster=load_cluster("cpu-local", 2), gbs=16, seq=256)
+    plans = [Plan(**cpu_defaults(parse_fields(s))) for s in ("", "mbs=4", "ep=2", "pp=2", "pp=2,vpp=2")]
+    raw = cost_model.predict_arrays(w, plans, calibration=IDENTITY)["raw_step_time_s"]
+    sdir = tmp_path / "studies" / "q"
+    sdir.mkdir(parents=True)
+    (sdir / "preregistration.json").write_text(json.dumps({"workload": {
+        "model": "tiny-moe", "cluster": "cpu-local", "devices": 2, "gbs": 16, "seq": 256}}))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="q", storage=f"sqlite:///{sdir / 'study.db'}", direction="maximize")
+    for p, r in zip(plans, raw):
+        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=1.0, user_attrs={
+            "plan": p.canonical(), "measured_step_time_s": 1.5 * float(r), "predicted_step_time_s": float(r)}))
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={"plan": "x"}))
+    rc = main(["calibrate", "--study", "q", "--study-dir", str(sdir), "--out", str(tmp_path / "c"), "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and res["metrics"]["n"] == 5 and res["scale"] == pytest.approx(1.5, rel=1e-3)
+    assert res["metrics"]["mape_loo"] < 1e-3 and res["metrics"]["top3_loo"] == 1.0
