@@ -160,7 +160,10 @@ class SpaceSummary:
     total: int = 0
     realizable: int = 0
     parallel_points: int = 0
-    rejections: Counter = field(default_factory=Counter)  # code -> plans rejected (a plan may count under several)
+    # code -> plans rejected for it. A plan may count under several codes; a plan whose parallel
+    # tier is already unrealizable counts under its tier-1 codes only (its schedule and kernel
+    # options are never looked at, which is what keeps counting 10^9 plans cheap).
+    rejections: Counter = field(default_factory=Counter)
     examples: list = field(default_factory=list)  # realizable plans
     rejected_examples: dict = field(default_factory=dict)  # code -> (plan, sentence)
 
