@@ -7,3 +7,18 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 # Local Ray clusters in tests: no auth token, loopback only.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_moetune_home(tmp_path_factory):
+    """Tests never read (or write) a user's measured tables and calibrations in ~/.moetune."""
+    home = tmp_path_factory.mktemp("moetune-home")
+    old = os.environ.get("MOETUNE_HOME")
+    os.environ["MOETUNE_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("MOETUNE_HOME", None)
+    else:
+        os.environ["MOETUNE_HOME"] = old

@@ -60,8 +60,7 @@ def run(args) -> int:
     from tuner.space import count_parallel_points, default_space, iter_realizable, summarize
     from tuner.stack import profile_for
     w = workload_from_args(args)
-    if args.precision != "fp8":
-        precision_recipe(args.precision, w.cluster)  # validates the name
+    precision_recipe(args.precision, w.cluster)  # bad name, or fp8 on hardware without it: exit 2
     profile = profile_for(w.cluster, args.stack)
     shard, nshards = _shard(args.shard)
     space = default_space(w, profile, args.precision, level=args.level)
