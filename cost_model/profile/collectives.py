@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from trials.processes import RankGroup
 
 COLLS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
 CPU_BYTES = {"tiny": [4096, 262144], "small": [1024, 32768, 1048576, 16777216],
@@ -77,12 +76,6 @@ def ranks_of(g: int, layout: str, world: int) -> list[int]:
     return list(range(g))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(ctx, pts: list[dict], devices: int, deadline: float, on_result=None, poll_s: float = 0.2) -> dict:
     """Spawn the workers over `pts`; stream result rows to on_result(point_id, rows) as they land.
     Returns {"measured": n, "stopped": reason or None}."""
@@ -95,53 +88,33 @@ def run(ctx, pts: list[dict], devices: int, deadline: float, on_result=None, pol
     spec = {"points": pts, "deadline": deadline, "device": ctx.device, "results": str(res),
             "world": world, "sweep": ctx.sweep}
     (d / "spec.json").write_text(json.dumps(spec))
-    port = _free_port()
-    env0 = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-                PYTHONPATH=str(REPO) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
-    procs, logs, seen, n = [], [], 0, 0
-    stopped = None
+    seen, n, stopped = 0, 0, None
+
+    def deliver(got):
+        nonlocal n
+        for pid, rows in got:
+            n += 1
+            if on_result:
+                on_result(pid, rows)
+
     try:
-        for r in range(world):
-            log = open(d / f"rank{r}.log", "wb")
-            logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, "-m", "cost_model.profile.collectives", str(d / "spec.json")],
-                                          cwd=str(REPO), env=dict(env0, RANK=str(r), LOCAL_RANK=str(r)),
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        while True:
-            seen, got = _drain(res, seen)
-            for pid, rows in got:
-                n += 1
-                if on_result:
-                    on_result(pid, rows)
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
+        with RankGroup("cost_model.profile.collectives", d / "spec.json", world, d) as group:
+            while True:
                 seen, got = _drain(res, seen)
-                for pid, rows in got:
-                    n += 1
-                    if on_result:
-                        on_result(pid, rows)
-                if any(codes):
-                    tail = (d / "rank0.log").read_bytes()[-1500:].decode(errors="replace")
-                    stopped = f"worker exit codes {codes}: {tail}"
-                break
-            if time.time() > deadline + 30:
-                stopped = "deadline: workers killed"
-                break
-            time.sleep(poll_s)
+                deliver(got)
+                codes = group.exit_codes()
+                if all(c is not None for c in codes):
+                    seen, got = _drain(res, seen)
+                    deliver(got)
+                    if any(codes):
+                        tail = group.log_path(0).read_bytes()[-1500:].decode(errors="replace")
+                        stopped = f"worker exit codes {codes}: {tail}"
+                    break
+                if time.time() > deadline + 30:
+                    stopped = "deadline: workers killed"
+                    break
+                time.sleep(poll_s)
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        for log in logs:
-            log.close()
         tmp.cleanup()
     return {"measured": n, "stopped": stopped}
 

@@ -13,19 +13,15 @@ Every process group is killed in `finally`; nothing survives a trial.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from trials.base import Failure, Measurement, Resources, TrialBackend
+from trials.processes import RankGroup
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.1
 
 
@@ -34,25 +30,12 @@ def _gpu_present() -> bool:
     return torch.cuda.is_available()
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _tail(path: Path, n: int = 3000) -> str:
     try:
         data = path.read_bytes()[-n:]
         return data.decode(errors="replace")
     except OSError:
         return ""
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class MegatronBackend(TrialBackend):
@@ -110,41 +93,14 @@ def launch(plan: str, model: dict, gbs: int, seq: int, world: int, *, timeout_s:
     spec = {"plan": plan, "model": model, "gbs": gbs, "seq": seq, "iters": iters, "warmup": warmup,
             "out_dir": str(d), "mode": mode, "pg_timeout_s": max(60.0, float(timeout_s)), **(extra or {})}
     (d / "spec.json").write_text(json.dumps(spec))
-    port = master_port or free_port()
-    procs: list[subprocess.Popen] = []
-    logs = []
     try:
-        env_base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                        WORLD_SIZE=str(world), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                        PYTHONWARNINGS="ignore", PYTHONPATH=_pythonpath())
-        for r in range(world):
-            env = dict(env_base, RANK=str(r), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world))
-            out = open(d / f"rank{r}.log", "wb")
-            logs.append(out)
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "trials.megatron.worker", str(d / "spec.json")],
-                cwd=str(REPO_ROOT), env=env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True))
-        result = _watch(procs, d, world, timeout_s, memory_cap_gib)
+        with RankGroup("trials.megatron.worker", d / "spec.json", world, d, master_port) as group:
+            result = _watch(group.procs, d, world, timeout_s, memory_cap_gib)
         result["dir"] = str(d)
         return result
     finally:
-        for p in procs:
-            _kill_group(p)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        for f in logs:
-            f.close()
         if tmp is not None and not keep_dir:
             tmp.cleanup()
-
-
-def _pythonpath() -> str:
-    prev = os.environ.get("PYTHONPATH", "")
-    return str(REPO_ROOT) + (os.pathsep + prev if prev else "")
 
 
 def _rss_gib(pid: int) -> float:

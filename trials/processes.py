@@ -1,0 +1,76 @@
+"""Launching a group of rank processes the way torchrun does, and always reaping them.
+
+Used by the trial backends and by the collective microbenchmarks: each rank runs
+`python -m <module> <spec>` in its own session (process group) with RANK / LOCAL_RANK /
+WORLD_SIZE / MASTER_ADDR=127.0.0.1 / MASTER_PORT, one BLAS thread, its output in rank<r>.log.
+`RankGroup` is a context manager: on exit every process group is SIGKILLed and waited for, so a
+failing or hanging run never leaves processes or ports behind.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pythonpath() -> str:
+    prev = os.environ.get("PYTHONPATH", "")
+    return str(REPO_ROOT) + (os.pathsep + prev if prev else "")
+
+
+class RankGroup:
+    def __init__(self, module: str, spec_path: Path, world: int, workdir: Path,
+                 master_port: int | None = None):
+        self.module, self.spec_path, self.world, self.workdir = module, spec_path, world, workdir
+        self.port = master_port or free_port()
+        self.procs: list[subprocess.Popen] = []
+        self._logs = []
+
+    def log_path(self, rank: int) -> Path:
+        return self.workdir / f"rank{rank}.log"
+
+    def __enter__(self) -> "RankGroup":
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port),
+                   WORLD_SIZE=str(self.world), LOCAL_WORLD_SIZE=str(self.world),
+                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+                   PYTHONPATH=_pythonpath())
+        try:
+            for r in range(self.world):
+                log = open(self.log_path(r), "wb")
+                self._logs.append(log)
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", self.module, str(self.spec_path)], cwd=str(REPO_ROOT),
+                    env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def exit_codes(self) -> list:
+        return [p.poll() for p in self.procs]
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for log in self._logs:
+            log.close()
