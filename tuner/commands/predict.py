@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import json
 
-from tuner.commands.common import UsageError, add_workload_args, workload_from_args
-from tuner.plan import Plan
+from tuner.commands.common import (UsageError, add_stack_arg, add_workload_args, completed_plan,
+                                   workload_from_args)
+from tuner.realize import check
 
 
 def add_parser(subparsers):
     p = subparsers.add_parser("predict", help="predict step time, throughput, MFU and memory of one plan")
     add_workload_args(p)
+    add_stack_arg(p)
     p.add_argument("--plan", default="", help='canonical or partial plan string, e.g. "tp=2,pp=8,vpp=4,ep=64"')
     p.add_argument("--json", action="store_true", help="print the Prediction as JSON")
     p.add_argument("--tables", default=None, help="table directory (default: measured $MOETUNE_HOME/tables/<kind> "
@@ -19,13 +21,6 @@ def add_parser(subparsers):
     p.add_argument("--hbm-reserve", type=float, default=0.1, help="fraction of HBM kept free (default 0.1)")
     p.add_argument("--imbalance", type=float, default=1.0, help="routing imbalance factor (1.0 = balanced)")
     return p
-
-
-def _precision(args, cluster) -> str:
-    prec = args.precision
-    if prec == "fp8":
-        return "mxfp8" if getattr(cluster, "mxfp8", False) else "fp8-blockwise"
-    return prec
 
 
 def _sources(cost_model, w, args) -> tuple[str, str]:
@@ -50,24 +45,8 @@ def _sources(cost_model, w, args) -> tuple[str, str]:
 def run(args) -> int:
     import cost_model
     w = workload_from_args(args)
-    plan = Plan.parse(args.plan)
-    if "precision=" not in args.plan:
-        plan = plan.replace(precision=_precision(args, w.cluster))
-    try:
-        from tuner import complete
-        if hasattr(complete, "complete_plan"):
-            plan = complete.complete_plan(w, plan)
-    except Exception:  # noqa: BLE001 - completion is best effort here
-        pass
-    realize_reasons = []
-    try:
-        from tuner import realize
-        if hasattr(realize, "check"):
-            from tuner.stack import profile_for
-            realize_reasons = [str(getattr(r, "sentence", r)) for r in
-                               realize.check(w, plan, profile_for(w.cluster))]
-    except Exception:  # noqa: BLE001 - realizability is advisory here
-        pass
+    plan, profile = completed_plan(args, w)
+    realize_reasons = [str(r) for r in check(w, plan, profile)]
     try:
         pred = cost_model.predict(w, plan, tables=args.tables, calibration=args.calibration,
                                   hbm_reserve=args.hbm_reserve, imbalance=args.imbalance)
