@@ -57,3 +57,14 @@ def test_console_script_is_installed():
     assert out.returncode == 0
     for cmd in ("plans", "emit", "predict", "trial", "tune", "profile", "calibrate", "adjudicate"):
         assert cmd in out.stdout
+
+
+def test_plans_rank_orders_feasible_plans_by_predicted_throughput(capsys):
+    assert main(["plans", "--model", "qwen3-30b-a3b", "--cluster", "h100-sxm", "--gpus", "16", "--gbs", "1024",
+                 "--seq", "4096", "--level", "core", "--rank", "--top", "5", "--shard", "0/4", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    r = d["ranked"]
+    tps = [p["tokens_per_s_per_gpu"] for p in r["plans"]]
+    assert len(tps) == 5 and tps == sorted(tps, reverse=True)
+    assert r["scored"] > r["memory_infeasible"] > 0 and "memory" in r["infeasible_reasons"]
+    assert all(p["peak_memory_gib"] < 80 for p in r["plans"])

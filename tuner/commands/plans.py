@@ -57,7 +57,7 @@ class _Progress:
 
 def run(args) -> int:
     from tuner.complete import precision_recipe
-    from tuner.space import count_parallel_points, default_space, iter_realizable, summarize
+    from tuner.space import count_parallel_points, default_space, summarize
     from tuner.stack import profile_for
     w = workload_from_args(args)
     precision_recipe(args.precision, w.cluster)  # bad name, or fp8 on hardware without it: exit 2
@@ -117,6 +117,7 @@ def _rank(w, space, profile, shard, nshards, top, chunk=20000):
     import heapq
     from collections import Counter
     import cost_model
+    from tuner.space import iter_realizable
     best: list = []
     scored = infeasible = 0
     reasons: Counter = Counter()
