@@ -15,13 +15,13 @@ from tuner.model_spec import load_model  # noqa: E402
 from tuner.plan import Plan  # noqa: E402
 from tuner.ranks import group_ranks, members_per_node, group_size_stride, nodes_spanned  # noqa: E402
 from tuner.realize import check  # noqa: E402
-from tuner.space import default_space, iter_plans  # noqa: E402
+from tuner.space import default_space, parallel_points  # noqa: E402
 from tuner.stack import GPU_FULL  # noqa: E402
 from tuner.workload import Workload  # noqa: E402
 
 # Rules that TransformerConfig.__post_init__ itself enforces (the rest live in arguments.py,
 # parallel_state and the schedules, which need a process group to exercise).
-CONFIG_CODES = {"heads-div-tp", "groups-vs-tp", "layout-conflict", "recompute-args",
+CONFIG_CODES = {"moe-bias-etp", "heads-div-tp", "groups-vs-tp", "layout-conflict", "recompute-args",
                 "recompute-module", "a2a-overlap", "pp-layers", "flex-backend"}
 
 
@@ -40,7 +40,7 @@ def megatron_verdict(w, p: Plan):
         moe_shared_expert_intermediate_size=m.moe_shared_expert_ffn or None,
         moe_shared_expert_overlap=p.shared_expert_overlap,
         moe_token_dispatcher_type=p.dispatcher, moe_grouped_gemm=p.grouped_gemm,
-        overlap_moe_expert_parallel_comm=p.a2a_overlap, add_bias_linear=False,
+        overlap_moe_expert_parallel_comm=p.a2a_overlap, add_bias_linear=m.attention_bias,
         gated_linear_unit=True,
     )
     if p.flex_backend:
@@ -94,14 +94,16 @@ def _comparable(w, p: Plan) -> bool:
 
 @pytest.mark.parametrize("model,gpus,gbs,seed", [
     ("mixtral-8x7b", 64, 512, 0), ("deepseek-v2-lite", 16, 256, 1), ("tiny-moe-shared", 8, 64, 2),
+    ("gpt-oss-20b", 16, 256, 3),
 ])
 def test_transformer_config_agrees_on_sampled_plans(model, gpus, gbs, seed):
     m = load_model(model)
     w = Workload(m, load_cluster("h100-sxm", gpus), gbs, min(4096, m.seq_length))
     space = default_space(w, GPU_FULL, "bf16", level="full")
     rng = random.Random(seed)
-    pool = [p for p in iter_plans(space) if rng.random() < 0.02]
-    rng.shuffle(pool)
+    points = list(parallel_points(space))
+    pool = [Plan(**rng.choice(points), **rng.choice(space.schedules), **rng.choice(space.kernels))
+            for _ in range(6000)]
     # add explicit pipeline variants (uneven, layout, conflicts) that the space does not list
     L = m.num_layers
     extras = [Plan(pp=2, pp_first=L // 2 - 1, pp_last=L // 2 + 1), Plan(pp=2, pp_first=L // 2 + 1),

@@ -35,6 +35,7 @@ CASES = {
     "heads-div-tp": ({"num_attention_heads": 24, "num_query_groups": 8}, "tp=8", "tp=16"),
     "groups-vs-tp": ({"num_attention_heads": 48, "num_query_groups": 12}, "tp=4", "tp=8"),
     "ffn-div-tp": ({"model": "deepseek-v2-lite", "gpus": 16, "ffn_hidden_size": 10940}, "tp=1", "tp=8"),
+    "moe-bias-etp": ({"attention_bias": True}, "etp=1", "etp=2"),
     "moe-ffn-div-etp": ({"moe_ffn_hidden_size": 14340}, "etp=4", "etp=8"),
     "seq-div-2cp": ({"seq": 4100}, "cp=2", "cp=4"),
     "seq-div-tp-sp": ({"seq": 4100}, "tp=2", "tp=8"),

@@ -39,6 +39,7 @@ RULES = {
     "heads-div-tp": ("--tensor-model-parallel-size", "transformer_config.py: num_attention_heads % tp"),
     "groups-vs-tp": ("--num-query-groups", "transformer_config.py: num_query_groups multiple or divisor of tp"),
     "ffn-div-tp": ("--ffn-hidden-size", "tensor_parallel/layers.py: ColumnParallelLinear divides output by tp"),
+    "moe-bias-etp": ("--expert-tensor-parallel-size", "transformer_config.py: bias in MoE only with ETP == 1"),
     "moe-ffn-div-etp": ("--expert-tensor-parallel-size", "experts: moe_ffn_hidden_size split over expert TP"),
     "seq-div-2cp": ("--context-parallel-size", "arguments.py: seq_length % (2 * cp)"),
     "seq-div-tp-sp": ("--sequence-parallel", "sequence parallel splits seq/cp over tp"),
@@ -96,6 +97,8 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
         out.append(_r("ffn-div-tp", f"dense ffn {m.ffn_hidden_size} is not divisible by tp={p.tp}"))
     if m.moe_shared_expert_ffn and m.moe_shared_expert_ffn % p.tp:
         out.append(_r("ffn-div-tp", f"shared-expert ffn {m.moe_shared_expert_ffn} is not divisible by tp={p.tp}"))
+    if m.is_moe and m.attention_bias and p.etp > 1:  # biased linears (GPT-OSS): --add-bias-linear
+        out.append(_r("moe-bias-etp", f"{m.name} has biased linear layers; MoE bias needs etp=1, not {p.etp}"))
     if m.is_moe and m.moe_ffn_hidden_size % p.etp:
         out.append(_r("moe-ffn-div-etp", f"expert ffn {m.moe_ffn_hidden_size} is not divisible by etp={p.etp}"))
     if p.cp > 1 and w.seq % (2 * p.cp):
