@@ -79,25 +79,6 @@ EP_ROWS = {  # backend, scope -> {ep: (dispatch, combine, ref fabric GB/s, sourc
 # HybridEP vs DeepEP on the same H100 RDMA system (Automodel): 81.6/79.5 dispatch, 76.5/68.2 combine
 HYBRID_OVER_DEEPEP_RDMA = (81.6 / 79.5, 76.5 / 68.2)
 
-# Fallback datasheet values when clusters/<kind>.yaml is not (yet) present.
-DATASHEET = {
-    "h100-sxm": dict(bf16=989.0, fp8=1979.0, hbm_tbps=3.35, sm=132, nvlink=450.0, nic_gbit=400.0,
-                     src="NVIDIA H100 SXM5 datasheet (dense), DGX H100 (8x CX7 400G)"),
-    "h200-sxm": dict(bf16=989.0, fp8=1979.0, hbm_tbps=4.8, sm=132, nvlink=450.0, nic_gbit=400.0,
-                     src="NVIDIA H200 SXM datasheet (dense), HGX H200"),
-    "h800-sxm": dict(bf16=989.0, fp8=1979.0, hbm_tbps=3.35, sm=132, nvlink=200.0, nic_gbit=400.0,
-                     src="NVIDIA H800 SXM5 (H100 compute, 400 GB/s bidir NVLink)"),
-    "b200": dict(bf16=2250.0, fp8=4500.0, hbm_tbps=8.0, sm=148, nvlink=900.0, nic_gbit=400.0,
-                 src="NVIDIA DGX B200 datasheet (dense)"),
-    "gb200-nvl72": dict(bf16=2500.0, fp8=5000.0, hbm_tbps=8.0, sm=148, nvlink=900.0, nic_gbit=400.0,
-                        src="NVIDIA GB200 NVL72 datasheet (dense, per GPU)"),
-    "a100-sxm-80g": dict(bf16=312.0, fp8=0.0, hbm_tbps=2.039, sm=108, nvlink=300.0, nic_gbit=200.0,
-                         src="NVIDIA A100 SXM4 80GB datasheet, DGX A100 (8x HDR 200G)"),
-    "rtx4090": dict(bf16=165.2, fp8=330.3, hbm_tbps=1.008, sm=128, nvlink=0.0, nic_gbit=100.0,
-                    pcie=25.0, src="NVIDIA Ada whitepaper (RTX 4090, fp16/bf16 dense w/o sparsity)"),
-    "cpu-local": dict(bf16=0.5, fp8=0.0, hbm_tbps=0.02, sm=2, nvlink=5.0, nic_gbit=10.0,
-                      src="placeholder until `moetune profile` measures this host"),
-}
 
 M_AX = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 NK_AX = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
@@ -154,21 +135,20 @@ FA_SRC = ("approx. FlashAttention-3 (arXiv:2407.08608) H100 bf16 causal fraction
           "bwd = 0.8 x fwd; head-dim factors approximate; scaled by bf16 peak")
 
 
+# A kind with no scale-out network (cpu-local: one host) still gets finite scale-out rows, so a
+# plan that would cross hosts is priced rather than divided by zero: a 10 Gb/s placeholder.
+NO_NETWORK_PLACEHOLDER_GBIT = 10.0
+
+
 def _spec_for(kind: str) -> dict:
-    d = dict(DATASHEET.get(kind, DATASHEET["h100-sxm"]))
-    d["src_kind"] = d.pop("src")
-    try:
-        from clusters import load_cluster
-        c = load_cluster(kind)
-        pk = c.peak_tflops
-        d.update(bf16=float(pk.get("bf16") or pk.get("fp16") or pk.get("fp32") or d["bf16"]),
-                 fp8=float(pk.get("fp8") or 0.0), hbm_tbps=float(c.hbm_tbps), sm=int(c.sm_count or d["sm"]),
-                 nvlink=float(c.nvlink_gbps), nic_gbit=float(c.scaleout_gbps or d["nic_gbit"]),
-                 pcie=float(getattr(c, "pcie_gbps", 0.0) or d.get("pcie", 0.0)))
-        d["src_kind"] = f"clusters/{kind}.yaml"
-    except Exception:  # noqa: BLE001 - YAML not there yet: datasheet fallback above
-        pass
-    return d
+    """Hardware numbers from the cluster catalog (clusters/<kind>.yaml), the one place they live."""
+    from clusters import load_cluster
+    c = load_cluster(kind)
+    pk = c.peak_tflops
+    return dict(bf16=float(pk.get("bf16") or pk.get("fp16") or pk.get("fp32")),
+                fp8=float(pk.get("fp8") or 0.0), hbm_tbps=float(c.hbm_tbps), sm=int(c.sm_count),
+                nvlink=float(c.nvlink_gbps), nic_gbit=float(c.scaleout_gbps or NO_NETWORK_PLACEHOLDER_GBIT), pcie=float(c.pcie_gbps),
+                src_kind=f"clusters/{kind}.yaml")
 
 
 def build(kind: str, out_root: Path, params, rms, ec_bf16=None) -> str:
@@ -323,7 +303,8 @@ def fit_bf16_efficiency(params, rms) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kinds", default=",".join(DATASHEET))
+    from clusters import kind_names
+    ap.add_argument("--kinds", default=",".join(kind_names()))
     ap.add_argument("--out", default=str(TABLE_ROOT))
     a = ap.parse_args(argv)
     params, rms = fit_gemm()
