@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 
-from tuner.commands.common import UsageError, add_workload_args, workload_from_args
+from tuner.commands.common import (UsageError, add_stack_arg, add_workload_args, completed_plan,
+                                   workload_from_args)
+from tuner.realize import check
 
 
 def add_parser(subparsers):
     p = subparsers.add_parser("trial", help="run one plan with real megatron-core training steps",
                               description=__doc__.splitlines()[0])
     add_workload_args(p)
+    add_stack_arg(p)
     p.add_argument("--plan", required=True, help="plan string, e.g. 'ep=2,mbs=2' (partial allowed)")
     p.add_argument("--iters", type=int, default=5, help="timed iterations (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up iterations (default 2)")
@@ -29,25 +32,6 @@ def add_parser(subparsers):
                    help="skip the realizability check and let megatron-core validate the plan")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
-
-
-def complete_for_trial(plan_text: str, workload, precision: str = "bf16"):
-    """Complete a partial plan (tuner.complete when present, else CPU-safe defaults) and return
-    (plan, reasons) with reasons from tuner.realize (empty when realizable or unavailable)."""
-    from tuner.plan import Plan, parse_fields
-    try:
-        from tuner.complete import complete_plan
-        from tuner.realize import check
-        from tuner.stack import profile_for
-    except ImportError:  # minimal defaulting when the completion module is absent
-        from trials.megatron.cpu_support import cpu_defaults
-        fields = parse_fields(plan_text)
-        if not workload.cluster.is_gpu:
-            fields = cpu_defaults(fields)
-        return Plan(**fields), []
-    profile = profile_for(workload.cluster)
-    plan = complete_plan(plan_text, workload, profile, precision=precision)
-    return plan, [str(r) for r in check(workload, plan, profile)]
 
 
 def run(args) -> int:
@@ -61,7 +45,8 @@ def run(args) -> int:
     if args.memory_cap_gib is not None and args.memory_cap_gib <= 0:
         raise UsageError("--memory-cap-gib must be positive")
     workload = workload_from_args(args)
-    plan, reasons = complete_for_trial(args.plan, workload, args.precision)
+    plan, profile = completed_plan(args, workload)
+    reasons = [str(r) for r in check(workload, plan, profile)]
     if reasons and not args.no_check:
         result = Failure(plan=plan.canonical(), kind="unrealizable", message="; ".join(reasons),
                          backend="megatron")
