@@ -38,16 +38,24 @@ def precision_recipe(precision: str, cluster) -> str:
     raise SpecError(f"unknown --precision {precision!r}: use bf16, fp8 or one of {', '.join(PRECISIONS)}")
 
 
+def stack_defaults(profile: StackProfile, is_moe: bool = True) -> dict:
+    """The schedule/kernel defaults a stack profile implies (the one place they are decided)."""
+    return dict(dist_opt=profile.dist_opt, overlap_grad_reduce=profile.overlap_grad_reduce,
+                overlap_param_gather=profile.dist_opt and profile.overlap_grad_reduce,
+                grouped_gemm=profile.grouped_gemm and is_moe)
+
+
 def complete_plan(given: str | dict, workload: Workload, profile: StackProfile,
                   precision: str = "bf16") -> Plan:
     fields = parse_fields(given) if isinstance(given, str) else dict(given)
     d = dict(fields)
     if "precision" not in d:
         d["precision"] = precision_recipe(precision, workload.cluster)
-    d.setdefault("dist_opt", profile.dist_opt)
-    d.setdefault("overlap_grad_reduce", profile.overlap_grad_reduce)
-    d.setdefault("overlap_param_gather", bool(d["dist_opt"] and d["overlap_grad_reduce"]))
-    d.setdefault("grouped_gemm", profile.grouped_gemm and workload.model.is_moe)
+    for k, v in stack_defaults(profile, workload.model.is_moe).items():
+        d.setdefault(k, v)
+    # overlap_param_gather follows the user's own dist_opt / overlap_grad_reduce choices
+    if "overlap_param_gather" not in fields:
+        d["overlap_param_gather"] = bool(d["dist_opt"] and d["overlap_grad_reduce"])
     if d.get("dispatcher") == "flex" and "flex_backend" not in d:
         d["flex_backend"] = "hybridep" if profile.hybridep else "deepep"
     if d.get("recompute") == "full":

@@ -83,12 +83,11 @@ def cpu_rejections(plan, model=None) -> list[tuple[str, str]]:
 
 
 def cpu_defaults(fields: dict) -> dict:
-    """Defaults for a partial plan on cpu-local: the GPU-oriented defaults (dist_opt, overlaps,
-    grouped GEMM) are switched off unless given explicitly."""
-    out = dict(dist_opt=False, overlap_grad_reduce=False, overlap_param_gather=False,
-               grouped_gemm=False)
-    out.update(fields)
-    return out
+    """Defaults for a partial plan on cpu-local: those of the cpu-local stack profile (the
+    GPU-oriented dist_opt, overlaps and grouped GEMM off) unless given explicitly."""
+    from tuner.complete import stack_defaults  # late: tuner.stack imports this module
+    from tuner.stack import cpu_profile
+    return {**stack_defaults(cpu_profile()), **fields}
 
 
 def cpu_rejection_rules() -> list[tuple]:
