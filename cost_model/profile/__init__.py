@@ -1,8 +1,8 @@
 """`moetune profile`: measure this machine's performance tables (MOSAIC §5.3 microbenchmarks).
 
 One small runner module per operator family (Vidur-style), each exposing
-`points(ctx) -> list[dict]` (a dict per sweep point with a unique "id"), `skip_reason(ctx)`
-(None, or why the family cannot be measured here) and `measure(point, ctx) -> list[(family, row)]`
+`points(ctx) -> list[dict]` (a dict per sweep point with a unique "id"), optionally
+`skip_reason(ctx)` (None, or why the family cannot be measured here; absent = always measurable) and `measure(point, ctx) -> list[(family, row)]`
 with rows in the `cost_model.tables` format:
 
     gemm.py          dense GEMM (F.linear as nn layers run it) over (M, N, K, dtype)

@@ -16,10 +16,6 @@ GPU = {"tiny": dict(seq=[1024, 4096], head_dim=[128]),
        "full": dict(seq=[512, 1024, 2048, 4096, 8192, 16384], head_dim=[64, 128, 192, 256])}
 
 
-def skip_reason(ctx: Ctx):
-    return None
-
-
 def points(ctx: Ctx) -> list[dict]:
     s = (GPU if ctx.on_gpu else CPU)[ctx.sweep]
     out = []

@@ -11,10 +11,6 @@ GPU = {"tiny": [(4096, 32768)], "small": [(4096, 32768), (8192, 131072)],
        "full": [(2048, 32768), (4096, 65536), (8192, 131072), (4096, 163840)]}
 
 
-def skip_reason(ctx: Ctx):
-    return None
-
-
 def points(ctx: Ctx) -> list[dict]:
     return [dict(id=f"ce|{t}|{v}", tokens=t, vocab=v, level=min(i, 3))
             for i, (t, v) in enumerate((GPU if ctx.on_gpu else CPU)[ctx.sweep])]

@@ -10,10 +10,6 @@ NAME = "dispatch_gap"
 CHAIN = 200
 
 
-def skip_reason(ctx: Ctx):
-    return None
-
-
 def points(ctx: Ctx) -> list[dict]:
     return [dict(id="gap|eager", mode="eager", level=0), dict(id="gap|autograd", mode="autograd", level=0)]
 

@@ -23,10 +23,6 @@ OPS = ("elementwise", "permute", "router", "optimizer")
 TOPK = 2
 
 
-def skip_reason(ctx: Ctx):
-    return None
-
-
 def points(ctx: Ctx) -> list[dict]:
     sizes = (GPU_SIZES if ctx.on_gpu else CPU_SIZES)[ctx.sweep]
     out = []

@@ -11,10 +11,6 @@ GPU_AXES = {"tiny": [256, 4096], "small": [256, 2048, 16384], "full": [128, 256,
 CPU_MAX_FLOPS = 2 * 1024 * 2048 * 2048  # ~0.2 s per call on one core; larger shapes saturate
 
 
-def skip_reason(ctx: Ctx):
-    return None
-
-
 def points(ctx: Ctx) -> list[dict]:
     ax = (GPU_AXES if ctx.on_gpu else CPU_AXES)[ctx.sweep]
     out = []

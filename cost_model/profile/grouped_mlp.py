@@ -19,10 +19,6 @@ GPU = {"tiny": dict(groups=[1, 8], m=[128, 1024], nk=[2048]),
 CPU_MAX_FLOPS = 2 * 1024 * 2048 * 2048
 
 
-def skip_reason(ctx: Ctx):
-    return None
-
-
 def points(ctx: Ctx) -> list[dict]:
     s = (GPU if ctx.on_gpu else CPU)[ctx.sweep]
     out = []
