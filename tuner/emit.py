@@ -19,6 +19,15 @@ FP8_RECIPE_FLAGS = {  # plan precision -> (--fp8-format, --fp8-recipe)
 }
 
 
+# Boolean plan fields and the Megatron-LM flag that switches each on.
+MOE_SWITCHES = (("grouped_gemm", "--moe-grouped-gemm"),
+                ("shared_expert_overlap", "--moe-shared-expert-overlap"),
+                ("a2a_overlap", "--overlap-moe-expert-parallel-comm"))
+DP_SWITCHES = (("dist_opt", "--use-distributed-optimizer"),
+               ("overlap_grad_reduce", "--overlap-grad-reduce"),
+               ("overlap_param_gather", "--overlap-param-gather"))
+
+
 def model_args(w: Workload) -> list[str]:
     m = w.model
     a = ["--num-layers", m.num_layers, "--hidden-size", m.hidden_size,
@@ -67,12 +76,7 @@ def plan_args(w: Workload, p: Plan, profile: StackProfile) -> list[str]:
               "--moe-token-dispatcher-type", p.dispatcher]
         if p.flex_backend:
             a += ["--moe-flex-dispatcher-backend", p.flex_backend]
-        if p.grouped_gemm:
-            a += ["--moe-grouped-gemm"]
-        if p.shared_expert_overlap:
-            a += ["--moe-shared-expert-overlap"]
-        if p.a2a_overlap:
-            a += ["--overlap-moe-expert-parallel-comm"]
+        a += [flag for field, flag in MOE_SWITCHES if getattr(p, field)]
     if p.tp > 1:
         a += ["--sequence-parallel"]  # required for MoE with TP > 1 (moe_layer.py), faster for dense
     if p.pp_layout:
@@ -93,12 +97,7 @@ def plan_args(w: Workload, p: Plan, profile: StackProfile) -> list[str]:
             a += ["--recompute-method", p.recompute_method, "--recompute-num-layers", p.recompute_layers]
         elif p.recompute_modules:
             a += ["--recompute-modules", *p.recompute_modules]
-    if p.dist_opt:
-        a += ["--use-distributed-optimizer"]
-    if p.overlap_grad_reduce:
-        a += ["--overlap-grad-reduce"]
-    if p.overlap_param_gather:
-        a += ["--overlap-param-gather"]
+    a += [flag for field, flag in DP_SWITCHES if getattr(p, field)]
     a += ["--bf16"]
     if p.fp8:
         fmt, recipe = FP8_RECIPE_FLAGS[p.precision]
