@@ -10,6 +10,7 @@ Three ways, exactly as Megatron-core 0.16 (transformer_config.py / transformer_l
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ def parse_layout(layout: str) -> list[str]:
     return s.split("|")
 
 
+@functools.lru_cache(maxsize=4096)  # pure; the space asks the same few splits per parallel point
 def split_layers(num_layers: int, pp: int, vpp: int = 1, first: int = 0, last: int = 0,
                  layout: str = "") -> Split:
     """The layer split Megatron builds, or LayoutError naming the rule it breaks."""
