@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from cost_model.profile.common import Ctx, host_info, pin_to_core
+from tuner.fileio import write_atomic
 
 DEVICE_RUNNERS = ("dispatch_gap", "gemm", "grouped_mlp", "attention", "elementwise", "cross_entropy")
 REPO = Path(__file__).resolve().parents[2]
@@ -78,7 +79,7 @@ class PartialStore:
         for pid, rs in self.data[runner].items():
             for fam, r in rs:
                 w.writerow([pid, fam, json.dumps(r, sort_keys=True)])
-        _atomic_write(self.dir / f"{runner}.csv", buf.getvalue())
+        write_atomic(self.dir / f"{runner}.csv", buf.getvalue())
 
     def rows(self) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = {}
@@ -90,12 +91,6 @@ class PartialStore:
 
     def count(self) -> int:
         return sum(len(v) for v in self.data.values())
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # ---- per-device execution ----------------------------------------------------------------------

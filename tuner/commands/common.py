@@ -42,14 +42,3 @@ def completed_plan(args, workload):
     from tuner.stack import profile_for
     profile = profile_for(workload.cluster, getattr(args, "stack", "auto"))
     return complete_plan(args.plan, workload, profile, args.precision), profile
-
-
-def write_atomic(path, text: str) -> None:
-    """Write via a temporary file and rename, so a kill never leaves half a file."""
-    import os
-    from pathlib import Path
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)

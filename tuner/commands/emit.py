@@ -8,7 +8,8 @@ import os
 import sys
 
 from tuner.commands.common import (UsageError, add_stack_arg, add_workload_args, completed_plan,
-                                   workload_from_args, write_atomic)
+                                   workload_from_args)
+from tuner.fileio import write_atomic
 
 
 def add_parser(subparsers):
