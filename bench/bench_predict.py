@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from clusters import load_cluster  # noqa: E402
 from cost_model import predict_arrays  # noqa: E402
 from cost_model.plans import PlanArrays  # noqa: E402
-from tuner.model_spec import load_model  # noqa: E402
-from tuner.workload import Workload  # noqa: E402
+from specs.models import load_model  # noqa: E402
+from specs.workload import Workload  # noqa: E402
 
 
 def grid():

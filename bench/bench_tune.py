@@ -29,12 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cost_model  # noqa: E402
 from clusters import load_cluster  # noqa: E402
 from cost_model.calibration import fit_calibration  # noqa: E402
-from tuner.model_spec import load_model  # noqa: E402
-from tuner.plan import Plan  # noqa: E402
+from specs.models import load_model  # noqa: E402
+from specs.stack import profile_for  # noqa: E402
+from specs.workload import Workload  # noqa: E402
 from tuner.sampler import GuidedSampler, TPEProposer  # noqa: E402
 from tuner.space import default_space, iter_realizable  # noqa: E402
-from tuner.stack import profile_for  # noqa: E402
-from tuner.workload import Workload  # noqa: E402
 
 
 def small_space(workload, profile):

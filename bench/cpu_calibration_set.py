@@ -31,8 +31,8 @@ COLUMNS = ["model", "cluster", "gpus", "gbs", "seq", "plan", "step_time_s", "min
 
 
 def select_plans(workload, n: int) -> list:
+    from specs.stack import profile_for
     from tuner.space import default_space, iter_realizable
-    from tuner.stack import profile_for
     prof = profile_for(workload.cluster)
     plans = list(iter_realizable(default_space(workload, prof, "bf16", level="core"), workload, prof))
     if len(plans) <= n:
@@ -43,10 +43,10 @@ def select_plans(workload, n: int) -> list:
 
 def main(argv=None) -> int:
     from clusters import load_cluster
+    from specs.models import load_model
+    from specs.workload import Workload
     from trials.base import Failure, Resources
     from trials.megatron.backend import MegatronBackend
-    from tuner.model_spec import load_model
-    from tuner.workload import Workload
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")

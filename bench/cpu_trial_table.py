@@ -16,13 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from clusters import load_cluster  # noqa: E402
+from specs.models import load_model  # noqa: E402
+from specs.plan import Plan, parse_fields  # noqa: E402
+from specs.stack import cpu_defaults  # noqa: E402
+from specs.workload import Workload  # noqa: E402
 from trials.base import Failure, Resources  # noqa: E402
 from trials.megatron.backend import MegatronBackend  # noqa: E402
-from trials.megatron.cpu_support import cpu_defaults  # noqa: E402
-from clusters import load_cluster  # noqa: E402
-from tuner.model_spec import load_model  # noqa: E402
-from tuner.workload import Workload  # noqa: E402
-from tuner.plan import Plan, parse_fields  # noqa: E402
 
 PLANS = [
     "",  # DP=2

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from tuner.model_spec import SpecError
+from specs.errors import SpecError
+from specs.plan import PRECISIONS
 
 CLUSTER_DIR = Path(__file__).parent
+TABLES_ROOT = CLUSTER_DIR / "tables"  # shipped performance tables, one folder per kind
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,11 @@ class ClusterSpec:
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def tables_dir(kind: str) -> Path:
+    """Where the shipped performance tables of a hardware kind live (`clusters/tables/<kind>/`)."""
+    return TABLES_ROOT / kind
 
 
 def kind_names() -> list[str]:
@@ -110,3 +117,22 @@ def _detect_host(values: dict) -> dict:
     values["devices_per_node"] = cores
     values["scaleup_domain"] = cores
     return values
+
+
+# Hardware facts the plan space and realizability read from a ClusterSpec.
+def is_hopper(cluster) -> bool:
+    """Blockwise fp8 scaling is a Hopper (sm90) recipe in TransformerEngine."""
+    return any(tag in cluster.device_name.upper() for tag in ("H100", "H200", "H800", "H20", "GH200"))
+
+
+def precision_recipe(precision: str, cluster) -> str:
+    """Map `--precision` (bf16 | fp8 | a recipe) to one recipe for this hardware."""
+    if precision in PRECISIONS:
+        return precision
+    if precision == "fp8":
+        if cluster.mxfp8:
+            return "mxfp8"
+        if cluster.fp8:
+            return "fp8-blockwise" if is_hopper(cluster) else "fp8-tensorwise"
+        raise SpecError(f"--precision fp8: {cluster.device_name} has no fp8 support")
+    raise SpecError(f"unknown --precision {precision!r}: use bf16, fp8 or one of {', '.join(PRECISIONS)}")

@@ -3,8 +3,8 @@
     python -m cost_model.build_default_tables [--kinds h100-sxm,...] [--out clusters/tables]
 
 Nothing here is hand-tuned: each family is a physical skeleton whose few parameters are either
-datasheet values of the target GPU or fitted to the public measurements in /work/shared/reference
-(copied under `REFERENCE` below so the build is reproducible without that folder):
+datasheet values of the target GPU or fitted to public measurements (`cost_model/data/`, each row
+with its source; the few used here are also copied below so the build reads as one file):
 
 - gemm / grouped_gemm: a tiled roofline  t = (tc^p + tm^p)^(1/p),  tc = 2mnk / (peak * e_c * q),
   tm = bytes / (hbm * e_m), with q the tile/wave quantisation efficiency (128x128 output tiles,
@@ -37,7 +37,7 @@ from scipy.optimize import least_squares
 
 from cost_model.tables import TABLE_ROOT, write_family, write_meta
 
-# --- public measurements (copied from /work/shared/reference/deepgemm_h800_fp8.csv) ----------
+# --- public measurements (a copy of cost_model/data/deepgemm_h800_fp8.csv) ----------
 DEEPGEMM_SRC = "deepseek-ai/DeepGEMM README @a9967bc (H800 SXM5 FP8)"
 DEEPGEMM = [  # kind, groups, m_per_group, n, k, tflops
     ("grouped", 4, 8192, 4096, 7168, 1346), ("grouped", 4, 8192, 7168, 2048, 1214),
@@ -272,13 +272,14 @@ MEGATRON_BF16_ROW = ("mixtral_a2a_bf16", 4096, 14336, 8, 2, 8, 4096, 4.327, 7.68
 def fit_bf16_efficiency(params, rms) -> float:
     """Solve the bf16 compute efficiency so the cost model reproduces the Mixtral bf16 layer row."""
     import tempfile
+
     from clusters import load_cluster
     from cost_model import predict_arrays
     from cost_model.calibration import IDENTITY
     from cost_model.tables import Tables
-    from tuner.model_spec import ModelSpec
-    from tuner.plan import Plan
-    from tuner.workload import Workload
+    from specs.model_spec import ModelSpec
+    from specs.plan import Plan
+    from specs.workload import Workload
     _, h, f, E, k, ep, seq, fwd, bwd = MEGATRON_BF16_ROW
     spec = ModelSpec(name="mixtral-layer", num_layers=1, hidden_size=h, num_attention_heads=32, vocab_size=32000,
                      ffn_hidden_size=4 * h, num_experts=E, moe_router_topk=k, moe_ffn_hidden_size=f,

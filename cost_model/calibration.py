@@ -102,8 +102,8 @@ def fit_calibration(pairs, *, provenance: dict | None = None) -> tuple[Calibrati
         s_i = float(np.exp(fit(allidx[allidx != i])))
         loo.append(float(s_i * pred[i] / meas[i] - 1.0))
     report = {"scale": scale, "rows": [
-        {"label": l, "raw_pred_s": float(p), "measured_s": float(mm), "calibrated_rel_err": float(e),
-         "loo_rel_err": lo} for l, p, mm, e, lo in zip(labels, pred, meas, resid, loo)],
+        {"label": lab, "raw_pred_s": float(p), "measured_s": float(mm), "calibrated_rel_err": float(e),
+         "loo_rel_err": lo} for lab, p, mm, e, lo in zip(labels, pred, meas, resid, loo)],
         "max_abs_rel_err": float(np.max(np.abs(resid))) if len(pairs) else 0.0,
         "loo_max_abs_rel_err": float(np.nanmax(np.abs(loo))) if len(pairs) > 1 else float("nan")}
     prov = dict(provenance or {})

@@ -1,6 +1,5 @@
 """Fit the shipped GPU calibration (cost_model/calibration_default.json) on the published end-to-end
-training rows (cost_model/data/published_training_calibration.csv, a copy of
-/work/shared/reference/published_training_calibration.csv).
+training rows (cost_model/data/published_training_calibration.csv, each row with its source).
 
     python -m cost_model.fit_default_calibration [--write]
 
@@ -59,9 +58,9 @@ def rows():
 
 def row_case(r):
     from clusters import load_cluster
-    from tuner.model_spec import load_model
-    from tuner.plan import Plan
-    from tuner.workload import Workload
+    from specs.models import load_model
+    from specs.plan import Plan
+    from specs.workload import Workload
     w = Workload(load_model(r["model"]), load_cluster(r["hw"], int(r["gpus"])), int(r["gbs"]), int(r["seq"]))
     prec = {"fp8": "fp8-tensorwise", "bf16": "bf16", "mxfp8": "mxfp8"}[r["precision"]]
     p = Plan(tp=int(r["tp"]), pp=int(r["pp"]), cp=int(r["cp"]), vpp=int(r["vpp"]), ep=int(r["ep"]),

@@ -15,7 +15,7 @@ padded vocabulary; pass `padded_vocab` to reproduce that exactly.
 """
 from __future__ import annotations
 
-from tuner.model_spec import ModelSpec
+from specs.model_spec import ModelSpec
 
 
 def _mlp_matrices(spec: ModelSpec) -> int:

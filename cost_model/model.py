@@ -12,7 +12,7 @@ Analytical skeleton, measured/published lookup tables, no hand-tuned constants:
   Router, top-k, permutation, norms, activations, fp8 casts, cross-entropy and the optimizer are
   memory-bound: bytes / achieved bandwidth (`membw`).
 * Communication: nccl-tests bus bandwidth curves (`collectives`) by size, group and members per
-  scale-up domain; whether a group leaves the scale-up domain comes from `tuner.ranks`
+  scale-up domain; whether a group leaves the scale-up domain comes from `specs.ranks`
   (Megatron's rank order). EP dispatch/combine: per-GPU bytes T/tp * copies * hidden * bytes,
   copies = topk for the alltoall dispatcher, the expected number of distinct destination ranks
   for flex (DeepEP/HybridEP send a token once per rank), all tokens for allgather; intra-domain
@@ -21,7 +21,7 @@ Analytical skeleton, measured/published lookup tables, no hand-tuned constants:
   once per remote scale-up domain over RDMA and fans out over NVLink there (`_distinct_domains`,
   group-limited routing aware), which is what the DeepEP RDMA bandwidth rows measure.
 * Pipeline: per-stage microbatch time (layers of the stage, embedding on the first, LM head + CE
-  on the last, explicit layouts / uneven stages via `tuner.pipeline`), the slowest stage sets the
+  on the last, explicit layouts / uneven stages via `specs.pipeline`), the slowest stage sets the
   pace: step = (m + (pp-1)/vpp) * C_max (1F1B / interleaved bubble), plus exposed PP p2p.
 * Per-microbatch CPU floor (§5.4): C_s = max(compute_s, kernels_s * dispatch gap) on GPUs (async
   launches); compute_s + kernels_s * gap on CPU devices (synchronous), gap of the trial stack
@@ -41,12 +41,10 @@ Analytical skeleton, measured/published lookup tables, no hand-tuned constants:
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from cost_model.plans import DEFAULT_SELECTIVE, MODULE_BIT, PlanArrays
-from tuner.ranks import group_size_stride, members_per_node, nodes_spanned
+from cost_model.plans import MODULE_BIT, PlanArrays
+from specs.ranks import group_size_stride, members_per_node, nodes_spanned
 
 GIB = 1024.0 ** 3
 
@@ -116,7 +114,8 @@ def stage_structure(spec, pp, vpp, first, last, layout):
         return hit
     note = ""
     try:
-        from tuner.pipeline import LayoutError, balanced_layout, split_layers
+        from specs.errors import LayoutError
+        from specs.pipeline import balanced_layout, split_layers
         try:
             split = split_layers(spec.num_layers, pp, vpp, first, last, layout)
         except LayoutError as e:

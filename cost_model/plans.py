@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tuner.plan import DISPATCHERS, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES, Plan
+from specs.plan import DISPATCHERS, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES, Plan
 
 INT_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute_layers", "pp_first", "pp_last")
 BOOL_FIELDS = ("dist_opt", "overlap_grad_reduce", "overlap_param_gather", "shared_expert_overlap",
@@ -71,7 +71,7 @@ class PlanArrays:
     def from_columns(cls, n: int | None = None, layouts: list[str] | None = None, **columns) -> "PlanArrays":
         """Columns by Plan field name (ints / bools / codes); missing ones take Plan defaults.
         Codes: recompute 0 none / 1 selective / 2 full; dispatch see DISPATCH_CODES; precision index
-        into tuner.plan.PRECISIONS; recompute_modules bitmask (MODULE_BIT); layout index into layouts."""
+        into specs.plan.PRECISIONS; recompute_modules bitmask (MODULE_BIT); layout index into layouts."""
         if n is None:
             n = len(next(iter(columns.values())))
         d = Plan()

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-TABLE_ROOT = Path(__file__).resolve().parent.parent / "clusters" / "tables"
+from clusters import TABLES_ROOT as TABLE_ROOT  # the shipped tables, clusters/tables/<kind>/
+
 FORMAT_VERSION = 1
 
 FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {

@@ -8,7 +8,7 @@ if str(ROOT) not in sys.path:
 # Local Ray clusters in tests: no auth token, loopback only.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-import pytest
+import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from clusters import CLUSTER_DIR, ClusterSpec, kind_names, load_cluster
-from tuner.model_spec import SpecError
+from specs.errors import SpecError
 
 KINDS = ["h100-sxm", "h200-sxm", "h800-sxm", "b200", "gb200-nvl72", "a100-sxm-80g", "rtx4090",
          "cpu-local"]

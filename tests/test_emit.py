@@ -6,15 +6,15 @@ from pathlib import Path
 import pytest
 
 from clusters import load_cluster
+from specs.models import load_model
+from specs.stack import GPU_FULL
+from specs.workload import Workload
 from tuner.cli import main
 from tuner.complete import complete_plan
 from tuner.emit import megatron_script
-from tuner.model_spec import load_model
-from tuner.stack import GPU_FULL
-from tuner.workload import Workload
 
-FLAGS = {l.strip() for l in (Path(__file__).parent / "fixtures" / "megatron_lm_core_v0.16.1_flags.txt")
-         .read_text().splitlines() if l.startswith("--")}
+FLAGS = {line.strip() for line in (Path(__file__).parent / "fixtures" / "megatron_lm_core_v0.16.1_flags.txt")
+         .read_text().splitlines() if line.startswith("--")}
 
 
 def _args(script: str) -> dict:

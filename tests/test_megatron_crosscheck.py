@@ -1,6 +1,5 @@
 """Cross-checks against the real megatron-core: TransformerConfig's verdict on sampled plans, and
 the rank groups of megatron.core.parallel_state.RankGenerator."""
-import dataclasses
 import random
 import warnings
 
@@ -11,13 +10,13 @@ tc_mod = pytest.importorskip("megatron.core.transformer.transformer_config")
 from megatron.core.parallel_state import RankGenerator  # noqa: E402
 
 from clusters import load_cluster  # noqa: E402
-from tuner.model_spec import load_model  # noqa: E402
-from tuner.plan import Plan  # noqa: E402
-from tuner.ranks import group_ranks, members_per_node, group_size_stride, nodes_spanned  # noqa: E402
+from specs.models import load_model  # noqa: E402
+from specs.plan import Plan  # noqa: E402
+from specs.ranks import group_ranks, group_size_stride, nodes_spanned  # noqa: E402
+from specs.stack import GPU_FULL  # noqa: E402
+from specs.workload import Workload  # noqa: E402
 from tuner.realize import check  # noqa: E402
 from tuner.space import default_space, parallel_points  # noqa: E402
-from tuner.stack import GPU_FULL  # noqa: E402
-from tuner.workload import Workload  # noqa: E402
 
 # Rules that TransformerConfig.__post_init__ itself enforces (the rest live in arguments.py,
 # parallel_state and the schedules, which need a process group to exercise).

@@ -7,13 +7,14 @@ from collections import Counter
 import pytest
 
 from clusters import load_cluster
+from specs.errors import PlanSyntaxError
+from specs.models import load_model
+from specs.plan import Plan
+from specs.stack import GPU_FULL, cpu_profile
+from specs.workload import Workload
 from tuner.complete import complete_plan
-from tuner.model_spec import load_model
-from tuner.plan import Plan, PlanSyntaxError
 from tuner.realize import check, check_parallel
 from tuner.space import count_parallel_points, default_space, iter_plans, iter_realizable, summarize
-from tuner.stack import GPU_FULL, cpu_profile
-from tuner.workload import Workload
 
 
 def _random_plan(rng):

@@ -55,7 +55,7 @@ def test_table_round_trip_and_log_interpolation(tmp_path):
 
 
 def test_assembly_from_partial_rows_fills_defaults(tmp_path):
-    from cost_model.profile.driver import PartialStore, assemble
+    from trials.profile.driver import PartialStore, assemble
     out = tmp_path / "p"
     store = PartialStore(out)
     store.add("gemm", "g1", [("gemm", dict(r, source="measured:gemm")) for r in _gemm_rows()])
@@ -95,7 +95,7 @@ def test_fitter_recovers_known_scale_robustly():
 
 
 def test_metrics():
-    from cost_model.calibrate import mape, topk_overlap
+    from tuner.calibrate_runs import mape, topk_overlap
     assert mape([1.1, 0.9], [1.0, 1.0]) == pytest.approx(0.1)
     meas = [1, 2, 3, 4, 5, 6]
     assert topk_overlap(meas, meas, 3) == 1.0
@@ -112,8 +112,8 @@ def test_lookup_rules_prefer_measured_tables_and_matching_calibration(home, tmp_
     shutil.copytree(TABLE_ROOT / "cpu-local", dst)
     assert tables_dir_for("cpu-local") == dst
     import cost_model
-    from tuner.model_spec import load_model
-    from tuner.workload import Workload
+    from specs.models import load_model
+    from specs.workload import Workload
     w = Workload(model=load_model("tiny-moe"), cluster=load_cluster("cpu-local", 2), gbs=16, seq=256)
     t = cost_model.resolve_tables(w)
     assert t.directory == dst
@@ -146,10 +146,10 @@ def test_profile_then_calibrate_end_to_end(home, tmp_path, capsys):
     import cost_model
     from clusters import load_cluster
     from cost_model.calibration import IDENTITY
-    from trials.megatron.cpu_support import cpu_defaults
-    from tuner.model_spec import load_model
-    from tuner.plan import Plan, parse_fields
-    from tuner.workload import Workload
+    from specs.models import load_model
+    from specs.plan import Plan, parse_fields
+    from specs.stack import cpu_defaults
+    from specs.workload import Workload
     w = Workload(model=load_model("tiny-moe"), cluster=load_cluster("cpu-local", 2), gbs=16, seq=256)
     texts = ["", "mbs=2", "mbs=4", "ep=2", "ep=2,mbs=4", "pp=2", "pp=2,mbs=4", "pp=2,vpp=2"]
     plans = [Plan(**cpu_defaults(parse_fields(s))) for s in texts]
@@ -201,11 +201,11 @@ def test_calibrate_from_optuna_study(home, tmp_path, capsys):
     import cost_model
     from clusters import load_cluster
     from cost_model.calibration import IDENTITY
-    from trials.megatron.cpu_support import cpu_defaults
+    from specs.models import load_model
+    from specs.plan import Plan, parse_fields
+    from specs.stack import cpu_defaults
+    from specs.workload import Workload
     from tuner.cli import main
-    from tuner.model_spec import load_model
-    from tuner.plan import Plan, parse_fields
-    from tuner.workload import Workload
     w = Workload(model=load_model("tiny-moe"), cluster=load_cluster("cpu-local", 2), gbs=16, seq=256)
     plans = [Plan(**cpu_defaults(parse_fields(s))) for s in ("", "mbs=4", "ep=2", "pp=2", "pp=2,vpp=2")]
     raw = cost_model.predict_arrays(w, plans, calibration=IDENTITY)["raw_step_time_s"]

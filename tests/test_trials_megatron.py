@@ -15,11 +15,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
+from specs.cpu_support import CPU_UNSUPPORTED, cpu_rejection_rules, cpu_rejections  # noqa: E402
+from specs.models import load_model  # noqa: E402
+from specs.plan import Plan, parse_fields  # noqa: E402
+from specs.stack import cpu_defaults  # noqa: E402
 from trials.base import Failure, Measurement, Resources  # noqa: E402
 from trials.megatron.backend import MegatronBackend, launch  # noqa: E402
-from trials.megatron.cpu_support import CPU_UNSUPPORTED, cpu_defaults, cpu_rejections, cpu_rejection_rules  # noqa: E402
-from tuner.model_spec import load_model  # noqa: E402
-from tuner.plan import Plan, parse_fields  # noqa: E402
 
 GBS, SEQ, WORLD = 8, 64, 2
 MODEL = load_model("tiny-moe")

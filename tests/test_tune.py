@@ -15,10 +15,10 @@ import pytest
 from optuna.trial import TrialState
 
 from clusters import load_cluster
-from tuner.model_spec import load_model
-from tuner.plan import Plan
-from tuner.stack import profile_for
-from tuner.workload import Workload
+from specs.models import load_model
+from specs.plan import Plan
+from specs.stack import profile_for
+from specs.workload import Workload
 
 REPO = Path(__file__).resolve().parents[1]
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -13,7 +13,7 @@ Among the heuristic's realizable, memory-feasible plans, the baseline is the bes
 """
 from __future__ import annotations
 
-from tuner.commands.common import UsageError
+from specs.errors import UsageError
 
 RECOMPUTES = ("", "recompute=selective", "recompute=full,recompute_method=uniform,recompute_layers=1")
 

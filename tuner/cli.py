@@ -1,6 +1,6 @@
 """`moetune` console script. Each subcommand lives in `tuner/commands/<name>.py` and exposes
 `add_parser(subparsers)` and `run(args) -> int`; they are discovered here, so adding a command
-touches no other file. User errors (SpecError, PlanSyntaxError, UsageError) print one line and exit 2.
+touches no other file. User errors (`specs.errors.InputError` and its kinds) print one line and exit 2.
 """
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pkgutil
 import sys
 
 import tuner.commands as commands_pkg
-from tuner.commands.common import UsageError
-from tuner.model_spec import SpecError
-from tuner.plan import PlanSyntaxError
+from specs.errors import InputError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except (SpecError, PlanSyntaxError, UsageError) as e:
+    except InputError as e:
         print(f"moetune {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -4,7 +4,7 @@ Defaults (fields the user did not give):
 - etp=1 (the published MoE recipes' choice; Megatron's own default would be etp=tp), cp=1, pp=1,
   vpp=1, ep=1, tp=1, mbs=1.
 - pipeline split: even when pp*vpp divides the layers; otherwise the most balanced explicit layout
-  (`tuner.pipeline.balanced_layout`, embedding and loss weighing one layer each).
+  (`specs.pipeline.balanced_layout`, embedding and loss weighing one layer each).
 - schedule: no recompute; distributed optimizer, overlap_grad_reduce and overlap_param_gather on
   where the stack has them (off on CPU); no shared-expert or EP-A2A overlap.
 - kernels: grouped GEMM where the stack has it, alltoall dispatcher, and the precision of
@@ -13,36 +13,12 @@ Defaults (fields the user did not give):
 """
 from __future__ import annotations
 
-from tuner.model_spec import SpecError
-from tuner.pipeline import LayoutError, balanced_layout
-from tuner.plan import PRECISIONS, Plan, parse_fields
-from tuner.stack import StackProfile
-from tuner.workload import Workload
-
-
-def is_hopper(cluster) -> bool:
-    """Blockwise fp8 scaling is a Hopper (sm90) recipe in TransformerEngine."""
-    return any(tag in cluster.device_name.upper() for tag in ("H100", "H200", "H800", "H20", "GH200"))
-
-
-def precision_recipe(precision: str, cluster) -> str:
-    """Map `--precision` (bf16 | fp8 | a recipe) to one recipe for this hardware."""
-    if precision in PRECISIONS:
-        return precision
-    if precision == "fp8":
-        if cluster.mxfp8:
-            return "mxfp8"
-        if cluster.fp8:
-            return "fp8-blockwise" if is_hopper(cluster) else "fp8-tensorwise"
-        raise SpecError(f"--precision fp8: {cluster.device_name} has no fp8 support")
-    raise SpecError(f"unknown --precision {precision!r}: use bf16, fp8 or one of {', '.join(PRECISIONS)}")
-
-
-def stack_defaults(profile: StackProfile, is_moe: bool = True) -> dict:
-    """The schedule/kernel defaults a stack profile implies (the one place they are decided)."""
-    return dict(dist_opt=profile.dist_opt, overlap_grad_reduce=profile.overlap_grad_reduce,
-                overlap_param_gather=profile.dist_opt and profile.overlap_grad_reduce,
-                grouped_gemm=profile.grouped_gemm and is_moe)
+from clusters import precision_recipe
+from specs.errors import LayoutError
+from specs.pipeline import balanced_layout
+from specs.plan import Plan, parse_fields
+from specs.stack import StackProfile, stack_defaults
+from specs.workload import Workload
 
 
 def complete_plan(given: str | dict, workload: Workload, profile: StackProfile,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import shlex
 
-from tuner.plan import Plan
-from tuner.stack import StackProfile
-from tuner.workload import Workload
+from specs.plan import Plan
+from specs.stack import StackProfile
+from specs.workload import Workload
 
 FP8_RECIPE_FLAGS = {  # plan precision -> (--fp8-format, --fp8-recipe)
     "fp8-tensorwise": ("hybrid", "tensorwise"),

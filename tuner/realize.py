@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.complete import is_hopper
-from tuner.pipeline import LayoutError, split_layers
-from tuner.plan import Plan
-from tuner.stack import StackProfile
-from tuner.workload import Workload
+from clusters import is_hopper
+from specs.errors import LayoutError
+from specs.pipeline import split_layers
+from specs.plan import Plan
+from specs.stack import StackProfile
+from specs.workload import Workload
 
 
 @dataclass(frozen=True)

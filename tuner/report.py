@@ -97,7 +97,7 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
                  calibration=None, cal_report=None, predict_only_pool=None, wall_s: float | None = None,
                  storage_url: str = "") -> Path:
     import cost_model
-    from tuner.plan import Plan
+    from specs.plan import Plan
     d = Path(study_dir)
     write_csv(rows, d / "trials.csv")
     measured = [r for r in rows if r["state"] == "COMPLETE"]
@@ -179,7 +179,7 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
 
 def _short(plan: str) -> str:
     """Non-default fields of a canonical plan, for tables."""
-    from tuner.plan import Plan
+    from specs.plan import Plan
     p, dflt = Plan.parse(plan), Plan()
     parts = [f"{f}={getattr(p, f)}" for f in p.__dataclass_fields__
              if getattr(p, f) != getattr(dflt, f) and f not in ("dist_opt", "overlap_grad_reduce",

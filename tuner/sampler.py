@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from tuner.plan import Plan
+from specs.plan import Plan
 
 LAYOUT = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute")
 PRIOR_W = 0.5

@@ -20,12 +20,13 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tuner.complete import precision_recipe
-from tuner.pipeline import LayoutError, balanced_layout, split_layers
-from tuner.plan import Plan
+from clusters import precision_recipe
+from specs.errors import LayoutError
+from specs.pipeline import balanced_layout, split_layers
+from specs.plan import Plan
+from specs.stack import StackProfile
+from specs.workload import Workload
 from tuner.realize import check_parallel, check_schedule_kernels, schedule_context
-from tuner.stack import StackProfile
-from tuner.workload import Workload
 
 FP8_RECIPES = ("fp8-tensorwise", "fp8-delayed", "fp8-blockwise", "mxfp8")
 

@@ -55,7 +55,7 @@ class MegatronBackend(TrialBackend):
         plan_s = plan.canonical() if hasattr(plan, "canonical") else str(plan)
         world = resources.devices
         if self.enforce_cpu_support and not _gpu_present():
-            from trials.megatron.cpu_support import cpu_rejections
+            from specs.cpu_support import cpu_rejections
             bad = cpu_rejections(plan, workload.model)
             if bad:
                 return Failure(plan=plan_s, kind="unrealizable", backend=self.name,

@@ -157,7 +157,7 @@ def global_param_names(chunk) -> dict:
 def _local_expert_count(chunk, name):
     mod = chunk
     parts = name.split(".")
-    for i, p in enumerate(parts):
+    for p in parts:
         if p == "local_experts":
             return len(mod.local_experts)
         mod = getattr(mod, p) if not p.isdigit() else mod[int(p)]

@@ -20,7 +20,6 @@ import sys
 import time
 import traceback
 from datetime import timedelta
-from functools import partial
 
 import torch
 
@@ -112,8 +111,9 @@ def main(spec_path: str) -> int:
 
         from megatron.core import parallel_state as ps
         from megatron.core import tensor_parallel
-        from tuner.model_spec import from_dict
-        from tuner.plan import Plan
+
+        from specs.model_spec import from_dict
+        from specs.plan import Plan
         from trials.megatron.model import build_chunks, deterministic_init, global_param_names, transformer_config
 
         plan = Plan.parse(spec["plan"])
@@ -139,9 +139,11 @@ def main(spec_path: str) -> int:
             num_mb = gbs // (plan.mbs * dp)
             chunks = build_chunks(model, config, on_gpu=on_gpu)
             deterministic_init(chunks, seed=int(spec.get("seed", 1234)))
-            from megatron.core.distributed import (DistributedDataParallel,
-                                                   DistributedDataParallelConfig,
-                                                   finalize_model_grads)
+            from megatron.core.distributed import (
+                DistributedDataParallel,
+                DistributedDataParallelConfig,
+                finalize_model_grads,
+            )
             from megatron.core.pipeline_parallel import get_forward_backward_func
             ddp_cfg = DistributedDataParallelConfig(
                 grad_reduce_in_fp32=True,

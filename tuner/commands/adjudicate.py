@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.commands.common import UsageError
+from specs.errors import UsageError
 
 
 def add_parser(subparsers):

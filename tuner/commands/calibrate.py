@@ -21,7 +21,7 @@ import json
 import os
 from pathlib import Path
 
-from tuner.commands.common import UsageError
+from specs.errors import UsageError
 
 
 def add_parser(subparsers):
@@ -66,26 +66,26 @@ def _fill(rows, args):
 
 
 def run(args) -> int:
-    from cost_model import calibrate as C
     from cost_model.calibration import user_calibration_path
+    from tuner import calibrate_runs as runs
     try:
         if args.measurements:
             if not Path(args.measurements).is_file():
                 raise UsageError(f"no measurements file {args.measurements}")
-            rows = C.load_csv(args.measurements, args.time_column)
-            source = {"file": str(Path(args.measurements).resolve()), "sha256": C.file_sha256(args.measurements),
+            rows = runs.load_csv(args.measurements, args.time_column)
+            source = {"file": str(Path(args.measurements).resolve()), "sha256": runs.file_sha256(args.measurements),
                       "time_column": args.time_column or "measured_step_time_s|step_time_s"}
         else:
             wl = {"model": args.model, "cluster": args.cluster, "gpus": args.gpus, "gbs": args.gbs, "seq": args.seq}
-            rows = C.load_study(args.study, args.storage, args.study_dir, wl)
+            rows = runs.load_study(args.study, args.storage, args.study_dir, wl)
             source = {"study": args.study, "storage": args.storage or f"sqlite:///<{args.study_dir or 'studies/' + args.study}>/study.db",
                       "trials": [r.get("trial") for r in rows]}
         rows = _fill(rows, args)
         if len(rows) < 2:
             raise UsageError(f"{len(rows)} usable measured run(s) (need >= 2 with plan and a step time"
                              + (f" on cluster {args.cluster}" if args.cluster else "") + ")")
-        cal, rep = C.calibrate(rows, tables=args.tables, source=dict(source, n=len(rows)))
-    except C.CalibrateError as e:
+        cal, rep = runs.calibrate(rows, tables=args.tables, source=dict(source, n=len(rows)))
+    except runs.CalibrateError as e:
         raise UsageError(str(e)) from None
     kind = rep["tables"]["kind"]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -96,9 +96,9 @@ def run(args) -> int:
         w = csv.DictWriter(f, fieldnames=list(rep["rows"][0]))
         w.writeheader()
         w.writerows(rep["rows"])
-    png = C.scatter_png(rep, out / "scatter.png")
+    png = runs.scatter_png(rep, out / "scatter.png")
     m = rep["metrics"]
-    table = C.metrics_table(m)
+    table = runs.metrics_table(m)
     installed = None
     if not args.no_install:
         installed = user_calibration_path(kind)

@@ -4,12 +4,9 @@ from __future__ import annotations
 import argparse
 
 from clusters import load_cluster
-from tuner.model_spec import load_model
-from tuner.workload import Workload
-
-
-class UsageError(ValueError):
-    """Bad command-line input: printed on one line, exit code 2."""
+from specs.errors import UsageError  # noqa: F401  (re-exported for the commands)
+from specs.models import load_model
+from specs.workload import Workload
 
 
 def add_workload_args(p: argparse.ArgumentParser, *, gpus_required: bool = False) -> None:
@@ -38,7 +35,28 @@ def add_stack_arg(p: argparse.ArgumentParser) -> None:
 
 def completed_plan(args, workload):
     """The user's (possibly partial) --plan completed with documented defaults, and the profile."""
+    from specs.stack import profile_for
     from tuner.complete import complete_plan
-    from tuner.stack import profile_for
     profile = profile_for(workload.cluster, getattr(args, "stack", "auto"))
     return complete_plan(args.plan, workload, profile, args.precision), profile
+
+
+def positive_int(text: str) -> int:
+    """argparse type for sizes and counts: a whole number > 0 (argparse prints the error, exit 2)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {v}")
+    return v
+
+
+def add_cost_model_args(p: argparse.ArgumentParser) -> None:
+    """--tables and --calibration: which performance tables and which calibration term to use."""
+    p.add_argument("--tables", default=None,
+                   help="Table directory to use; by default the measured $MOETUNE_HOME/tables/<kind> when "
+                        "`moetune profile` wrote it, else the shipped clusters/tables/<kind>.")
+    p.add_argument("--calibration", default=None,
+                   help="Calibration JSON to use; by default $MOETUNE_HOME/calibration/<kind>.json when it was "
+                        "fitted on the tables in use, else the shipped GPU fit (identity on CPU).")

@@ -7,9 +7,8 @@ from __future__ import annotations
 import os
 import sys
 
-from tuner.commands.common import (UsageError, add_stack_arg, add_workload_args, completed_plan,
-                                   workload_from_args)
-from tuner.fileio import write_atomic
+from specs.fileio import write_atomic
+from tuner.commands.common import UsageError, add_stack_arg, add_workload_args, completed_plan, workload_from_args
 
 
 def add_parser(subparsers):

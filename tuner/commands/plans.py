@@ -6,7 +6,8 @@ import json
 import sys
 import time
 
-from tuner.commands.common import UsageError, add_stack_arg, add_workload_args, workload_from_args
+from specs.errors import UsageError
+from tuner.commands.common import add_stack_arg, add_workload_args, workload_from_args
 
 
 def add_parser(subparsers):
@@ -56,9 +57,9 @@ class _Progress:
 
 
 def run(args) -> int:
-    from tuner.complete import precision_recipe
+    from clusters import precision_recipe
+    from specs.stack import profile_for
     from tuner.space import count_parallel_points, default_space, summarize
-    from tuner.stack import profile_for
     w = workload_from_args(args)
     precision_recipe(args.precision, w.cluster)  # bad name, or fp8 on hardware without it: exit 2
     profile = profile_for(w.cluster, args.stack)
@@ -116,6 +117,7 @@ def _rank(w, space, profile, shard, nshards, top, chunk=20000):
     """Score realizable plans in chunks with the vectorised cost model; keep the top ones."""
     import heapq
     from collections import Counter
+
     import cost_model
     from tuner.space import iter_realizable
     best: list = []

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import json
 
-from tuner.commands.common import (UsageError, add_stack_arg, add_workload_args, completed_plan,
-                                   workload_from_args)
+from tuner.commands.common import UsageError, add_stack_arg, add_workload_args, completed_plan, workload_from_args
 from tuner.realize import check
 
 

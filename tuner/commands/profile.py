@@ -9,14 +9,14 @@ Default output: $MOETUNE_HOME/tables/<kind>/ (MOETUNE_HOME defaults to ~/.moetun
 cost model then prefers over the shipped clusters/tables/<kind>/ (`moetune predict` prints which it
 used). Rerunning resumes: points already in <out>/partial/*.csv are not measured again. Per-device
 sweeps run in one Ray actor per device (embedded Ray on 127.0.0.1 unless --ray-address);
-collectives in spawned torch.distributed workers. See cost_model/profile/.
+collectives in spawned torch.distributed workers. See trials/profile/.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from tuner.commands.common import UsageError
+from specs.errors import UsageError
 
 
 def add_parser(subparsers):
@@ -39,8 +39,8 @@ def run(args) -> int:
     import torch
 
     from clusters import load_cluster
-    from cost_model.profile.driver import run_profile
     from cost_model.tables import measured_tables_dir
+    from trials.profile.driver import run_profile
     cluster = load_cluster(args.cluster)
     if cluster.is_gpu and not torch.cuda.is_available():
         raise UsageError(f"{cluster.kind} is a GPU kind but this machine has no visible GPU; "

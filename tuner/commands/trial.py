@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import json
 
-from tuner.commands.common import (UsageError, add_stack_arg, add_workload_args, completed_plan,
-                                   workload_from_args)
+from tuner.commands.common import UsageError, add_stack_arg, add_workload_args, completed_plan, workload_from_args
 from tuner.realize import check
 
 
@@ -35,8 +34,8 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    from trials import get_backend
     from trials.base import Failure, Resources
-    from trials.megatron.backend import MegatronBackend
 
     if args.iters < 1 or args.warmup < 0:
         raise UsageError("--iters must be >= 1 and --warmup >= 0")
@@ -51,7 +50,7 @@ def run(args) -> int:
         result = Failure(plan=plan.canonical(), kind="unrealizable", message="; ".join(reasons),
                          backend="megatron")
     else:
-        backend = MegatronBackend(enforce_cpu_support=not args.no_check)
+        backend = get_backend("megatron", enforce_cpu_support=not args.no_check)
         result = backend.run(plan, workload, Resources(devices=workload.world, timeout_s=args.timeout,
                                                        memory_cap_gib=args.memory_cap_gib),
                              iters=args.iters, warmup=args.warmup)

@@ -28,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from tuner.commands.common import UsageError, add_workload_args, workload_from_args
+from specs.errors import UsageError
+from tuner.commands.common import add_workload_args, workload_from_args
 
 
 def add_parser(subparsers):
@@ -78,10 +79,10 @@ def start_ray(args, workload):
 
 
 def _trial_fn(plan_text, workload, iters, warmup, timeout_s, memory_cap_gib):
+    from specs.plan import Plan
+    from trials import get_backend
     from trials.base import Resources
-    from trials.megatron.backend import MegatronBackend
-    from tuner.plan import Plan
-    res = MegatronBackend().run(Plan.parse(plan_text), workload,
+    res = get_backend("megatron").run(Plan.parse(plan_text), workload,
                                 Resources(devices=workload.world, timeout_s=timeout_s,
                                           memory_cap_gib=memory_cap_gib),
                                 iters=iters, warmup=warmup)
@@ -99,13 +100,13 @@ def trial_slots(workload) -> int:
 
 def run(args) -> int:
     import cost_model
+    from specs.stack import profile_for
     from tuner import prereg as PR
     from tuner import study as S
     from tuner.baseline import given_baseline, hand_tuned_baseline
     from tuner.report import write_report
     from tuner.sampler import GuidedSampler
     from tuner.screen import screen, select_candidates
-    from tuner.stack import profile_for
 
     if args.trials < 1:
         raise UsageError("--trials must be >= 1")
@@ -231,8 +232,8 @@ def _run_trials(args, workload, study, prereg, sampler, cal_state, progress) -> 
     from tqdm import tqdm
 
     import cost_model
+    from specs.plan import Plan
     from tuner import study as S
-    from tuner.plan import Plan
 
     remote = ray.remote(_trial_fn).options(
         num_gpus=workload.world if workload.cluster.is_gpu else 0,
@@ -334,7 +335,7 @@ def _run_trials(args, workload, study, prereg, sampler, cal_state, progress) -> 
                 bar.update(1)
                 bar.write(f"trial #{trial.number} [{roles}] {what}  (calibration scale {sampler.scale:.3g})")
     except BaseException:
-        for trial, plan, roles, st in in_flight.values():
+        for trial, _plan, _roles, _started in in_flight.values():
             S.mark_interrupted(study, trial)
         for ref in in_flight:
             try:
@@ -348,7 +349,7 @@ def _run_trials(args, workload, study, prereg, sampler, cal_state, progress) -> 
 
 def _peak(workload, plan: str) -> float:
     import cost_model
-    from tuner.plan import Plan
+    from specs.plan import Plan
     v = cost_model.predict(workload, Plan.parse(plan)).peak_memory_gib
     return float(v) if math.isfinite(v) else -1.0
 

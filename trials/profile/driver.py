@@ -24,25 +24,25 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_model.profile.common import Ctx, host_info, pin_to_core
-from tuner.fileio import write_atomic
+from specs.fileio import write_atomic
+from trials.profile.common import Ctx, host_info, pin_to_core
 
 DEVICE_RUNNERS = ("dispatch_gap", "gemm", "grouped_mlp", "attention", "elementwise", "cross_entropy")
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = {
-    "measured:gemm": "moetune profile: torch F.linear(x[m,k], w[n,k]) timed per device (cost_model/profile/gemm.py)",
+    "measured:gemm": "moetune profile: torch F.linear(x[m,k], w[n,k]) timed per device (trials/profile/gemm.py)",
     "measured:sequential-mlp": "moetune profile: Megatron SequentialMLP expert loop (split, F.linear per local expert, cat), "
-                               "as the CPU trial stack runs the experts (cost_model/profile/grouped_mlp.py)",
-    "measured:grouped-mm": "moetune profile: torch._grouped_mm grouped GEMM (cost_model/profile/grouped_mlp.py)",
-    "measured:sdpa-flash": "moetune profile: torch SDPA causal fwd/bwd (cost_model/profile/attention.py)",
+                               "as the CPU trial stack runs the experts (trials/profile/grouped_mlp.py)",
+    "measured:grouped-mm": "moetune profile: torch._grouped_mm grouped GEMM (trials/profile/grouped_mlp.py)",
+    "measured:sdpa-flash": "moetune profile: torch SDPA causal fwd/bwd (trials/profile/attention.py)",
     "measured:megatron-local-attention": "moetune profile: unfused baddbmm/mask/fp32 softmax/bmm of Megatron's local "
-                                         "DotProductAttention, fwd and bwd (cost_model/profile/attention.py)",
-    "measured:dispatch-gap-eager": "moetune profile: per-op time of a chain of 1-element adds (cost_model/profile/dispatch_gap.py)",
-    "measured:dispatch-gap-autograd": "moetune profile: per-op time of a recorded chain, fwd + bwd (cost_model/profile/dispatch_gap.py)",
+                                         "DotProductAttention, fwd and bwd (trials/profile/attention.py)",
+    "measured:dispatch-gap-eager": "moetune profile: per-op time of a chain of 1-element adds (trials/profile/dispatch_gap.py)",
+    "measured:dispatch-gap-autograd": "moetune profile: per-op time of a recorded chain, fwd + bwd (trials/profile/dispatch_gap.py)",
     "measured:stack-floor": "moetune profile: Megatron trial backend, 1 rank, reference MoE model with 1 and 3 layers at "
-                            "16 tokens; per-layer fwd+bwd time / structural kernels (cost_model/profile/stack_floor.py)",
+                            "16 tokens; per-layer fwd+bwd time / structural kernels (trials/profile/stack_floor.py)",
     "measured:ep-alltoall": "moetune profile: Megatron alltoall dispatcher pattern (counts all_to_all + all_to_all_single "
-                            "with splits), t = latency + sent/bw least-squares fit over payloads (cost_model/profile/collectives.py)",
+                            "with splits), t = latency + sent/bw least-squares fit over payloads (trials/profile/collectives.py)",
 }
 
 
@@ -107,7 +107,7 @@ class DeviceProfiler:
         self.ctx = Ctx(device=device, sweep=sweep, min_time_s=min_time_s, reps=reps)
 
     def measure(self, runner: str, point: dict):
-        mod = importlib.import_module(f"cost_model.profile.{runner}")
+        mod = importlib.import_module(f"trials.profile.{runner}")
         try:
             return runner, point["id"], mod.measure(point, self.ctx), None
         except Exception as e:  # noqa: BLE001 - one bad point must not end the sweep
@@ -172,7 +172,7 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
     skipped = _gpu_only_skips(ctx)
     todo, total = [], 0
     for name in DEVICE_RUNNERS:
-        mod = importlib.import_module(f"cost_model.profile.{name}")
+        mod = importlib.import_module(f"trials.profile.{name}")
         # a runner that can always measure on this device defines no skip_reason
         why = getattr(mod, "skip_reason", lambda _ctx: None)(ctx)
         if why:
@@ -182,13 +182,13 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
         total += len(pts)
         done = store.done(name)
         todo += [(name, p) for p in pts if p["id"] not in done]
-    from cost_model.profile import stack_floor as _sf
+    from trials.profile import stack_floor as _sf
     if not _sf.skip_reason(ctx):
         total += len(_sf.points(ctx))
         already_sf = len([p for p in _sf.points(ctx) if p["id"] in store.done("stack_floor")])
     else:
         already_sf = 0
-    from cost_model.profile import collectives
+    from trials.profile import collectives
     why = collectives.skip_reason(ctx, devices)
     cpts = []
     if why:
@@ -221,7 +221,7 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
             _run_local(todo, ctx, dev_deadline, record)
         else:
             _run_ray(todo, ctx, devices, dev_deadline, record, ray_address)
-    from cost_model.profile import stack_floor
+    from trials.profile import stack_floor
     why = stack_floor.skip_reason(ctx)
     if why:
         skipped.append(f"dispatch_gap stack: {why}")
@@ -395,10 +395,10 @@ def build_family_rows(kind: str, rows: dict[str, list[dict]]) -> tuple[dict[str,
             notes.append(f"ep_dispatch ep={ep}: latency {lat * 1e6:.1f} us, {bw:.3f} GB/s over {len(rs)} payloads")
         fam["ep_dispatch"] = out
     if rows.get("stack_sample"):
-        from cost_model.profile.stack_floor import rows_from
+        from trials.profile.stack_floor import rows_from
         times = {(int(r["layers"]), int(r.get("microbatches", 1))): float(r["seconds"]) for r in rows["stack_sample"]}
         if len(times) >= 4:
-            for f, r in rows_from(times):
+            for _fam, r in rows_from(times):
                 fam.setdefault("dispatch_gap", []).append(r)
                 notes.append(f"dispatch_gap stack: {r['source']}")
     if rows.get("membw_sample"):

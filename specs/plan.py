@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from specs.errors import PlanSyntaxError
+
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("", "uniform", "block")
 # Megatron's --recompute-modules choices (transformer_config.py).
@@ -97,10 +99,6 @@ class Plan:
 
     def replace(self, **kw) -> "Plan":
         return dataclasses.replace(self, **kw)
-
-
-class PlanSyntaxError(ValueError):
-    pass
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Plan)}

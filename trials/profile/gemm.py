@@ -2,7 +2,7 @@
 TFLOPS = 2mnk / time, over (M, N, K) per dtype."""
 from __future__ import annotations
 
-from cost_model.profile.common import Ctx, grid_points, timeit
+from trials.profile.common import Ctx, grid_points, timeit
 
 NAME = "gemm"
 SOURCE = "measured:gemm"

@@ -102,8 +102,8 @@ def load_study(name: str, storage: str | None, study_dir: str | Path | None = No
 
 def _workload(r: dict):
     from clusters import load_cluster
-    from tuner.model_spec import load_model
-    from tuner.workload import Workload
+    from specs.models import load_model
+    from specs.workload import Workload
     missing = [k for k in ("model", "cluster", "gbs") if r.get(k) in (None, "")]
     if missing:
         raise CalibrateError(f"row for plan {str(r.get('plan'))[:60]} lacks {', '.join(missing)} "
@@ -119,7 +119,7 @@ def raw_predictions(rows: list[dict], tables=None) -> tuple[np.ndarray, dict]:
     """Uncalibrated predicted step time per row; {cluster kind: Tables used}."""
     import cost_model
     from cost_model.calibration import IDENTITY
-    from tuner.plan import Plan
+    from specs.plan import Plan
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(tuple(str(r.get(k, "")) for k in ("model", "cluster", "gpus", "gbs", "seq")), []).append(i)

@@ -14,9 +14,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-
-class LayoutError(ValueError):
-    pass
+from specs.errors import LayoutError
 
 
 @dataclass(frozen=True)

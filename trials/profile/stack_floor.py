@@ -39,10 +39,10 @@ def points(ctx) -> list[dict]:
 def measure_layers(n_layers: int, microbatches: int = 1, iters: int = 8, warmup: int = 3) -> float:
     """Fastest step time (s) of the reference model with n_layers MoE layers, `microbatches`
     microbatches of TOKENS tokens, one rank."""
+    from specs.models import load_model
+    from specs.plan import Plan
+    from specs.stack import cpu_defaults
     from trials.megatron.backend import launch
-    from trials.megatron.cpu_support import cpu_defaults
-    from tuner.model_spec import load_model
-    from tuner.plan import Plan
     base = load_model(REF_MODEL)
     spec = dataclasses.replace(base, num_layers=n_layers, moe_layers=(True,) * n_layers)
     res = launch(Plan(**cpu_defaults({})).canonical(), spec.to_dict(), microbatches, TOKENS, 1, timeout_s=300,
@@ -54,7 +54,7 @@ def measure_layers(n_layers: int, microbatches: int = 1, iters: int = 8, warmup:
 
 def rows_from(times: dict[tuple[int, int], float]) -> list[tuple[str, dict]]:
     from cost_model.model import structural_kernels
-    from tuner.model_spec import load_model
+    from specs.models import load_model
     if not all(k in times for k in GRID):
         return []
     spec = load_model(REF_MODEL)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tuner.model_spec import ModelSpec, SpecError, from_dict
+from specs.errors import SpecError
+from specs.model_spec import ModelSpec, from_dict
 
 _ARCH_BY_MODEL_TYPE = {
     "mixtral": "MixtralForCausalLM",

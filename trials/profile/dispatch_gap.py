@@ -4,7 +4,7 @@ back-propagated, per op of fwd + bwd). On GPU the chain is launch-bound; on CPU 
 framework's per-op overhead, which dominates small-shape trials."""
 from __future__ import annotations
 
-from cost_model.profile.common import Ctx, timeit
+from trials.profile.common import Ctx, timeit
 
 NAME = "dispatch_gap"
 CHAIN = 200

@@ -24,7 +24,7 @@ class Ctx:
 
     def dtypes(self) -> list[tuple[str, object, list[str]]]:
         """[(measured dtype name, torch dtype, table dtype keys written)]. On CPU the trial stack
-        runs bf16 plans in fp32 (trials/megatron/cpu_support.py), so the fp32 measurement is
+        runs bf16 plans in fp32 (specs/cpu_support.py), so the fp32 measurement is
         written under both keys; on GPU bf16 (and fp8 when the GEMM runner can run it)."""
         import torch
         if self.on_gpu:
@@ -99,7 +99,7 @@ def bisect_order(n: int) -> list[int]:
 def level_of(i: int, n: int) -> int:
     """Refinement level of grid index i on an axis of n values (0 = ends)."""
     pos = bisect_order(n).index(i)
-    return 0 if pos < 2 else int(math.floor(math.log2(pos))) 
+    return 0 if pos < 2 else int(math.floor(math.log2(pos)))
 
 
 def grid_points(axes: dict[str, list], **fixed) -> list[dict]:
@@ -118,6 +118,7 @@ def grid_points(axes: dict[str, list], **fixed) -> list[dict]:
 def host_info() -> dict:
     import platform
     import socket
+
     import torch
     info = {"host": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "cpu": _cpu_name(), "usable_cores": len(os.sched_getaffinity(0))}

@@ -4,7 +4,7 @@ when this torch has it); on CPU Megatron's SequentialMLP (no grouped GEMM there)
 permuted tokens per expert, one F.linear per local expert, concatenate. TFLOPS = 2*g*m*n*k / time."""
 from __future__ import annotations
 
-from cost_model.profile.common import Ctx, grid_points, timeit
+from trials.profile.common import Ctx, grid_points, timeit
 
 NAME = "grouped_mlp"
 SOURCE_CPU = "measured:sequential-mlp"

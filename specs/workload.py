@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from clusters import ClusterSpec
-from tuner.model_spec import ModelSpec, SpecError
+from specs.errors import SpecError
+from specs.model_spec import ModelSpec
+
+if TYPE_CHECKING:  # specs sits below clusters: the type only, no import at run time
+    from clusters import ClusterSpec
 
 
 @dataclass(frozen=True)

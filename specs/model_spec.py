@@ -1,8 +1,8 @@
 """The model being trained: a MoE transformer described by the fields Megatron-core needs.
 
 One frozen `ModelSpec` is used everywhere (plan space, realizability, cost model, trials, emitters).
-Loaders: YAML presets shipped in `tuner/presets/models/`, any YAML file, or a Hugging Face
-`config.json` (see `tuner.hf_config`).
+Loaders live in `specs.models` (YAML presets in `specs/presets/models/`, any YAML file, a Hugging
+Face `config.json` through `specs.hf_config`).
 """
 from __future__ import annotations
 
@@ -10,15 +10,8 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
-import yaml
-
-PRESET_DIR = Path(__file__).parent / "presets" / "models"
-
-
-class SpecError(ValueError):
-    """Bad user input for a model or cluster spec; the CLI prints it on one line, exit 2."""
+from specs.errors import SpecError
 
 
 @dataclass(frozen=True)
@@ -143,35 +136,3 @@ def from_dict(d: dict, name: str | None = None) -> ModelSpec:
         return ModelSpec(**d)
     except TypeError as e:  # wrong value types from a hand-written YAML
         raise SpecError(f"bad model spec: {e}") from None
-
-
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-
-
-def load_model(ref: str) -> ModelSpec:
-    """A preset name, a YAML file, or a Hugging Face config.json (file or directory holding one)."""
-    path = Path(ref)
-    if path.is_dir() and (path / "config.json").exists():
-        path = path / "config.json"
-    if path.suffix == ".json" and path.exists():
-        from tuner.hf_config import load_hf_config
-        return load_hf_config(path)
-    if path.suffix in (".yaml", ".yml") and path.exists():
-        return _load_yaml(path, name=None)
-    preset = PRESET_DIR / f"{ref}.yaml"
-    if preset.exists():
-        return _load_yaml(preset, name=ref)
-    raise SpecError(f"unknown model {ref!r}: not a preset ({', '.join(preset_names())}) "
-                    "nor a .yaml/config.json file")
-
-
-def _load_yaml(path: Path, name: str | None) -> ModelSpec:
-    try:
-        d = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        first = str(e).splitlines()[0] if str(e) else "parse error"
-        raise SpecError(f"malformed YAML in {path}: {first}") from None
-    if isinstance(d, dict) and "name" not in d and name is None:
-        d["name"] = path.stem
-    return from_dict(d, name=name)

@@ -12,7 +12,7 @@ The table has no size axis: each op is swept over a few sizes and the median ban
 (the per-size samples stay in the partial CSV)."""
 from __future__ import annotations
 
-from cost_model.profile.common import Ctx, timeit
+from trials.profile.common import Ctx, timeit
 
 NAME = "elementwise"
 CPU_SIZES = {"tiny": [(256, 64)], "small": [(256, 64), (2048, 512)],

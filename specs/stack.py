@@ -2,12 +2,16 @@
 
 A plan that needs a piece the profile lacks (TransformerEngine for fp8, DeepEP/HybridEP for the
 flex dispatcher, CUDA grouped GEMM, ...) is not realizable there; `tuner.realize` asks the profile.
+`stack_defaults` is the one place where a profile's implied plan defaults are decided.
 The cpu-local profile takes its list from what the CPU trial backend can really run
-(`trials/megatron/cpu_support.py` when present), so the plan space and the backend agree.
+(`specs/cpu_support.py`), so the plan space and the backend agree.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from specs.cpu_support import cpu_rejection_rules
+from specs.errors import SpecError
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,7 @@ GPU_NO_TE = StackProfile("gpu-plain", transformer_engine="", grouped_gemm=True, 
 
 def cpu_profile() -> StackProfile:
     """Megatron-core on CPU with gloo: what the CPU trial backend can really run."""
-    extra = ()
-    try:
-        from trials.megatron.cpu_support import cpu_rejection_rules
-        extra = tuple(cpu_rejection_rules())
-    except ImportError:  # the trial backend is optional for the plan space
-        pass
+    extra = tuple(cpu_rejection_rules())
     return StackProfile("cpu-local", transformer_engine="", deepep=False, hybridep=False, gpu=False,
                         grouped_gemm=False, dist_opt=False, overlap_grad_reduce=False,
                         sequence_parallel=False, context_parallel=False, extra=extra)
@@ -70,7 +69,6 @@ PROFILES = {"gpu-full": GPU_FULL, "gpu-te": GPU_NO_EP_LIBS, "gpu-plain": GPU_NO_
 
 
 def profile_for(cluster, name: str | None = None) -> StackProfile:
-    from tuner.model_spec import SpecError
     if name in (None, "", "auto"):
         return GPU_FULL if cluster.is_gpu else cpu_profile()
     if name == "cpu-local":
@@ -78,3 +76,16 @@ def profile_for(cluster, name: str | None = None) -> StackProfile:
     if name not in PROFILES:
         raise SpecError(f"unknown stack profile {name!r}: choose auto, cpu-local, {', '.join(PROFILES)}")
     return PROFILES[name]
+
+
+def stack_defaults(profile: StackProfile, is_moe: bool = True) -> dict:
+    """The schedule/kernel defaults a stack profile implies (the one place they are decided)."""
+    return dict(dist_opt=profile.dist_opt, overlap_grad_reduce=profile.overlap_grad_reduce,
+                overlap_param_gather=profile.dist_opt and profile.overlap_grad_reduce,
+                grouped_gemm=profile.grouped_gemm and is_moe)
+
+
+def cpu_defaults(fields: dict) -> dict:
+    """Defaults for a partial plan on cpu-local: those of the cpu-local stack profile (the
+    GPU-oriented dist_opt, overlaps and grouped GEMM off) unless given explicitly."""
+    return {**stack_defaults(cpu_profile()), **fields}

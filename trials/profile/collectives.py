@@ -9,7 +9,7 @@ is written (the partial CSV keeps both). EP dispatch (Megatron's alltoall dispat
 all_to_all of the per-expert counts, then all_to_all_single of the tokens with split sizes) is
 timed over payloads per EP group; latency and bandwidth are fitted (t = lat + sent/bw).
 
-Workers: `python -m cost_model.profile.collectives SPEC.json`; each in its own session, all
+Workers: `python -m trials.profile.collectives SPEC.json`; each in its own session, all
 killed by the driver in `finally`.
 """
 from __future__ import annotations
@@ -98,7 +98,7 @@ def run(ctx, pts: list[dict], devices: int, deadline: float, on_result=None, pol
                 on_result(pid, rows)
 
     try:
-        with RankGroup("cost_model.profile.collectives", d / "spec.json", world, d) as group:
+        with RankGroup("trials.profile.collectives", d / "spec.json", world, d) as group:
             while True:
                 seen, got = _drain(res, seen)
                 deliver(got)
@@ -152,7 +152,7 @@ def worker(spec_path: str) -> int:
         torch.cuda.set_device(rank % torch.cuda.device_count())
         dev = torch.device("cuda", torch.cuda.current_device())
     else:
-        from cost_model.profile.common import pin_to_core
+        from trials.profile.common import pin_to_core
         pin_to_core(rank)
         dev = torch.device("cpu")
     dist.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=world,

@@ -4,7 +4,7 @@ scores = baddbmm(q, k^T) * 1/sqrt(d), causal mask, fp32 softmax, bmm with V (unf
 TFLOPS are in causal flops (the cost model's convention): fwd = b*h*s^2*2*d, bwd = 2.5 x fwd."""
 from __future__ import annotations
 
-from cost_model.profile.common import Ctx, grid_points, timeit
+from trials.profile.common import Ctx, grid_points, timeit
 
 NAME = "attention"
 HEADS = 8  # batch x heads of one call (the table has no head axis; per-head work is what scales)

@@ -1,8 +1,8 @@
 """What cannot run on CPU with this stack (torch CPU build, megatron-core 0.16.1, no
 TransformerEngine, no apex, no grouped_gemm, no DeepEP), established by running each feature
 through the Megatron trial backend on tiny-moe (2 ranks, gloo). The evidence column quotes the
-error megatron-core (or our own check) raised. The realizability module imports this so the plan
-space and the CPU backend agree.
+error megatron-core (or our own check) raised. `specs.stack.cpu_profile` turns it into
+rejection rules, so the plan space and the CPU backend agree.
 """
 from __future__ import annotations
 
@@ -82,17 +82,9 @@ def cpu_rejections(plan, model=None) -> list[tuple[str, str]]:
     return out
 
 
-def cpu_defaults(fields: dict) -> dict:
-    """Defaults for a partial plan on cpu-local: those of the cpu-local stack profile (the
-    GPU-oriented dist_opt, overlaps and grouped GEMM off) unless given explicitly."""
-    from tuner.complete import stack_defaults  # late: tuner.stack imports this module
-    from tuner.stack import cpu_profile
-    return {**stack_defaults(cpu_profile()), **fields}
-
-
 def cpu_rejection_rules() -> list[tuple]:
     """(code, sentence, predicate(plan, model) -> bool) per unsupported feature, the form
-    `tuner.stack.cpu_profile` consumes."""
+    `specs.stack.cpu_profile` consumes."""
     rules = []
     for code, (sentence, _evidence) in CPU_UNSUPPORTED.items():
         def pred(plan, model, _code=code):

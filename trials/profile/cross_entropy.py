@@ -2,7 +2,7 @@
 cross_entropy in the cost model's convention (T*V*10 bytes each direction: ce_f, ce_b)."""
 from __future__ import annotations
 
-from cost_model.profile.common import Ctx, timeit
+from trials.profile.common import Ctx, timeit
 
 NAME = "cross_entropy"
 CPU = {"tiny": [(256, 512)], "small": [(256, 512), (1024, 8192)],
