@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from specs.errors import InputError
+
+log = logging.getLogger(__name__)
+
 DEFAULT_GPU_CALIBRATION = Path(__file__).resolve().parent / "calibration_default.json"
 LABEL = "straggler/overlap efficiency (multiplicative on step time)"
+
+
+class CalibrationError(InputError):
+    """A calibration file that is missing or is not one (names the file; the CLI adds the flag)."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +50,30 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
-        d = json.loads(Path(path).read_text())
-        return cls(scale=float(d["scale"]), label=d.get("label", LABEL), provenance=d.get("provenance", {}))
+        """Read a calibration JSON written by `save`. Raises `CalibrationError` naming `path` when the
+        file is missing, unreadable, not JSON, or lacks a positive finite `scale`."""
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise CalibrationError(f"{path}: no such calibration file") from None
+        except OSError as e:
+            raise CalibrationError(f"{path}: cannot read the calibration file ({e.strerror or e})") from None
+        try:
+            d = json.loads(text)
+            if not isinstance(d, dict):
+                raise ValueError(f"a JSON {type(d).__name__}, not an object")
+            if "scale" not in d:
+                raise ValueError("no 'scale' field")
+            scale = float(d["scale"])
+            if not (np.isfinite(scale) and scale > 0):
+                raise ValueError(f"scale {d['scale']!r} is not a positive number")
+            provenance = d.get("provenance", {})
+            if not isinstance(provenance, dict):
+                raise ValueError("'provenance' is not an object")
+        except (ValueError, TypeError) as e:
+            # json.JSONDecodeError is a ValueError; float("abc") too
+            raise CalibrationError(f"{path}: not a calibration file ({e})") from None
+        return cls(scale=scale, label=d.get("label", LABEL), provenance=provenance)
 
 
 IDENTITY = Calibration()
@@ -69,7 +100,8 @@ def calibration_for(cluster, tables=None) -> Calibration:
     if p.is_file():
         try:
             cal = Calibration.load(p)
-        except (OSError, ValueError, KeyError):
+        except CalibrationError as e:
+            log.warning("ignoring the installed calibration: %s", e)  # the lookup falls back; say why
             cal = None
         if cal is not None and (tables is None or cal.provenance.get("tables_digest") == tables.digest):
             return cal

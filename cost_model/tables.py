@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from clusters import TABLES_ROOT as TABLE_ROOT  # the shipped tables, clusters/tables/<kind>/
+from specs.errors import InputError
 
 FORMAT_VERSION = 1
 
@@ -56,8 +57,9 @@ FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = 
 }
 
 
-class TableError(ValueError):
-    pass
+class TableError(InputError):
+    """Tables that cannot be used: a missing directory or family, a malformed file, a key with no
+    rows. Names the directory or file; the CLI adds the flag (`--tables`)."""
 
 
 class GridTable:
@@ -155,8 +157,11 @@ def _fill_nearest(grid: np.ndarray, logax: list[np.ndarray]) -> np.ndarray:
 
 def read_rows(path: Path, family: str) -> list[dict]:
     keys, axes, values = FAMILIES[family]
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise TableError(f"{path}: not a readable CSV table ({e})") from None
     need = set(keys) | set(axes) | set(values) | {"source"}
     if rows and not need <= set(rows[0]):
         raise TableError(f"{path}: missing columns {sorted(need - set(rows[0]))}")
@@ -221,9 +226,14 @@ class Tables:
     def load(cls, directory: str | Path) -> "Tables":
         directory = Path(directory)
         if not directory.is_dir():
-            raise TableError(f"no table directory {directory}")
+            raise TableError(f"{directory}: no such table directory")
         meta_path = directory / "meta.json"
-        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        try:
+            meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+            if not isinstance(meta, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as e:
+            raise TableError(f"{meta_path}: not a table meta.json ({e})") from None
         digest, files = digest_of(directory)
         if meta.get("digest") not in (None, digest):
             meta = dict(meta, stale_digest=meta["digest"])  # edited by hand: quote the real hash
@@ -232,8 +242,14 @@ class Tables:
         for fam in FAMILIES:
             p = directory / f"{fam}.csv"
             if not p.exists():
-                raise TableError(f"{directory} lacks {fam}.csv")
-            fams[fam] = GridTable(fam, read_rows(p, fam))
+                raise TableError(f"{directory}: not a table directory (no {fam}.csv)")
+            rows = read_rows(p, fam)
+            try:
+                fams[fam] = GridTable(fam, rows)
+            except (ValueError, TypeError) as e:  # float("abc") in a value or axis column
+                if isinstance(e, TableError):
+                    raise TableError(f"{p}: {e}") from None
+                raise TableError(f"{p}: not a {fam} table ({e})") from None
         return cls(meta.get("kind", directory.name), directory, fams, meta)
 
 

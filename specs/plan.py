@@ -106,6 +106,12 @@ _ALIASES = {"dist-opt": "dist_opt", "do": "dist_opt", "ogr": "overlap_grad_reduc
             "opg": "overlap_param_gather", "dispatch": "dispatcher", "gg": "grouped_gemm"}
 
 
+def format_fields(fields: dict) -> str:
+    """`k=v,...` for some of a plan's fields, in canonical order and canonical value syntax (so
+    `parse_fields(format_fields(d)) == d`); "" for no fields."""
+    return ",".join(f"{name}={_fmt(fields[name])}" for name in _FIELDS if name in fields)
+
+
 def _fmt(v) -> str:
     if isinstance(v, bool):
         return "1" if v else "0"

@@ -4,6 +4,13 @@ Every rule below is one that megatron-core 0.16 / Megatron-LM enforce (the sourc
 the rule's sentence's comment), or one the stack profile adds (a missing library, CPU limits).
 A rejection is a `Reason(code, flag, sentence)`; codes are stable and documented in RULES.
 
+What a stack cannot run has one source per kind of stack: for GPU profiles their capability flags
+(`transformer_engine`, `deepep`, `grouped_gemm`, ...; code "stack-missing"); for the CPU profile its
+own rules, `profile.extra`, built from `specs/cpu_support.py` (what the CPU trial backend was seen
+to fail on; code "stack-cpu"), so each CPU rejection is reported once and agrees with the backend.
+A CPU rule that fires whatever the schedule and kernel fields are (TP with MoE, CP) is reported by
+the parallel tier, the others by the schedule/kernel tier.
+
 `check(workload, plan, profile)` returns the list of reasons (empty = realizable).
 """
 from __future__ import annotations
@@ -127,13 +134,31 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
     if p.vpp > 1 and p.pp > 1 and num_mb and (num_mb < p.pp or num_mb % p.pp):
         out.append(_r("interleave-microbatches",
                       f"interleaving needs microbatches ({num_mb}) >= pp and a multiple of pp={p.pp}"))
+    if not profile.gpu:
+        out += [_extra_reason(code, sentence) for code, sentence, pred in profile.extra
+                if pred(_neutral(p), m)]
+        return out
     if p.tp > 1 and m.is_moe and not profile.sequence_parallel:
-        out.append(_r("stack-cpu" if not profile.gpu else "stack-missing",
-                      f"MoE with tp={p.tp} needs sequence parallel, which {profile.name} cannot run"))
+        out.append(_r("stack-missing", f"MoE with tp={p.tp} needs sequence parallel, which {profile.name} cannot run"))
     if p.cp > 1 and not profile.context_parallel:
-        out.append(_r("stack-cpu" if not profile.gpu else "stack-missing",
+        out.append(_r("stack-missing",
                       f"context parallel (cp={p.cp}) needs TransformerEngine attention, absent on {profile.name}"))
     return out
+
+
+# Schedule and kernel fields at values every stack runs: a CPU rule that still fires on a plan with
+# these is about its parallel tier alone.
+_NEUTRAL = dict(recompute="none", recompute_modules=(), recompute_method="", recompute_layers=0, dist_opt=False,
+                overlap_grad_reduce=False, overlap_param_gather=False, shared_expert_overlap=False,
+                a2a_overlap=False, grouped_gemm=False, dispatcher="alltoall", flex_backend="", precision="bf16")
+
+
+def _neutral(p: Plan) -> Plan:
+    return p.replace(**_NEUTRAL)
+
+
+def _extra_reason(code: str, sentence: str) -> Reason:
+    return Reason(code if code in RULES else "stack-cpu", "(stack)", sentence)
 
 
 def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
@@ -148,7 +173,8 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
         if p.recompute_method or p.recompute_layers:
             out.append(_r("recompute-args", "selective recompute takes no recompute method or layer count"))
         mods = p.recompute_modules or ("core_attn",)
-        if "moe_act" in mods and not p.grouped_gemm:
+        # (on CPU, where grouped GEMM never runs, the CPU rule recompute_moe_act says this once)
+        if "moe_act" in mods and not p.grouped_gemm and profile.gpu:
             out.append(_r("recompute-module", "recompute module moe_act needs grouped GEMM"))
         if "mla_up_proj" in mods and not m.mla:
             out.append(_r("recompute-module", "recompute module mla_up_proj needs multi-latent attention"))
@@ -215,6 +241,11 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
     if p.precision == "mxfp8" and not hw.mxfp8:
         out.append(_r("fp8-hardware", f"mxfp8 needs Blackwell microscaling; {hw.device_name} lacks it"))
     # --- what the stack has ---
+    if not profile.gpu:  # the CPU profile's own rules; those of the parallel tier were reported there
+        neutral = _neutral(p)
+        out += [_extra_reason(code, sentence) for code, sentence, pred in profile.extra
+                if pred(p, m) and not pred(neutral, m)]
+        return out
     missing = []
     if p.fp8 and not profile.transformer_engine:
         missing.append(f"{p.precision} needs TransformerEngine")
@@ -233,10 +264,10 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
     if p.overlap_grad_reduce and not profile.overlap_grad_reduce:
         missing.append("overlap_grad_reduce needs CUDA streams")
     for sentence in missing:
-        out.append(_r("stack-missing" if profile.gpu else "stack-cpu", f"{sentence} ({profile.name})"))
+        out.append(_r("stack-missing", f"{sentence} ({profile.name})"))
     for code, sentence, pred in profile.extra:
         if pred(p, m):
-            out.append(Reason(code if code in RULES else "stack-cpu", "(stack)", sentence))
+            out.append(_extra_reason(code, sentence))
     return out
 
 

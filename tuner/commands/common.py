@@ -1,55 +1,144 @@
-"""Arguments shared by commands that take a workload (model, cluster, GPUs, batch, sequence)."""
+"""What the commands share: the workload flags, the stack and cost-model flags, how a `--plan` is
+completed and checked, and how a plan is printed. One implementation each, so every command that
+takes a plan treats it the same way."""
 from __future__ import annotations
 
 import argparse
 
 from clusters import load_cluster
-from specs.errors import UsageError  # noqa: F401  (re-exported for the commands)
+from specs.errors import UsageError
 from specs.models import load_model
 from specs.workload import Workload
 
-
-def add_workload_args(p: argparse.ArgumentParser, *, gpus_required: bool = False) -> None:
-    p.add_argument("--model", required=True, help="preset name, model YAML, or HF config.json")
-    p.add_argument("--cluster", required=True, help="hardware kind (clusters/*.yaml) or a YAML file")
-    p.add_argument("--gpus", type=int, default=None, required=gpus_required,
-                   help="number of devices (default: one node)")
-    p.add_argument("--gbs", type=int, required=True, help="global batch size in sequences")
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
-    p.add_argument("--precision", default="bf16",
-                   help="bf16, fp8 (any fp8 recipe the hardware has) or one recipe: "
-                        "fp8-tensorwise, fp8-delayed, fp8-blockwise, mxfp8")
-
-
-def workload_from_args(args) -> Workload:
-    model = load_model(args.model)
-    cluster = load_cluster(args.cluster, args.gpus)
-    return Workload(model=model, cluster=cluster, gbs=args.gbs, seq=args.seq or model.seq_length)
-
-
-def add_stack_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stack", default="auto",
-                   help="target stack profile: auto (gpu-full on GPUs, cpu-local on CPU), gpu-full, "
-                        "gpu-te (no DeepEP/HybridEP), gpu-plain (no TransformerEngine), cpu-local")
-
-
-def completed_plan(args, workload):
-    """The user's (possibly partial) --plan completed with documented defaults, and the profile."""
-    from specs.stack import profile_for
-    from tuner.complete import complete_plan
-    profile = profile_for(workload.cluster, getattr(args, "stack", "auto"))
-    return complete_plan(args.plan, workload, profile, args.precision), profile
+__all__ = ["UsageError", "UnrealizablePlanError", "add_workload_args", "workload_from_args", "add_stack_arg",
+           "add_plan_args", "add_canonical_arg", "completed_plan", "unrealizable", "require_realizable", "plan_text", "positive_int",
+           "add_cost_model_args", "cost_model_inputs", "fmt_seconds", "fmt_gib", "fmt_flops"]
 
 
 def positive_int(text: str) -> int:
-    """argparse type for sizes and counts: a whole number > 0 (argparse prints the error, exit 2)."""
+    """argparse type for sizes and counts: a whole number > 0 (the parser prints one line, exit 2)."""
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
     if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {v}")
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {v}")
     return v
+
+
+def add_workload_args(p: argparse.ArgumentParser, *, gpus_required: bool = False) -> None:
+    """--model, --cluster, --gpus, --gbs, --seq and --precision: what is trained, on what."""
+    p.add_argument("--model", required=True,
+                   help="Model to train: a preset name, a model YAML file or a Hugging Face config.json.")
+    p.add_argument("--cluster", required=True,
+                   help="Hardware kind (one of clusters/*.yaml) or a cluster YAML file.")
+    p.add_argument("--gpus", type=positive_int, default=None, required=gpus_required,
+                   help="Number of devices; by default one node of the cluster.")
+    p.add_argument("--gbs", type=positive_int, required=True, help="Global batch size in sequences.")
+    p.add_argument("--seq", type=positive_int, default=None,
+                   help="Sequence length in tokens; by default the model's own.")
+    p.add_argument("--precision", default="bf16",
+                   help="Training precision: bf16, fp8 (the best fp8 recipe the hardware has) or one recipe "
+                        "(fp8-tensorwise, fp8-delayed, fp8-blockwise, mxfp8).")
+
+
+def workload_from_args(args) -> Workload:
+    """The Workload the workload flags describe (bad values raise an InputError: one line, exit 2)."""
+    for flag in ("gbs", "seq", "gpus"):  # also for callers that build `args` without the parser
+        v = getattr(args, flag, None)
+        if v is not None and v <= 0:
+            raise UsageError(f"--{flag} must be a positive whole number, got {v}")
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster, args.gpus)
+    seq = args.seq if args.seq is not None else model.seq_length
+    return Workload(model=model, cluster=cluster, gbs=args.gbs, seq=seq)
+
+
+def add_stack_arg(p: argparse.ArgumentParser) -> None:
+    """--stack: which software stack the plan must be realizable on."""
+    p.add_argument("--stack", default="auto",
+                   help="Target stack profile: auto (gpu-full on GPUs, cpu-local on CPU), gpu-full, "
+                        "gpu-te (no DeepEP or HybridEP), gpu-plain (no TransformerEngine) or cpu-local.")
+
+
+def add_plan_args(p: argparse.ArgumentParser, *, required: bool = False) -> None:
+    """--plan (partial or canonical) and --canonical (print full plan strings)."""
+    p.add_argument("--plan", required=required, default=None if required else "",
+                   help='Plan string, canonical or partial (e.g. "tp=2,pp=8,vpp=4,ep=64"); the fields '
+                        "not given are completed with the documented defaults of tuner/complete.py.")
+    add_canonical_arg(p)
+
+
+def add_canonical_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--canonical", action="store_true",
+                   help="Print plans as full canonical strings rather than their short form "
+                        "(only the fields that differ from the completion defaults).")
+
+
+def completed_plan(args, workload):
+    """(plan, profile): the user's (possibly partial) `--plan` completed by `tuner.complete.complete_plan`
+    for `--stack` and `--precision`. Every command that takes a plan goes through here."""
+    from specs.stack import profile_for
+    from tuner.complete import complete_plan
+    profile = profile_for(workload.cluster, getattr(args, "stack", "auto"))
+    return complete_plan(args.plan or "", workload, profile, getattr(args, "precision", "bf16")), profile
+
+
+class UnrealizablePlanError(UsageError):
+    """A plan the target stack cannot run. `reasons` are the realizability checker's `Reason`s."""
+
+    def __init__(self, message: str, reasons: list):
+        super().__init__(message)
+        self.reasons = reasons
+
+
+def unrealizable(reasons: list, profile, *, one_line: bool = False, hint: str = "") -> UnrealizablePlanError:
+    """The error for a plan with realizability `reasons` on `profile`: a header plus one line per
+    reason, or (`one_line`) the reasons joined by "; "."""
+    head = f"plan is not realizable on {profile.name}"
+    if one_line:
+        return UnrealizablePlanError(f"{head}: " + "; ".join(str(r) for r in reasons), reasons)
+    n = f"{len(reasons)} reason{'s' if len(reasons) > 1 else ''}"
+    return UnrealizablePlanError(f"{head} ({n}{'; ' + hint if hint else ''}):\n" +
+                                 "\n".join(f"  {r}" for r in reasons), reasons)
+
+
+def require_realizable(workload, plan, profile, *, one_line: bool = False, hint: str = "") -> None:
+    """Raise `unrealizable(...)` when `tuner.realize.check` finds reasons against `plan`."""
+    from tuner.realize import check
+    reasons = check(workload, plan, profile)
+    if reasons:
+        raise unrealizable(reasons, profile, one_line=one_line, hint=hint)
+
+
+def plan_text(plan, workload, profile, canonical: bool = False) -> str:
+    """How a command prints a plan: its short form (what `complete_plan` would not fill in by
+    itself; "(defaults)" when that is nothing), or with `canonical` the full canonical string."""
+    if canonical:
+        return plan.canonical()
+    from tuner.complete import short_form
+    return short_form(plan, workload, profile) or "(defaults)"
+
+
+def fmt_seconds(x: float, width: int = 0) -> str:
+    """A duration with a unit that suits it (s, ms or us): CPU plans run in milliseconds."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(x) >= 0.1 * scale or unit == "us":
+            return f"{x / scale:{width}.3f} {unit}" if unit == "s" else f"{x / scale:{width}.2f} {unit}"
+    return f"{x}"
+
+
+def fmt_gib(x: float, width: int = 0) -> str:
+    """A memory size in GiB, or MiB below 1 GiB (CPU toy models use a few MiB)."""
+    return f"{x:{width}.1f} GiB" if abs(x) >= 1 or x == 0 else f"{x * 1024:{width}.1f} MiB"
+
+
+def fmt_flops(tflops: float) -> str:
+    """A rate given in TFLOP/s, with the prefix that shows its digits (GFLOP/s on CPU)."""
+    for scale, unit in ((1.0, "TFLOP/s"), (1e-3, "GFLOP/s"), (1e-6, "MFLOP/s")):
+        if abs(tflops) >= scale or unit == "MFLOP/s":
+            return f"{tflops / scale:.1f} {unit}"
+    return f"{tflops}"
 
 
 def add_cost_model_args(p: argparse.ArgumentParser) -> None:
@@ -60,3 +149,22 @@ def add_cost_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", default=None,
                    help="Calibration JSON to use; by default $MOETUNE_HOME/calibration/<kind>.json when it was "
                         "fitted on the tables in use, else the shipped GPU fit (identity on CPU).")
+
+
+def cost_model_inputs(args, workload):
+    """(Tables, Calibration) the flags of `add_cost_model_args` select, loaded once. A bad file
+    raises a UsageError that names the flag and the file, e.g. `--calibration bad.json: not a
+    calibration file (...)`."""
+    import cost_model
+    from cost_model.calibration import CalibrationError
+    from cost_model.tables import TableError
+    tables_arg, cal_arg = getattr(args, "tables", None), getattr(args, "calibration", None)
+    try:
+        tables = cost_model.resolve_tables(workload, tables_arg)
+    except TableError as e:
+        raise UsageError(f"--tables {e}" if tables_arg else str(e)) from None
+    try:
+        calibration = cost_model.resolve_calibration(workload, cal_arg, tables)
+    except CalibrationError as e:
+        raise UsageError(f"--calibration {e}" if cal_arg else str(e)) from None
+    return tables, calibration

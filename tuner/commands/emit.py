@@ -8,33 +8,46 @@ import os
 import sys
 
 from specs.fileio import write_atomic
-from tuner.commands.common import UsageError, add_stack_arg, add_workload_args, completed_plan, workload_from_args
+from tuner.commands.common import (
+    add_plan_args,
+    add_stack_arg,
+    add_workload_args,
+    completed_plan,
+    plan_text,
+    positive_int,
+    require_realizable,
+    workload_from_args,
+)
+
+SUMMARY = "Write the launch script that runs a plan with Megatron-LM."
+DESCRIPTION = ("Complete a partial plan with the documented defaults and write the torchrun launch script for "
+               "Megatron-LM's pretrain_gpt.py that reproduces it; a plan the target stack cannot run is refused "
+               "with its reasons (exit code 2) and nothing is written.")
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("emit", help="emit a launch script for a plan (megatron)")
-    p.add_argument("target", choices=["megatron"], help="which stack to emit")
+    p = subparsers.add_parser("emit", help=SUMMARY, description=DESCRIPTION)
+    p.add_argument("target", choices=["megatron"], help="Which launcher to write the script for (megatron).")
     add_workload_args(p)
     add_stack_arg(p)
-    p.add_argument("--plan", required=True, help="canonical or partial plan string")
-    p.add_argument("--out", default=None, help="script path (default: print to stdout)")
-    p.add_argument("--train-iters", type=int, default=50)
+    add_plan_args(p, required=True)
+    p.add_argument("--out", default=None, help="Path of the script to write; by default it is printed to stdout.")
+    p.add_argument("--train-iters", type=positive_int, default=50,
+                   help="Training iterations the script runs (default 50).")
     return p
 
 
 def run(args) -> int:
     from tuner.emit import megatron_script
-    from tuner.realize import check
     w = workload_from_args(args)
     plan, profile = completed_plan(args, w)
-    reasons = check(w, plan, profile)
-    if reasons:
-        raise UsageError(f"plan is not realizable on {profile.name}: " + "; ".join(str(r) for r in reasons))
+    # one line: a script that wraps `emit` reads a single error line
+    require_realizable(w, plan, profile, one_line=True)
     text = megatron_script(w, plan, profile, train_iters=args.train_iters)
     if args.out:
         write_atomic(args.out, text)
         os.chmod(args.out, 0o755)
-        print(f"wrote {args.out}  ({plan.canonical()})", file=sys.stderr)
+        print(f"wrote {args.out}  ({plan_text(plan, w, profile, args.canonical)})", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0

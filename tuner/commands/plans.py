@@ -7,20 +7,40 @@ import sys
 import time
 
 from specs.errors import UsageError
-from tuner.commands.common import add_stack_arg, add_workload_args, workload_from_args
+from tuner.commands.common import (
+    add_canonical_arg,
+    add_cost_model_args,
+    add_stack_arg,
+    add_workload_args,
+    cost_model_inputs,
+    fmt_gib,
+    fmt_seconds,
+    plan_text,
+    positive_int,
+    workload_from_args,
+)
+
+SUMMARY = "Count a workload's plan space, how much of it is realizable and why the rest is not."
+DESCRIPTION = ("Enumerate the plan space of a workload (parallelism x schedule x kernels), count the "
+               "plans the target stack can run, show the rejections by reason with an example each, and "
+               "with --rank list the realizable plans the cost model predicts fastest.")
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("plans", help="enumerate the realizable plan space of a workload")
+    p = subparsers.add_parser("plans", help=SUMMARY, description=DESCRIPTION)
     add_workload_args(p)
     add_stack_arg(p)
+    add_cost_model_args(p)
     p.add_argument("--level", choices=["full", "core"], default="full",
-                   help="full: every option of every tier; core: schedule flags at their best values")
-    p.add_argument("--shard", default="0/1", help="enumerate shard i of n, written i/n (default 0/1)")
-    p.add_argument("--examples", type=int, default=5)
-    p.add_argument("--rank", action="store_true", help="rank realizable plans by predicted throughput")
-    p.add_argument("--top", type=int, default=20)
-    p.add_argument("--json", action="store_true")
+                   help="Which space: full (every option of every tier) or core (schedule flags at their best values).")
+    p.add_argument("--shard", default="0/1", help="Enumerate only shard i of n, written i/n (default 0/1: all of it).")
+    p.add_argument("--examples", type=int, default=5,
+                   help="How many realizable plans to show as examples (default 5; 0 for none).")
+    p.add_argument("--rank", action="store_true",
+                   help="Also rank the realizable plans by predicted tokens/s per GPU (memory-infeasible ones excluded).")
+    p.add_argument("--top", type=positive_int, default=20, help="How many ranked plans to list with --rank (default 20).")
+    p.add_argument("--json", action="store_true", help="Print the counts, examples and ranking as one JSON object.")
+    add_canonical_arg(p)
     return p
 
 
@@ -58,12 +78,17 @@ class _Progress:
 
 def run(args) -> int:
     from clusters import precision_recipe
+    from specs.plan import Plan
     from specs.stack import profile_for
     from tuner.space import count_parallel_points, default_space, summarize
+    if args.examples < 0:
+        raise UsageError(f"--examples must be 0 or more, got {args.examples}")
     w = workload_from_args(args)
     precision_recipe(args.precision, w.cluster)  # bad name, or fp8 on hardware without it: exit 2
     profile = profile_for(w.cluster, args.stack)
     shard, nshards = _shard(args.shard)
+    # load (and so check) the tables and calibration before the walk, not after it
+    tables, calibration = cost_model_inputs(args, w) if args.rank else (None, None)
     space = default_space(w, profile, args.precision, level=args.level)
     t0 = time.time()
     points = count_parallel_points(space)
@@ -72,7 +97,7 @@ def run(args) -> int:
                   example_stride=max(1, points // max(1, 8 * args.examples)))
     prog.close()
     elapsed = time.time() - t0
-    ranked = _rank(w, space, profile, shard, nshards, args.top) if args.rank else None
+    ranked = _rank(w, space, profile, shard, nshards, args.top, tables, calibration) if args.rank else None
     if args.json:
         print(json.dumps({
             "model": w.model.name, "cluster": w.cluster.kind, "gpus": w.world, "gbs": w.gbs,
@@ -99,57 +124,29 @@ def run(args) -> int:
             plan, sentence = s.rejected_examples[code]
             print(f"  {'':26s} e.g. {sentence}")
     if s.examples:
-        print("realizable examples:")
+        print("realizable examples" + ("" if args.canonical else " (short form: fields other than the completion defaults)") + ":")
         for p in s.examples:
-            print(f"  {p.canonical()}")
+            print(f"  {plan_text(p, w, profile, args.canonical)}")
     if ranked is not None:
         print(f"top {len(ranked['plans'])} by predicted tokens/s/GPU "
               f"({ranked['scored']:,} realizable plans scored, {ranked['memory_infeasible']:,} memory-infeasible excluded):")
         for code, n in ranked["infeasible_reasons"].items():
             print(f"  excluded: {n:,} x {code}")
         for r in ranked["plans"]:
-            print(f"  {r['tokens_per_s_per_gpu']:>10,.0f} tok/s/GPU  {r['step_time_s']:8.3f} s  "
-                  f"{r['peak_memory_gib']:6.1f} GiB  {r['plan']}")
+            print(f"  {r['tokens_per_s_per_gpu']:>10,.0f} tok/s/GPU  {fmt_seconds(r['step_time_s'], 8)}  "
+                  f"{fmt_gib(r['peak_memory_gib'], 6)}  {plan_text(Plan.parse(r['plan']), w, profile, args.canonical)}")
     return 0
 
 
-def _rank(w, space, profile, shard, nshards, top, chunk=20000):
-    """Score realizable plans in chunks with the vectorised cost model; keep the top ones."""
-    import heapq
-    from collections import Counter
 
-    import cost_model
+def _rank(w, space, profile, shard, nshards, top, tables, calibration) -> dict:
+    """The `top` distinct realizable plans by predicted throughput (tuner.screen.rank_plans: the
+    vectorised cost model over chunks of plans, the same engine `moetune tune` screens with)."""
+    from tuner.screen import rank_plans
     from tuner.space import iter_realizable
-    best: list = []
-    scored = infeasible = 0
-    reasons: Counter = Counter()
-    batch = []
-
-    def flush():
-        nonlocal scored, infeasible
-        if not batch:
-            return
-        for plan, pred in zip(batch, cost_model.predict_many(w, batch)):
-            scored += 1
-            if not pred.feasible:
-                infeasible += 1
-                for r in pred.reasons:
-                    reasons[r.split(":")[0]] += 1
-                continue
-            item = (pred.tokens_per_s_per_gpu, plan.canonical(), pred)
-            if len(best) < top:
-                heapq.heappush(best, item)
-            elif item[0] > best[0][0]:
-                heapq.heapreplace(best, item)
-        batch.clear()
-
-    for plan in iter_realizable(space, w, profile, shard, nshards):
-        batch.append(plan)
-        if len(batch) >= chunk:
-            flush()
-    flush()
-    rows = [{"plan": p, "tokens_per_s_per_gpu": t, "step_time_s": pred.step_time_s,
-             "peak_memory_gib": pred.peak_memory_gib, "mfu": pred.mfu}
-            for t, p, pred in sorted(best, reverse=True)]
-    return {"plans": rows, "scored": scored, "memory_infeasible": infeasible,
-            "infeasible_reasons": dict(reasons.most_common())}
+    r = rank_plans(w, iter_realizable(space, w, profile, shard, nshards), tables=tables,
+                   calibration=calibration, keep=top, per_layout=False)
+    rows = [{"plan": s.plan, "tokens_per_s_per_gpu": s.tokens_per_s_per_gpu, "step_time_s": s.step_time_s,
+             "peak_memory_gib": s.peak_memory_gib, "mfu": s.mfu} for s in r.pool[:top]]
+    return {"plans": rows, "scored": r.seen, "memory_infeasible": r.memory_infeasible,
+            "infeasible_reasons": {"memory": r.memory_infeasible} if r.memory_infeasible else {}}

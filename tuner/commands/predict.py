@@ -3,76 +3,118 @@ from __future__ import annotations
 
 import json
 
-from tuner.commands.common import UsageError, add_stack_arg, add_workload_args, completed_plan, workload_from_args
+from tuner.commands.common import (
+    UsageError,
+    add_cost_model_args,
+    add_plan_args,
+    add_stack_arg,
+    add_workload_args,
+    completed_plan,
+    cost_model_inputs,
+    fmt_flops,
+    fmt_gib,
+    fmt_seconds,
+    plan_text,
+    unrealizable,
+    workload_from_args,
+)
 from tuner.realize import check
+
+SUMMARY = "Predict the step time, throughput, MFU and memory of one plan with the cost model."
+DESCRIPTION = ("Complete a partial plan with the documented defaults, check that the target stack can run "
+               "it, and print the cost model's prediction: step time and its breakdown, tokens/s per GPU, "
+               "MFU, memory per pipeline stage, and which tables and calibration were used. A plan the "
+               "stack cannot run exits with code 2 and its reasons, unless --force.")
+
+# |scale - 1| above this and `predict` says in one line how much of the step time the term is
+LARGE_CALIBRATION = 0.15
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("predict", help="predict step time, throughput, MFU and memory of one plan")
+    p = subparsers.add_parser("predict", help=SUMMARY, description=DESCRIPTION)
     add_workload_args(p)
     add_stack_arg(p)
-    p.add_argument("--plan", default="", help='canonical or partial plan string, e.g. "tp=2,pp=8,vpp=4,ep=64"')
-    p.add_argument("--json", action="store_true", help="print the Prediction as JSON")
-    p.add_argument("--tables", default=None, help="table directory (default: measured $MOETUNE_HOME/tables/<kind> "
-                   "when `moetune profile` wrote it, else the shipped clusters/tables/<kind>)")
-    p.add_argument("--calibration", default=None, help="calibration JSON (default: $MOETUNE_HOME/calibration/<kind>.json "
-                   "when fitted on the tables in use, else the shipped GPU fit / identity on CPU)")
-    p.add_argument("--hbm-reserve", type=float, default=0.1, help="fraction of HBM kept free (default 0.1)")
-    p.add_argument("--imbalance", type=float, default=1.0, help="routing imbalance factor (1.0 = balanced)")
+    add_plan_args(p)
+    add_cost_model_args(p)
+    p.add_argument("--force", action="store_true",
+                   help="Print indicative numbers even for a plan the stack cannot run (labelled as such).")
+    p.add_argument("--json", action="store_true", help="Print the prediction as one JSON object.")
+    p.add_argument("--hbm-reserve", type=float, default=0.1,
+                   help="Fraction of device memory kept free when judging whether the plan fits (default 0.1).")
+    p.add_argument("--imbalance", type=float, default=1.0,
+                   help="Routing imbalance factor: tokens of the busiest expert over the mean (default 1.0, balanced).")
     return p
 
 
-def _sources(cost_model, w, args) -> tuple[str, str]:
-    """(tables directory + whether measured, where the calibration came from) for the report."""
-    from cost_model.calibration import DEFAULT_GPU_CALIBRATION, user_calibration_path
-    t = cost_model.resolve_tables(w, args.tables)
-    kind = "measured" if t.meta.get("measured") else "shipped defaults"
-    tabs = f"{t.directory} ({kind}{', --tables' if args.tables else ''})"
-    cal = cost_model.resolve_calibration(w, args.calibration, t)
+def _calibration_source(args, w, cal) -> tuple[str, str]:
+    """(where the calibration came from, a short name of it) for the report. The lookup itself is
+    `cost_model.resolve_calibration`'s; this only names its answer."""
+    from cost_model.calibration import DEFAULT_GPU_CALIBRATION, default_calibration, user_calibration_path
     if args.calibration:
-        src = args.calibration
-    elif user_calibration_path(w.cluster.kind).is_file() and cal.provenance and \
-            cal.provenance.get("tables_digest") == t.digest:
-        src = str(user_calibration_path(w.cluster.kind))
-    elif cal.id == "identity":
-        src = "identity: no fit for these tables"
-    else:
-        src = f"shipped {DEFAULT_GPU_CALIBRATION.name}"
-    return tabs, src
+        return args.calibration, "--calibration"
+    if cal.id == "identity":
+        return "identity: no fit for these tables", "identity"
+    if cal.id == default_calibration(w.cluster).id:
+        return f"shipped {DEFAULT_GPU_CALIBRATION.name}", "shipped GPU fit"
+    return str(user_calibration_path(w.cluster.kind)), "installed fit"
 
 
 def run(args) -> int:
     import cost_model
+    if not 0.0 <= args.hbm_reserve < 1.0:
+        raise UsageError(f"--hbm-reserve must be a fraction in [0, 1), got {args.hbm_reserve}")
+    if not args.imbalance >= 1.0:
+        raise UsageError(f"--imbalance must be >= 1.0 (1.0 = balanced routing), got {args.imbalance}")
     w = workload_from_args(args)
     plan, profile = completed_plan(args, w)
-    realize_reasons = [str(r) for r in check(w, plan, profile)]
-    try:
-        pred = cost_model.predict(w, plan, tables=args.tables, calibration=args.calibration,
-                                  hbm_reserve=args.hbm_reserve, imbalance=args.imbalance)
-    except (FileNotFoundError, ValueError) as e:
-        raise UsageError(str(e)) from None
+    reasons = check(w, plan, profile)
+    if reasons and not args.force:
+        raise unrealizable(reasons, profile, hint="--force prints indicative numbers")
+    realize_reasons = [str(r) for r in reasons]
+    tables, cal = cost_model_inputs(args, w)
+    pred = cost_model.predict(w, plan, tables=tables, calibration=cal,
+                              hbm_reserve=args.hbm_reserve, imbalance=args.imbalance)
     if args.json:
         d = pred.to_dict()
         d["plan"] = plan.canonical()
+        d["realizable"] = not realize_reasons
         d["realize_reasons"] = realize_reasons
+        d["calibration_scale"] = cal.scale
         print(json.dumps(d, indent=1))
         return 0
-    print(f"plan           {plan.canonical()}")
-    print(f"workload       {w.model.name} on {w.world}x {w.cluster.kind}, gbs {w.gbs}, seq {w.seq}")
+    if realize_reasons:
+        print(f"NOT REALIZABLE — indicative only: {profile.name} cannot run this plan (--force)")
+    print(f"plan           {plan_text(plan, w, profile, args.canonical)}")
+    print(f"workload       {w.model.name} on {w.world}x {w.cluster.kind}, gbs {w.gbs}, seq {w.seq}, stack {profile.name}")
     for r in realize_reasons:
         print(f"not realizable {r}")
-    print(f"step time      {pred.step_time_s:.3f} s  ({pred.extra['microbatches']} microbatches, dp {pred.extra['dp']})")
+    tag = "  [NOT REALIZABLE — indicative only]" if realize_reasons else ""
+    print(f"step time      {fmt_seconds(pred.step_time_s)}  ({pred.extra['microbatches']} microbatches, "
+          f"dp {pred.extra['dp']}){tag}")
     print(f"tokens/s/GPU   {pred.tokens_per_s_per_gpu:,.0f}")
-    print(f"model TFLOP/s  {pred.model_tflops_per_gpu:.1f} per GPU, MFU {pred.mfu:.1%} (of bf16 peak)")
-    print(f"memory         peak {pred.peak_memory_gib:.1f} GiB; by stage " +
-          " ".join(f"{x:.1f}" for x in pred.memory_by_stage_gib) + (" (fits)" if pred.feasible else ""))
+    print(f"model FLOP/s   {fmt_flops(pred.model_tflops_per_gpu)} per GPU, MFU {pred.mfu:.1%} (of bf16 peak)")
+    stages = pred.memory_by_stage_gib
+    by_stage = ""
+    if len(stages) > 1:  # (stage figures are rounded to 1 MiB by the cost model)
+        mib = pred.peak_memory_gib < 1.0
+        by_stage = "; by stage " + " ".join(f"{x * 1024:.0f}" if mib else f"{x:.1f}" for x in stages) + \
+            (" MiB" if mib else " GiB")
+    print(f"memory         peak {fmt_gib(pred.peak_memory_gib)}{by_stage}" +
+          (" (fits)" if pred.feasible else " (does not fit)"))
     for r in pred.reasons:
         print(f"note           {r}")
-    print("breakdown (s per iteration):")
-    for k, v in sorted(pred.breakdown_s.items(), key=lambda kv: -abs(kv[1])):
+    cal_src, cal_name = _calibration_source(args, w, cal)
+    if abs(cal.scale - 1.0) > LARGE_CALIBRATION and pred.step_time_s > 0:
+        share = pred.breakdown_s.get("calibration", pred.step_time_s * (1 - 1 / cal.scale)) / pred.step_time_s
+        what = (f"{share:.0%} of this step time is the single fitted correction term" if share >= 0 else
+                f"the single fitted correction term takes {-share:.0%} off this step time")
+        print(f"note           calibration scale {cal.scale:.2f} ({cal_name}): {what}, for {cal.label}")
+    print("breakdown (per iteration):")
+    for name, v in sorted(pred.breakdown_s.items(), key=lambda kv: -abs(kv[1])):
         if abs(v) > 0:
-            print(f"  {k:24s} {v:9.3f}")
-    tabs, cal_src = _sources(cost_model, w, args)
-    print(f"tables         {tabs} sha256 {pred.tables_digest[:16]}")
+            print(f"  {name:24s} {fmt_seconds(v, 9)}")
+    t = tables
+    kind = "measured" if t.meta.get("measured") else "shipped defaults"
+    print(f"tables         {t.directory} ({kind}{', --tables' if args.tables else ''}) sha256 {pred.tables_digest[:16]}")
     print(f"calibration    {pred.calibration_id} ({cal_src})")
     return 0

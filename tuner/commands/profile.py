@@ -18,20 +18,26 @@ from pathlib import Path
 
 from specs.errors import UsageError
 
+SUMMARY = "Measure this machine's performance tables for the cost model."
+DESCRIPTION = ("Measure this machine's performance tables for a cluster kind (GEMM, grouped expert MLP, "
+               "attention, memory-bound ops, cross-entropy, collectives, dispatch gap) and write them in the "
+               "table format the cost model reads, by default to $MOETUNE_HOME/tables/<kind>, which the cost "
+               "model then prefers over the shipped tables. Rerunning resumes where the last run stopped.")
+
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("profile", help="measure this machine's performance tables for the cost model",
-                              description=__doc__.splitlines()[0])
-    p.add_argument("--cluster", required=True, help="hardware kind (clusters/*.yaml) these tables are for")
+    p = subparsers.add_parser("profile", help=SUMMARY, description=DESCRIPTION)
+    p.add_argument("--cluster", required=True, help="Hardware kind (one of clusters/*.yaml) the tables are for.")
     p.add_argument("--budget-min", type=float, default=None,
-                   help="wall-clock budget in minutes (default 10 on CPU kinds, 30 on GPU kinds)")
-    p.add_argument("--out", default=None, help="output directory (default $MOETUNE_HOME/tables/<kind>)")
-    p.add_argument("--ray-address", default=None, help="existing Ray cluster (default: embedded, 127.0.0.1)")
+                   help="Wall-clock budget in minutes (default 10 on CPU kinds, 30 on GPU kinds).")
+    p.add_argument("--out", default=None, help="Output directory (default $MOETUNE_HOME/tables/<kind>).")
+    p.add_argument("--ray-address", default=None,
+                   help="Address of an existing Ray cluster; by default an embedded one on 127.0.0.1.")
     p.add_argument("--sweep", choices=("tiny", "small", "full"), default="full",
-                   help="sweep density (default full; tiny is for tests and smoke runs)")
+                   help="Sweep density: full (default), small, or tiny (for tests and smoke runs).")
     p.add_argument("--executor", choices=("ray", "local"), default="ray",
-                   help="per-device sweeps in Ray actors (default) or in this process (one device)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+                   help="Run the per-device sweeps in Ray actors (default) or in this process (one device).")
+    p.add_argument("--no-progress", action="store_true", help="Do not show a progress bar.")
     return p
 
 

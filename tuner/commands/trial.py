@@ -1,35 +1,53 @@
 """`moetune trial`: run one plan for real with the Megatron-core trial backend and print the
-measurement (exit 0) or the classified failure (exit 1); bad input exits 2.
+measurement (exit 0) or the classified failure (exit 1); bad input, including a plan the target
+stack cannot run, exits 2.
 
   moetune trial --model tiny-moe --cluster cpu-local --gbs 16 --seq 256 --plan "ep=2" \
       [--iters 5 --warmup 2] [--timeout 120] [--memory-cap-gib X] [--json] [--no-check]
 
 A partial plan is completed by `tuner.complete.complete_plan` (on cpu-local: dist_opt,
 overlap_grad_reduce, overlap_param_gather and grouped_gemm off unless given) and checked by
-`tuner.realize.check`; an unrealizable plan is reported without launching (unless --no-check,
-which hands it to megatron-core as given so its own validation answers).
+`tuner.realize.check`; an unrealizable plan is refused with its reasons without launching (unless
+--no-check, which hands it to megatron-core as given so its own validation answers).
 """
 from __future__ import annotations
 
 import json
 
-from tuner.commands.common import UsageError, add_stack_arg, add_workload_args, completed_plan, workload_from_args
+from tuner.commands.common import (
+    UsageError,
+    add_plan_args,
+    add_stack_arg,
+    add_workload_args,
+    completed_plan,
+    plan_text,
+    positive_int,
+    unrealizable,
+    workload_from_args,
+)
 from tuner.realize import check
+
+SUMMARY = "Run one plan with real megatron-core training steps and print what was measured."
+DESCRIPTION = ("Run one plan for real with the Megatron-core trial backend (one process per rank) and print "
+               "the measured step time, throughput, memory and losses (exit code 0) or the classified "
+               "failure (exit code 1); a plan the target stack cannot run is refused with its reasons "
+               "(exit code 2) unless --no-check.")
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("trial", help="run one plan with real megatron-core training steps",
-                              description=__doc__.splitlines()[0])
+    p = subparsers.add_parser("trial", help=SUMMARY, description=DESCRIPTION)
     add_workload_args(p)
     add_stack_arg(p)
-    p.add_argument("--plan", required=True, help="plan string, e.g. 'ep=2,mbs=2' (partial allowed)")
-    p.add_argument("--iters", type=int, default=5, help="timed iterations (default 5)")
-    p.add_argument("--warmup", type=int, default=2, help="warm-up iterations (default 2)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the trial is killed")
-    p.add_argument("--memory-cap-gib", type=float, default=None, help="per-rank memory cap (GiB)")
+    add_plan_args(p, required=True)
+    p.add_argument("--iters", type=positive_int, default=5, help="Timed training iterations (default 5).")
+    p.add_argument("--warmup", type=int, default=2, help="Untimed warm-up iterations before them (default 2).")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="Seconds after which the trial is killed and reported as a timeout (default 600).")
+    p.add_argument("--memory-cap-gib", type=float, default=None,
+                   help="Memory cap per rank in GiB; a rank above it fails as out of memory (default: none).")
     p.add_argument("--no-check", action="store_true",
-                   help="skip the realizability check and let megatron-core validate the plan")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+                   help="Skip the realizability check and let megatron-core validate the plan itself.")
+    p.add_argument("--json", action="store_true", help="Print the measurement or failure as one JSON object.")
     return p
 
 
@@ -45,21 +63,21 @@ def run(args) -> int:
         raise UsageError("--memory-cap-gib must be positive")
     workload = workload_from_args(args)
     plan, profile = completed_plan(args, workload)
-    reasons = [str(r) for r in check(workload, plan, profile)]
+    reasons = check(workload, plan, profile)
     if reasons and not args.no_check:
-        result = Failure(plan=plan.canonical(), kind="unrealizable", message="; ".join(reasons),
-                         backend="megatron")
-    else:
-        backend = get_backend("megatron", enforce_cpu_support=not args.no_check)
-        result = backend.run(plan, workload, Resources(devices=workload.world, timeout_s=args.timeout,
-                                                       memory_cap_gib=args.memory_cap_gib),
-                             iters=args.iters, warmup=args.warmup)
+        raise unrealizable(reasons, profile, hint="--no-check hands it to megatron-core as given")
+    backend = get_backend("megatron", enforce_cpu_support=not args.no_check)
+    result = backend.run(plan, workload, Resources(devices=workload.world, timeout_s=args.timeout,
+                                                   memory_cap_gib=args.memory_cap_gib),
+                         iters=args.iters, warmup=args.warmup)
     ok = not isinstance(result, Failure)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
-    elif ok:
+        return 0 if ok else 1
+    shown = plan_text(plan, workload, profile, args.canonical)  # result.plan is its canonical string
+    if ok:
         m = result
-        print(f"plan            {m.plan}")
+        print(f"plan            {shown}")
         print(f"step time       {m.step_time_s:.4f} s median (spread {m.step_time_spread_s:.4f} s, "
               f"{len(m.step_times_s)} iters)")
         print(f"tokens/s/device {m.tokens_per_s_per_gpu:.1f}")
@@ -67,6 +85,6 @@ def run(args) -> int:
         print(f"losses          {', '.join(f'{x:.4f}' for x in m.losses)}")
         print(f"versions        {m.versions}")
     else:
-        print(f"plan     {result.plan}")
+        print(f"plan     {shown}")
         print(f"FAILED   {result.kind}: {result.message}")
     return 0 if ok else 1

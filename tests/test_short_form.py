@@ -1,0 +1,201 @@
+"""Plans as a person reads them: the short form completes back to the same plan; plans Megatron runs
+identically share one effective plan; ranking (one engine for `plans --rank` and the screening actors)
+keeps the best distinct plans, exactly as scoring every plan one by one would; each CPU rejection is
+reported once."""
+import dataclasses
+import random
+import zlib
+
+import numpy as np
+import pytest
+
+import cost_model
+from clusters import load_cluster
+from specs.cpu_support import CPU_UNSUPPORTED
+from specs.models import load_model
+from specs.plan import Plan, parse_fields
+from specs.stack import GPU_FULL, GPU_NO_EP_LIBS, GPU_NO_TE, cpu_profile
+from specs.workload import Workload
+from tuner.complete import complete_plan, effective_plan, short_form
+from tuner.realize import check
+from tuner.screen import _prune, _score_chunk, rank_plans, score_shard
+from tuner.space import default_space, iter_realizable
+
+
+def _random_plan(rng):
+    return Plan(tp=rng.choice([1, 2, 4]), cp=rng.choice([1, 2]), pp=rng.choice([1, 2, 3, 4, 8]),
+                vpp=rng.choice([1, 2, 4]), ep=rng.choice([1, 2, 8]), etp=rng.choice([1, 2]),
+                mbs=rng.choice([1, 2]), recompute=rng.choice(["none", "selective", "full"]),
+                recompute_modules=rng.choice([(), ("core_attn",), ("core_attn", "moe_act")]),
+                recompute_method=rng.choice(["", "uniform", "block"]), recompute_layers=rng.choice([0, 1, 3]),
+                dist_opt=rng.random() < .5, overlap_grad_reduce=rng.random() < .5,
+                overlap_param_gather=rng.random() < .5, shared_expert_overlap=rng.random() < .5,
+                a2a_overlap=rng.random() < .5, pp_first=rng.choice([0, 0, 5]), pp_last=rng.choice([0, 0, 3]),
+                pp_layout=rng.choice(["", "", "Et|(tt|)*30L"]),
+                grouped_gemm=rng.random() < .5, dispatcher=rng.choice(["alltoall", "allgather", "flex"]),
+                flex_backend=rng.choice(["", "deepep", "hybridep"]),
+                precision=rng.choice(["bf16", "fp8-blockwise", "fp8-tensorwise"]))
+
+
+WORKLOADS = [("mixtral-8x7b", "h100-sxm", 64, 256, 4096), ("deepseek-v3", "h100-sxm", 1024, 8192, 4096),
+             ("tiny-moe", "cpu-local", 2, 16, 256), ("qwen3-30b-a3b", "b200", 16, 64, 4096)]
+
+
+@pytest.mark.parametrize("spec", WORKLOADS, ids=[w[0] for w in WORKLOADS])
+@pytest.mark.parametrize("profile", [GPU_FULL, GPU_NO_EP_LIBS, GPU_NO_TE, cpu_profile()], ids=lambda p: p.name)
+def test_short_form_completes_back_to_the_same_plan(spec, profile):
+    model, kind, gpus, gbs, seq = spec
+    w = Workload(load_model(model), load_cluster(kind, gpus), gbs, seq)
+    rng = random.Random(zlib.crc32(f"{model}/{profile.name}".encode()))
+    canonical_fallbacks = 0
+    for _ in range(300):
+        p = _random_plan(rng)
+        s = short_form(p, w, profile)
+        assert complete_plan(s, w, profile) == p, (p.canonical(), s)
+        canonical_fallbacks += s == p.canonical()
+    assert canonical_fallbacks == 0  # every plan has a partial string that completes to it
+
+
+def test_short_form_is_what_the_user_left_out():
+    w = Workload(load_model("mixtral-8x7b"), load_cluster("h100-sxm", 64), 256, 4096)
+    for given in ("", "ep=8", "tp=2,pp=4,vpp=2,ep=8,mbs=2", "ep=8,dispatcher=flex,flex_backend=deepep",
+                  "pp=4,recompute=full,recompute_layers=2", "ep=8,dist_opt=0", "precision=fp8-blockwise"):
+        p = complete_plan(given, w, GPU_FULL)
+        assert parse_fields(short_form(p, w, GPU_FULL)) == parse_fields(given), given
+    cpu = Workload(load_model("tiny-moe"), load_cluster("cpu-local", 2), 16, 256)
+    # the completion defaults differ by stack, and so does what the short form leaves out
+    p = complete_plan("ep=2", cpu, cpu_profile())
+    assert short_form(p, cpu, cpu_profile()) == "ep=2"
+    # (overlap_param_gather follows dist_opt and overlap_grad_reduce: no need to write it)
+    assert set(parse_fields(short_form(p, cpu, GPU_FULL))) == {"ep", "dist_opt", "overlap_grad_reduce", "grouped_gemm"}
+
+
+def test_realizable_plans_have_short_forms():
+    w = Workload(load_model("qwen3-30b-a3b"), load_cluster("h100-sxm", 16), 1024, 4096)
+    space = default_space(w, GPU_FULL, "bf16", level="core")
+    for i, p in enumerate(iter_realizable(space, w, GPU_FULL, 0, 64)):
+        if i % 97:
+            continue
+        s = short_form(p, w, GPU_FULL)
+        assert complete_plan(s, w, GPU_FULL) == p and len(s) < len(p.canonical()) // 2
+
+
+# ---- effective plans -------------------------------------------------------------------------------
+def test_effective_plan_merges_only_what_megatron_ignores():
+    mixtral = load_model("mixtral-8x7b")  # no shared experts
+    base = Plan(ep=8)
+    for p in (base.replace(shared_expert_overlap=True), base.replace(flex_backend="deepep"),
+              base.replace(recompute_method="block", recompute_layers=2)):
+        assert effective_plan(p, mixtral) == effective_plan(base, mixtral) == base
+    # core_attn alone is Megatron's default module list
+    assert effective_plan(Plan(ep=8, recompute="selective", recompute_modules=("core_attn",)), mixtral) == \
+        effective_plan(Plan(ep=8, recompute="selective", recompute_modules=()), mixtral)
+    assert effective_plan(Plan(recompute="selective", recompute_modules=("moe_act", "core_attn")), mixtral) == \
+        effective_plan(Plan(recompute="selective", recompute_modules=("core_attn", "moe_act")), mixtral)
+    # ep*etp == 1: the dispatchers only permute locally
+    assert effective_plan(Plan(dispatcher="allgather"), mixtral) == Plan()
+    # what Megatron does run differently stays apart
+    for a, b in [(Plan(ep=8, dispatcher="allgather"), Plan(ep=8)), (Plan(ep=8, a2a_overlap=True), Plan(ep=8)),
+                 (Plan(ep=8, overlap_grad_reduce=False), Plan(ep=8)), (Plan(pp=2, pp_first=3), Plan(pp=2))]:
+        assert effective_plan(a, mixtral) != effective_plan(b, mixtral)
+    shared = load_model("tiny-moe-shared")
+    assert effective_plan(base.replace(shared_expert_overlap=True), shared) != effective_plan(base, shared)
+    assert effective_plan(base, mixtral) is base  # no copy when nothing is ignored
+
+
+# ---- the ranking engine ----------------------------------------------------------------------------
+def _cpu():
+    return Workload(load_model("tiny-moe"), load_cluster("cpu-local", 2), 16, 256)
+
+
+def test_rank_plans_equals_scoring_every_plan(monkeypatch, tmp_path):
+    """The vectorised ranker keeps what a brute-force sort over every plan's prediction gives:
+    the best distinct configurations, and (per_layout) the best of every layout."""
+    monkeypatch.setenv("MOETUNE_HOME", str(tmp_path))
+    w = _cpu()
+    prof = cpu_profile()
+    plans = list(iter_realizable(default_space(w, prof, "bf16"), w, prof))
+    r = cost_model.predict_arrays(w, plans)
+    rows = sorted(((-float(r["tokens_per_s_per_gpu"][i]), p.canonical(), p) for i, p in enumerate(plans)
+                   if r["fits"][i]), key=lambda x: x[:2])
+    expect, configs = [], set()
+    for _, _, p in rows:
+        e = effective_plan(p, w.model)
+        if e not in configs:
+            configs.add(e)
+            expect.append(e)
+    for chunk in (37, 4096):  # many chunks or one: the same answer
+        got = rank_plans(w, plans, keep=12, per_layout=False, chunk=chunk)
+        assert got.seen == len(plans) and got.memory_infeasible == int((~r["fits"]).sum())
+        assert [Plan.parse(s.effective) for s in got.pool] == expect[:12]
+        assert len({s.effective for s in got.pool}) == 12
+    # per_layout adds the best plan of every parallel layout
+    got = rank_plans(w, plans, keep=3, per_layout=True, chunk=50)
+    layouts = {tuple(getattr(p, f) for f in ("tp", "cp", "pp", "vpp", "ep", "etp")) for _, _, p in rows}
+    assert {s.layout for s in got.pool} == layouts
+
+
+def test_chunk_selection_is_exact_for_screening(monkeypatch, tmp_path):
+    """Pruning only the rows a chunk selects gives the pool that pruning all its rows gives."""
+    monkeypatch.setenv("MOETUNE_HOME", str(tmp_path))
+    w = Workload(load_model("qwen3-30b-a3b"), load_cluster("h100-sxm", 16), 1024, 4096)
+    plans = list(iter_realizable(default_space(w, GPU_FULL, "bf16", level="core"), w, GPU_FULL, 0, 16))[:3000]
+    tables = cost_model.resolve_tables(w)
+    cal = cost_model.resolve_calibration(w, None, tables)
+    for keep in (5, 40):
+        chosen, _ = _score_chunk(w, plans, cal, tables, keep, True)
+        everything, _ = _score_chunk(w, plans, cal, tables, len(plans) + 1, True)
+        assert len(chosen) < len(everything)
+        assert _prune(chosen, keep, w.model) == _prune(everything, keep, w.model)
+    n, pool = score_shard(w, GPU_FULL, "bf16", "core", 0, 64, keep=10)
+    assert n > 0 and pool[:10] == sorted(pool, key=lambda s: (-s.tokens_per_s_per_gpu, s.plan))[:10]
+
+
+# ---- CPU rules: one source, one line each ------------------------------------------------------------
+CLEAN_CPU = dict(dist_opt=False, overlap_grad_reduce=False, overlap_param_gather=False, grouped_gemm=False)
+TRIGGER = {  # a plan that needs exactly one feature the CPU stack lacks
+    "grouped_gemm": dict(ep=2, grouped_gemm=True),
+    "tp_sequence_parallel": dict(tp=2),
+    "context_parallel": dict(cp=2),
+    "flex_dispatcher": dict(ep=2, dispatcher="flex", flex_backend="deepep"),
+    "dist_opt": dict(dist_opt=True),
+    "overlap_param_gather": dict(dist_opt=True, overlap_grad_reduce=True, overlap_param_gather=True),
+    "fp8": dict(precision="fp8-tensorwise"),
+    "a2a_overlap": dict(ep=2, a2a_overlap=True),
+    "recompute_moe_act": dict(recompute="selective", recompute_modules=("moe_act",)),
+    "recompute_layernorm": dict(recompute="selective", recompute_modules=("layernorm",)),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(CPU_UNSUPPORTED))
+def test_each_cpu_rejection_is_reported_once(feature):
+    w = _cpu()
+    plan = Plan(**{**CLEAN_CPU, **TRIGGER[feature]})
+    reasons = check(w, plan, cpu_profile())
+    cpu = [r for r in reasons if r.code == "stack-cpu"]
+    sentence = CPU_UNSUPPORTED[feature][0]
+    assert [r.sentence for r in cpu].count(sentence) == 1, reasons
+    # nothing else says the same thing in other words: one reason per missing feature, other
+    # reasons only from rules that are not about the CPU stack
+    if feature == "overlap_param_gather":
+        assert len(cpu) == 2  # it needs the distributed optimizer, itself a second missing feature
+    else:
+        assert len(cpu) == 1, reasons
+    assert not [r for r in reasons if r.code == "stack-missing"]
+
+
+def test_cpu_stack_accepts_what_the_cpu_backend_runs():
+    """overlap_grad_reduce runs on CPU (gloo async all-reduce; tests/test_trials_megatron.py runs it),
+    so the one source of CPU rules (specs/cpu_support.py) accepts it; the old second list did not."""
+    w = _cpu()
+    assert check(w, Plan(ep=2, **{**CLEAN_CPU, "overlap_grad_reduce": True}), cpu_profile()) == []
+    assert check(w, dataclasses.replace(Plan(**CLEAN_CPU), pp=2, vpp=2), cpu_profile()) == []
+
+
+def test_tp_on_cpu_is_a_parallel_tier_rejection():
+    from tuner.realize import check_parallel, check_schedule_kernels
+    w = _cpu()
+    p = Plan(tp=2, **CLEAN_CPU)
+    assert [r.code for r in check_parallel(w, p, cpu_profile())] == ["stack-cpu"]
+    assert check_schedule_kernels(w, p, cpu_profile()) == []
+    assert np.all([r.code != "stack-cpu" for r in check_schedule_kernels(w, Plan(**CLEAN_CPU), cpu_profile())])
