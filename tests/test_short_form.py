@@ -11,6 +11,7 @@ import pytest
 
 import cost_model
 from clusters import load_cluster
+from cost_model.plans import PlanArrays
 from specs.cpu_support import CPU_UNSUPPORTED
 from specs.models import load_model
 from specs.plan import Plan, parse_fields
@@ -18,7 +19,7 @@ from specs.stack import GPU_FULL, GPU_NO_EP_LIBS, GPU_NO_TE, cpu_profile
 from specs.workload import Workload
 from tuner.complete import complete_plan, effective_plan, short_form
 from tuner.realize import check
-from tuner.screen import _prune, _score_chunk, rank_plans, score_shard
+from tuner.screen import _prune, _score_chunk, rank_plans, rank_space, score_shard
 from tuner.space import default_space, iter_realizable
 
 
@@ -135,6 +136,20 @@ def test_rank_plans_equals_scoring_every_plan(monkeypatch, tmp_path):
     assert {s.layout for s in got.pool} == layouts
 
 
+@pytest.mark.parametrize("profile", [GPU_FULL, cpu_profile()], ids=lambda p: p.name)
+def test_ranking_a_space_as_columns_equals_ranking_its_plans(profile, monkeypatch, tmp_path):
+    monkeypatch.setenv("MOETUNE_HOME", str(tmp_path))
+    w = Workload(load_model("tiny-moe-shared"), load_cluster("h100-sxm" if profile.gpu else "cpu-local", 8 if profile.gpu else 2),
+                 64, 256)
+    space = default_space(w, profile, "bf16", level="full")
+    for shard, n, keep, per_layout in ((0, 1, 15, False), (1, 3, 40, True)):
+        a = rank_space(w, space, profile, shard, n, keep=keep, per_layout=per_layout, chunk=500)
+        b = rank_plans(w, iter_realizable(space, w, profile, shard, n), keep=keep, per_layout=per_layout, chunk=777)
+        assert a.seen == b.seen > 0 and a.memory_infeasible == b.memory_infeasible
+        assert [s.to_dict() for s in a.pool] == [s.to_dict() for s in b.pool]
+        assert [s.effective for s in a.pool] == [s.effective for s in b.pool]
+
+
 def test_chunk_selection_is_exact_for_screening(monkeypatch, tmp_path):
     """Pruning only the rows a chunk selects gives the pool that pruning all its rows gives."""
     monkeypatch.setenv("MOETUNE_HOME", str(tmp_path))
@@ -142,9 +157,10 @@ def test_chunk_selection_is_exact_for_screening(monkeypatch, tmp_path):
     plans = list(iter_realizable(default_space(w, GPU_FULL, "bf16", level="core"), w, GPU_FULL, 0, 16))[:3000]
     tables = cost_model.resolve_tables(w)
     cal = cost_model.resolve_calibration(w, None, tables)
+    pa = PlanArrays.from_plans(plans)
     for keep in (5, 40):
-        chosen, _ = _score_chunk(w, plans, cal, tables, keep, True)
-        everything, _ = _score_chunk(w, plans, cal, tables, len(plans) + 1, True)
+        chosen, _ = _score_chunk(w, pa, plans.__getitem__, cal, tables, keep, True)
+        everything, _ = _score_chunk(w, pa, plans.__getitem__, cal, tables, len(plans) + 1, True)
         assert len(chosen) < len(everything)
         assert _prune(chosen, keep, w.model) == _prune(everything, keep, w.model)
     n, pool = score_shard(w, GPU_FULL, "bf16", "core", 0, 64, keep=10)

@@ -1,8 +1,9 @@
 """Ranking plans by the cost model, and stage 1 of `moetune tune`: screening the realizable plan space
 on Ray actors.
 
-`rank_plans` is the one ranking engine (`moetune plans --rank` and the screening actors both use
-it): it scores a stream of plans in chunks with the vectorised cost model
+`rank_plans` (any stream of plans) and `rank_space` (the realizable plans of a space, fed as
+columns without building a Plan per plan) are the one ranking engine: `moetune plans --rank` and the
+screening actors both use `rank_space`. It scores plans in chunks with the vectorised cost model
 (`cost_model.predict_arrays`, no per-plan Prediction objects) and keeps the best `keep` distinct
 feasible plans, plus, with `per_layout`, the best plan of every parallel layout (tp, cp, pp, vpp, ep,
 etp). Plans that Megatron runs identically (`tuner.complete.effective_plan`) are one row.
@@ -13,7 +14,8 @@ each rank the shards handed to them (`score_shard`) and return their pools; the 
 into one ranked pool (`Scored` rows). `select_candidates` then takes the top plans plus a diverse set:
 the best plan of distinct layouts, not twenty variants of one.
 
-`score_shard` and `rank_plans` are plain functions: the actors call them, and so can a caller without Ray.
+`score_shard`, `rank_space` and `rank_plans` are plain functions: the actors call them, and so can a
+caller without Ray.
 """
 from __future__ import annotations
 
@@ -100,29 +102,30 @@ def _layout_codes(pa) -> np.ndarray:
     return code
 
 
-def _score_chunk(workload, plans, calibration, tables, keep: int = 1 << 62,
+def _score_chunk(workload, pa, plan_at, calibration, tables, keep: int = 1 << 62,
                  per_layout: bool = True) -> tuple[list[Scored], int]:
-    """(rows that may survive pruning, #plans over the memory budget) for one chunk of plans."""
+    """(rows that may survive pruning, #plans over the memory budget) for one chunk: `pa` the
+    chunk's PlanArrays, `plan_at(i)` its i-th Plan (built only for the rows looked at)."""
     import cost_model
-    from cost_model.plans import PlanArrays
     from tuner.complete import effective_plan
-    pa = PlanArrays.from_plans(plans)
     r = cost_model.predict_arrays(workload, pa, calibration=calibration, tables=tables)
     st = np.asarray(r["step_time_s"], float)
     tps = np.asarray(r["tokens_per_s_per_gpu"], float)
     fits = np.asarray(r["fits"], bool)
     ok = fits & np.isfinite(st) & (st > 0)
-    model, effective = workload.model, {}
+    model, plans, effective = workload.model, {}, {}
 
     def config_of(i: int):
         e = effective.get(i)
         if e is None:
+            plans[i] = plan_at(i)
             e = effective[i] = effective_plan(plans[i], model)
         return e
 
     out = []
     for i in _select(tps, ok, _layout_codes(pa) if per_layout else None, keep, config_of):
-        p, e = plans[i], config_of(int(i))
+        e = config_of(int(i))
+        p = plans[int(i)]
         canonical = p.canonical()
         out.append(Scored(canonical, float(st[i]), float(r["raw_step_time_s"][i]), float(tps[i]),
                           float(r["peak_memory_gib"][i]), layout_of(p), mfu=float(r["mfu"][i]),
@@ -130,42 +133,103 @@ def _score_chunk(workload, plans, calibration, tables, keep: int = 1 << 62,
     return out, int((~fits).sum())
 
 
-def rank_plans(workload, plans, *, tables=None, calibration=None, keep: int = 2000, per_layout: bool = True,
-               chunk: int = CHUNK, ranking: Ranking | None = None) -> Ranking:
-    """Score the iterable `plans` (Plan objects, e.g. `tuner.space.iter_realizable`) with the vectorised
-    cost model, `chunk` plans at a time, and keep the best `keep` distinct feasible ones (plus the best
-    of every parallel layout when `per_layout`). `tables` / `calibration`: Tables and Calibration
-    objects or paths (None: the lookup rules of `cost_model`). Resolved once here, not per chunk.
-    Pass `ranking` to continue one."""
-    import cost_model
-    tables = cost_model.resolve_tables(workload, tables)
-    calibration = cost_model.resolve_calibration(workload, calibration, tables)
-    out = ranking or Ranking()
+def _plan_chunks(plans, chunk: int):
+    """(PlanArrays, plan_at) chunks of an iterable of Plans."""
+    from cost_model.plans import PlanArrays
     buf: list = []
-
-    def flush():
-        rows, unfit = _score_chunk(workload, buf, calibration, tables, keep, per_layout)
-        out.seen += len(buf)
-        out.memory_infeasible += unfit
-        out.pool = _prune(out.pool + rows, keep, workload.model, per_layout=per_layout)
-        buf.clear()
-
     for p in plans:
         buf.append(p)
         if len(buf) >= chunk:
-            flush()
+            yield PlanArrays.from_plans(buf), buf.__getitem__
+            buf = []
     if buf:
-        flush()
+        yield PlanArrays.from_plans(buf), buf.__getitem__
+
+
+# PlanArrays columns a parallel point fixes (tuner.space.parallel_points); the rest come from the
+# schedule/kernel option.
+_POINT_COLS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last")
+
+
+def _space_chunks(points, chunk: int):
+    """(PlanArrays, plan_at) chunks of the realizable plans of a space, straight from its parallel
+    points and option columns (`tuner.space.iter_realizable_points`): no Plan per plan, only for
+    the rows a ranking looks at."""
+    from cost_model.plans import PlanArrays
+    from specs.plan import Plan
+    option_cols, blocks, n = None, [], 0
+
+    def assemble():
+        counts = np.array([len(ok) for _, ok, _ in blocks])
+        J = np.concatenate([ok for _, ok, _ in blocks])
+        layouts: dict = {"": 0}
+        cols = {f: np.repeat(np.array([getattr(b, f) for b, _, _ in blocks], np.int64), counts) for f in _POINT_COLS}
+        cols["layout"] = np.repeat(np.array([layouts.setdefault(b.pp_layout, len(layouts)) for b, _, _ in blocks],
+                                            np.int64), counts)
+        cols.update({f: v[J] for f, v in option_cols.items()})
+        which = np.repeat(np.arange(len(blocks)), counts)
+        taken = list(blocks)
+
+        def plan_at(i: int):
+            base, _, options = taken[which[i]]
+            sched, kern = options[J[i]]
+            return base.replace(**sched, **kern)
+
+        return PlanArrays(int(counts.sum()), cols, list(layouts)), plan_at
+
+    for base, ok, options in points:
+        if option_cols is None:  # the same option list for every point of a space
+            pa = PlanArrays.from_plans([Plan(**sched, **kern) for sched, kern in options])
+            option_cols = {f: v for f, v in pa.cols.items() if f not in _POINT_COLS + ("layout",)}
+        blocks.append((base, np.asarray(ok, np.int64), options))
+        n += len(ok)
+        if n >= chunk:
+            yield assemble()
+            blocks, n = [], 0
+    if blocks:
+        yield assemble()
+
+
+def _rank_chunks(workload, chunks, *, tables, calibration, keep: int, per_layout: bool) -> Ranking:
+    import cost_model
+    tables = cost_model.resolve_tables(workload, tables)
+    calibration = cost_model.resolve_calibration(workload, calibration, tables)
+    out = Ranking()
+    for pa, plan_at in chunks:
+        rows, unfit = _score_chunk(workload, pa, plan_at, calibration, tables, keep, per_layout)
+        out.seen += pa.n
+        out.memory_infeasible += unfit
+        out.pool = _prune(out.pool + rows, keep, workload.model, per_layout=per_layout)
     return out
+
+
+def rank_plans(workload, plans, *, tables=None, calibration=None, keep: int = 2000, per_layout: bool = True,
+               chunk: int = CHUNK) -> Ranking:
+    """Score the iterable `plans` (Plan objects) with the vectorised cost model, `chunk` plans at a
+    time, and keep the best `keep` distinct feasible ones (plus the best of every parallel layout
+    when `per_layout`). `tables` / `calibration`: Tables and Calibration objects or paths (None:
+    the lookup rules of `cost_model`), resolved once."""
+    return _rank_chunks(workload, _plan_chunks(plans, chunk), tables=tables, calibration=calibration,
+                        keep=keep, per_layout=per_layout)
+
+
+def rank_space(workload, space, profile, shard: int = 0, num_shards: int = 1, *, tables=None, calibration=None,
+               keep: int = 2000, per_layout: bool = True, chunk: int = CHUNK) -> Ranking:
+    """`rank_plans` over the realizable plans of shard `shard` of `num_shards` of `space`
+    (`tuner.space.default_space`), fed as columns: the same ranking as
+    `rank_plans(workload, iter_realizable(space, workload, profile, shard, num_shards))`, faster."""
+    from tuner.space import iter_realizable_points
+    points = iter_realizable_points(space, workload, profile, shard, num_shards)
+    return _rank_chunks(workload, _space_chunks(points, chunk), tables=tables, calibration=calibration,
+                        keep=keep, per_layout=per_layout)
 
 
 def score_shard(workload, profile, precision: str, level: str, shard: int, num_shards: int, *,
                 calibration=None, keep: int = 2000, tables=None) -> tuple[int, list[Scored]]:
     """Score shard `shard` of `num_shards`: (#realizable plans seen, kept feasible plans)."""
-    from tuner.space import default_space, iter_realizable
+    from tuner.space import default_space
     space = default_space(workload, profile, precision, level=level)
-    r = rank_plans(workload, iter_realizable(space, workload, profile, shard, num_shards),
-                   tables=tables, calibration=calibration, keep=keep)
+    r = rank_space(workload, space, profile, shard, num_shards, tables=tables, calibration=calibration, keep=keep)
     return r.seen, r.pool
 
 

@@ -219,6 +219,18 @@ class _Walker:
 
 def iter_realizable(space: Space, workload: Workload, profile: StackProfile,
                     shard: int = 0, num_shards: int = 1):
+    for base, ok, options in iter_realizable_points(space, workload, profile, shard, num_shards):
+        for j in ok:
+            s, k = options[j]
+            yield base.replace(**s, **k)
+
+
+def iter_realizable_points(space: Space, workload: Workload, profile: StackProfile,
+                           shard: int = 0, num_shards: int = 1):
+    """The realizable plans of the shard grouped by parallel point: (base plan, indices of its
+    realizable options, options), where option j is a (schedule, kernel) pair of field dicts and
+    the plan is `base.replace(**schedule, **kernel)`. For callers that want the plans as columns
+    (the vectorised ranker) without building a Plan per plan."""
     walker = _Walker(space, workload, profile)
     for i, par in enumerate(parallel_points(space)):
         if i % num_shards != shard:
@@ -226,8 +238,9 @@ def iter_realizable(space: Space, workload: Workload, profile: StackProfile,
         base = Plan(**par)
         if check_parallel(workload, base, profile):
             continue
-        for j in walker.verdicts(base).ok:
-            yield walker.plan(base, j)
+        ok = walker.verdicts(base).ok
+        if ok:
+            yield base, ok, walker.sk
 
 
 def summarize(space: Space, workload: Workload, profile: StackProfile, shard: int = 0,

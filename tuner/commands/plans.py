@@ -140,12 +140,11 @@ def run(args) -> int:
 
 
 def _rank(w, space, profile, shard, nshards, top, tables, calibration) -> dict:
-    """The `top` distinct realizable plans by predicted throughput (tuner.screen.rank_plans: the
+    """The `top` distinct realizable plans by predicted throughput (tuner.screen.rank_space: the
     vectorised cost model over chunks of plans, the same engine `moetune tune` screens with)."""
-    from tuner.screen import rank_plans
-    from tuner.space import iter_realizable
-    r = rank_plans(w, iter_realizable(space, w, profile, shard, nshards), tables=tables,
-                   calibration=calibration, keep=top, per_layout=False)
+    from tuner.screen import rank_space
+    r = rank_space(w, space, profile, shard, nshards, tables=tables, calibration=calibration,
+                   keep=top, per_layout=False)
     rows = [{"plan": s.plan, "tokens_per_s_per_gpu": s.tokens_per_s_per_gpu, "step_time_s": s.step_time_s,
              "peak_memory_gib": s.peak_memory_gib, "mfu": s.mfu} for s in r.pool[:top]]
     return {"plans": rows, "scored": r.seen, "memory_infeasible": r.memory_infeasible,
