@@ -215,3 +215,9 @@ def test_tp_on_cpu_is_a_parallel_tier_rejection():
     assert [r.code for r in check_parallel(w, p, cpu_profile())] == ["stack-cpu"]
     assert check_schedule_kernels(w, p, cpu_profile()) == []
     assert np.all([r.code != "stack-cpu" for r in check_schedule_kernels(w, Plan(**CLEAN_CPU), cpu_profile())])
+
+
+def test_precision_fp8_in_a_plan_means_what_the_flag_means():
+    w = Workload(load_model("mixtral-8x7b"), load_cluster("h100-sxm", 64), 256, 4096)
+    assert complete_plan("ep=8,precision=fp8", w, GPU_FULL) == complete_plan("ep=8", w, GPU_FULL, "fp8")
+    assert complete_plan("ep=8,precision=fp8", w, GPU_FULL).precision == "fp8-blockwise"

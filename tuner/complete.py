@@ -11,7 +11,7 @@ Defaults (fields the user did not give):
   where the stack has them (off on CPU); no shared-expert or EP-A2A overlap.
 - kernels: grouped GEMM where the stack has it, alltoall dispatcher, and the precision of
   `--precision`: bf16, or for `fp8` the recipe the hardware runs best (mxfp8 on Blackwell,
-  blockwise on Hopper, tensorwise elsewhere with fp8).
+  blockwise on Hopper, tensorwise elsewhere with fp8); `precision=fp8` in the plan means the same.
 
 `short_form` is the inverse for printing: the fewest fields that complete back to the same plan.
 `effective_plan` maps a plan to the one Megatron would actually run (fields it ignores reset), so
@@ -33,8 +33,9 @@ def complete_plan(given: str | dict, workload: Workload, profile: StackProfile,
     above for `workload` on `profile`; `precision` is `--precision` (bf16, fp8 or one recipe)."""
     fields = parse_fields(given) if isinstance(given, str) else dict(given)
     d = dict(fields)
-    if "precision" not in d:
-        d["precision"] = precision_recipe(precision, workload.cluster)
+    # `precision=fp8` in a plan means what `--precision fp8` means: the hardware's best fp8 recipe
+    if d.get("precision", "fp8") == "fp8":
+        d["precision"] = precision_recipe(d.get("precision", precision), workload.cluster)
     for k, v in stack_defaults(profile, workload.model.is_moe).items():
         d.setdefault(k, v)
     # overlap_param_gather follows the user's own dist_opt / overlap_grad_reduce choices
