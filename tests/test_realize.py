@@ -4,6 +4,7 @@ import dataclasses
 import pytest
 
 from clusters import load_cluster
+from specs.cpu_support import CPU_UNSUPPORTED
 from specs.models import load_model
 from specs.plan import Plan
 from specs.stack import GPU_FULL, GPU_NO_EP_LIBS, GPU_NO_TE, cpu_profile
@@ -125,3 +126,53 @@ def test_deepseek_v3_pp8_vpp4_gets_balanced_layout():
     assert p.precision == "fp8-blockwise"
     # without the layout the even split is impossible, and says so
     assert "pp-layers" in codes(w, p.replace(pp_layout=""))
+
+
+# ---- CPU rules: one source, one line each ------------------------------------------------------------
+CLEAN_CPU = dict(dist_opt=False, overlap_grad_reduce=False, overlap_param_gather=False, grouped_gemm=False)
+TRIGGER = {  # a plan that needs exactly one feature the CPU stack lacks
+    "grouped_gemm": dict(ep=2, grouped_gemm=True),
+    "tp_sequence_parallel": dict(tp=2),
+    "context_parallel": dict(cp=2),
+    "flex_dispatcher": dict(ep=2, dispatcher="flex", flex_backend="deepep"),
+    "dist_opt": dict(dist_opt=True),
+    "overlap_param_gather": dict(dist_opt=True, overlap_grad_reduce=True, overlap_param_gather=True),
+    "fp8": dict(precision="fp8-tensorwise"),
+    "a2a_overlap": dict(ep=2, a2a_overlap=True),
+    "recompute_moe_act": dict(recompute="selective", recompute_modules=("moe_act",)),
+    "recompute_layernorm": dict(recompute="selective", recompute_modules=("layernorm",)),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(CPU_UNSUPPORTED))
+def test_each_cpu_rejection_is_reported_once(feature):
+    w = wl(model="tiny-moe", kind="cpu-local", gpus=2, gbs=16, seq=256)
+    plan = Plan(**{**CLEAN_CPU, **TRIGGER[feature]})
+    reasons = check(w, plan, cpu_profile())
+    cpu = [r for r in reasons if r.code == "stack-cpu"]
+    sentence = CPU_UNSUPPORTED[feature][0]
+    assert [r.sentence for r in cpu].count(sentence) == 1, reasons
+    # nothing else says the same thing in other words: one reason per missing feature, other
+    # reasons only from rules that are not about the CPU stack
+    if feature == "overlap_param_gather":
+        assert len(cpu) == 2  # it needs the distributed optimizer, itself a second missing feature
+    else:
+        assert len(cpu) == 1, reasons
+    assert not [r for r in reasons if r.code == "stack-missing"]
+
+
+def test_cpu_stack_accepts_what_the_cpu_backend_runs():
+    """overlap_grad_reduce runs on CPU (gloo async all-reduce; tests/test_trials_megatron.py runs it),
+    so the one source of CPU rules (specs/cpu_support.py) accepts it; the old second list did not."""
+    w = wl(model="tiny-moe", kind="cpu-local", gpus=2, gbs=16, seq=256)
+    assert check(w, Plan(ep=2, **{**CLEAN_CPU, "overlap_grad_reduce": True}), cpu_profile()) == []
+    assert check(w, Plan(**CLEAN_CPU, pp=2, vpp=2), cpu_profile()) == []
+
+
+def test_tp_on_cpu_is_a_parallel_tier_rejection():
+    from tuner.realize import check_parallel, check_schedule_kernels
+    w = wl(model="tiny-moe", kind="cpu-local", gpus=2, gbs=16, seq=256)
+    p = Plan(tp=2, **CLEAN_CPU)
+    assert [r.code for r in check_parallel(w, p, cpu_profile())] == ["stack-cpu"]
+    assert check_schedule_kernels(w, p, cpu_profile()) == []
+    assert check(w, Plan(**CLEAN_CPU), cpu_profile()) == []

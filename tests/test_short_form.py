@@ -1,24 +1,19 @@
 """Plans as a person reads them: the short form completes back to the same plan; plans Megatron runs
 identically share one effective plan; ranking (one engine for `plans --rank` and the screening actors)
-keeps the best distinct plans, exactly as scoring every plan one by one would; each CPU rejection is
-reported once."""
-import dataclasses
+keeps the best distinct plans, exactly as scoring every plan one by one would."""
 import random
 import zlib
 
-import numpy as np
 import pytest
 
 import cost_model
 from clusters import load_cluster
 from cost_model.plans import PlanArrays
-from specs.cpu_support import CPU_UNSUPPORTED
 from specs.models import load_model
 from specs.plan import Plan, parse_fields
 from specs.stack import GPU_FULL, GPU_NO_EP_LIBS, GPU_NO_TE, cpu_profile
 from specs.workload import Workload
 from tuner.complete import complete_plan, effective_plan, short_form
-from tuner.realize import check
 from tuner.screen import _prune, _score_chunk, rank_plans, rank_space, score_shard
 from tuner.space import default_space, iter_realizable
 
@@ -165,56 +160,6 @@ def test_chunk_selection_is_exact_for_screening(monkeypatch, tmp_path):
         assert _prune(chosen, keep, w.model) == _prune(everything, keep, w.model)
     n, pool = score_shard(w, GPU_FULL, "bf16", "core", 0, 64, keep=10)
     assert n > 0 and pool[:10] == sorted(pool, key=lambda s: (-s.tokens_per_s_per_gpu, s.plan))[:10]
-
-
-# ---- CPU rules: one source, one line each ------------------------------------------------------------
-CLEAN_CPU = dict(dist_opt=False, overlap_grad_reduce=False, overlap_param_gather=False, grouped_gemm=False)
-TRIGGER = {  # a plan that needs exactly one feature the CPU stack lacks
-    "grouped_gemm": dict(ep=2, grouped_gemm=True),
-    "tp_sequence_parallel": dict(tp=2),
-    "context_parallel": dict(cp=2),
-    "flex_dispatcher": dict(ep=2, dispatcher="flex", flex_backend="deepep"),
-    "dist_opt": dict(dist_opt=True),
-    "overlap_param_gather": dict(dist_opt=True, overlap_grad_reduce=True, overlap_param_gather=True),
-    "fp8": dict(precision="fp8-tensorwise"),
-    "a2a_overlap": dict(ep=2, a2a_overlap=True),
-    "recompute_moe_act": dict(recompute="selective", recompute_modules=("moe_act",)),
-    "recompute_layernorm": dict(recompute="selective", recompute_modules=("layernorm",)),
-}
-
-
-@pytest.mark.parametrize("feature", sorted(CPU_UNSUPPORTED))
-def test_each_cpu_rejection_is_reported_once(feature):
-    w = _cpu()
-    plan = Plan(**{**CLEAN_CPU, **TRIGGER[feature]})
-    reasons = check(w, plan, cpu_profile())
-    cpu = [r for r in reasons if r.code == "stack-cpu"]
-    sentence = CPU_UNSUPPORTED[feature][0]
-    assert [r.sentence for r in cpu].count(sentence) == 1, reasons
-    # nothing else says the same thing in other words: one reason per missing feature, other
-    # reasons only from rules that are not about the CPU stack
-    if feature == "overlap_param_gather":
-        assert len(cpu) == 2  # it needs the distributed optimizer, itself a second missing feature
-    else:
-        assert len(cpu) == 1, reasons
-    assert not [r for r in reasons if r.code == "stack-missing"]
-
-
-def test_cpu_stack_accepts_what_the_cpu_backend_runs():
-    """overlap_grad_reduce runs on CPU (gloo async all-reduce; tests/test_trials_megatron.py runs it),
-    so the one source of CPU rules (specs/cpu_support.py) accepts it; the old second list did not."""
-    w = _cpu()
-    assert check(w, Plan(ep=2, **{**CLEAN_CPU, "overlap_grad_reduce": True}), cpu_profile()) == []
-    assert check(w, dataclasses.replace(Plan(**CLEAN_CPU), pp=2, vpp=2), cpu_profile()) == []
-
-
-def test_tp_on_cpu_is_a_parallel_tier_rejection():
-    from tuner.realize import check_parallel, check_schedule_kernels
-    w = _cpu()
-    p = Plan(tp=2, **CLEAN_CPU)
-    assert [r.code for r in check_parallel(w, p, cpu_profile())] == ["stack-cpu"]
-    assert check_schedule_kernels(w, p, cpu_profile()) == []
-    assert np.all([r.code != "stack-cpu" for r in check_schedule_kernels(w, Plan(**CLEAN_CPU), cpu_profile())])
 
 
 def test_precision_fp8_in_a_plan_means_what_the_flag_means():
