@@ -231,3 +231,17 @@ def test_plans_examples_and_ranked_rows_are_short_and_distinct(capsys):
     rows = capsys.readouterr().out.split("top 8", 1)[1].splitlines()[1:]
     from specs.plan import Plan
     assert all(r.split()[-1].startswith("tp=") and r.count("=") == len(Plan.__dataclass_fields__) for r in rows)
+
+
+def test_plans_rank_builds_no_prediction_objects(monkeypatch, capsys):
+    """--rank scores with the vectorised cost model only (tuner.screen.rank_space)."""
+    import cost_model
+
+    def refuse(*a, **k):
+        raise AssertionError("plans --rank built a Prediction")
+
+    monkeypatch.setattr(cost_model.Prediction, "__init__", refuse)
+    monkeypatch.setattr(cost_model, "predict_many", refuse)
+    assert main(["plans", *CPU, "--rank", "--top", "3", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert len(d["ranked"]["plans"]) == 3 and d["ranked"]["scored"] == d["realizable"]
