@@ -87,6 +87,32 @@ def test_gpu_grouped_sweep_covers_the_lookup_range():
     assert grouped_mlp._fits(256, 16, 2048, 2048, True) and not grouped_mlp._fits(256, 8192, 8192, 8192, True)
 
 
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
+def test_grouped_mm_backend_layouts_compute_fwd_dgrad_wgrad():
+    """The GPU stand-in backend's operand layouts, run through torch._grouped_mm on this device
+    (its CPU kernel takes the same arguments): equal to the per-expert loop."""
+    torch.manual_seed(0)
+    a = grouped_mlp._torch_calls("grouped-mm", 3, 16, 32, 48, torch.float32, "cpu")
+    torch.manual_seed(0)
+    b = grouped_mlp._torch_calls("sequential-loop", 3, 16, 32, 48, torch.float32, "cpu")
+    assert torch.allclose(a["fwd"](), b["fwd"]()) and a["fwd"]().shape == (48, 32)
+    assert torch.allclose(a["dgrad"](), b["dgrad"]()) and a["dgrad"]().shape == (48, 48)
+    assert torch.allclose(a["wgrad"](), torch.stack(b["wgrad"]()).transpose(-2, -1), atol=1e-5)
+
+
+def test_fp8_gemm_call_and_sdpa_backend_choice_on_this_device():
+    from trials.profile.gemm import fp8_call
+    try:
+        y = fp8_call(32, 64, 48, "cpu")()
+    except (RuntimeError, NotImplementedError) as e:  # some builds have no CPU fp8 kernel
+        pytest.skip(f"torch._scaled_mm fp8 not runnable on CPU here: {e}")
+    assert y.shape == (32, 64) and y.dtype == torch.bfloat16
+    name, _ = attention.pick_sdpa_backend((2, 4, 64, 32), torch.float32, "cpu", ("cudnn", "math"))
+    assert name == "math"  # cudnn cannot run on CPU: the next one, named
+    with pytest.raises(RuntimeError, match="no SDPA backend runs this shape: cudnn"):
+        attention.pick_sdpa_backend((2, 4, 64, 32), torch.float32, "cpu", ("cudnn",))
+
+
 def test_attention_gpu_shape_uses_micro_batch_batch_and_heads():
     ctx = Ctx(device="cuda", extra={"attn_heads": 16})
     assert attention.gpu_shape(512, 128, ctx) == (16, 16, 512, 128)

@@ -50,6 +50,24 @@ def sdpa_backend(name: str):
             "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
 
 
+def pick_sdpa_backend(shape, dtype, device, order=SDPA_BACKENDS):
+    """(name, SDPBackend) of the first backend in `order` that runs causal SDPA on `shape`; raises
+    RuntimeError listing each backend's refusal when none does (never a silent choice)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+    probe = [torch.randn(*shape, dtype=dtype, device=device) for _ in range(3)]
+    errs = []
+    for name in order:
+        try:
+            with sdpa_kernel([sdpa_backend(name)]):
+                F.scaled_dot_product_attention(*probe, is_causal=True)
+            return name, sdpa_backend(name)
+        except RuntimeError as e:  # this backend cannot run the shape: try the next, and say so
+            errs.append(f"{name}: {str(e).splitlines()[0][:80]}")
+    raise RuntimeError("no SDPA backend runs this shape: " + "; ".join(errs))
+
+
 def _cpu_attention(q, k, v, mask, scale):
     import torch
     scores = torch.baddbmm(torch.empty(q.shape[0], q.shape[1], k.shape[1], dtype=q.dtype),
@@ -69,19 +87,7 @@ def measure(p: dict, ctx: Ctx) -> list[tuple[str, dict]]:
         import torch.nn.functional as F
         from torch.nn.attention import sdpa_kernel
         shape = gpu_shape(s, d, ctx)
-        probe = [torch.randn(*shape, dtype=tdt, device=ctx.device) for _ in range(3)]
-        errs = []
-        for name in ctx.extra.get("sdpa_backends", SDPA_BACKENDS):
-            try:
-                with sdpa_kernel([sdpa_backend(name)]):
-                    F.scaled_dot_product_attention(*probe, is_causal=True)
-                break
-            except RuntimeError as e:  # this backend cannot run the shape: try the next, and say so
-                errs.append(f"{name}: {str(e).splitlines()[0][:80]}")
-        else:
-            raise RuntimeError("no SDPA backend runs this shape: " + "; ".join(errs))
-        del probe
-        backend = sdpa_backend(name)
+        name, backend = pick_sdpa_backend(shape, tdt, ctx.device, ctx.extra.get("sdpa_backends", SDPA_BACKENDS))
         src = f"measured:sdpa-{name} b{shape[0]}xh{shape[1]}"
 
         def fwd(q, k, v):
