@@ -26,7 +26,6 @@ import datetime
 import importlib
 import io
 import json
-import logging
 import os
 import shutil
 import statistics
@@ -37,8 +36,6 @@ import numpy as np
 
 from specs.fileio import write_atomic
 from trials.profile.common import Ctx, fp8_skip_reason, host_info, pin_to_core, sustain_clocks, te_skip_reason
-
-log_ = logging.getLogger(__name__)
 
 DEVICE_RUNNERS = ("dispatch_gap", "gemm", "grouped_mlp", "attention", "elementwise", "cross_entropy")
 # table families each runner writes (the report names a family's runners when it is not measured)
