@@ -108,7 +108,7 @@ print(json.dumps(env, indent=1))
 PY
 )
 say "RAN step0 environment: rc=$rc0 (env.json, nvidia-smi.txt)"
-envget() { "$PY" -c "import json,sys; e=json.load(open('$OUTDIR/env.json')); print(eval(sys.argv[1], {}, e))" "$1" 2>/dev/null; }
+envget() { timeout 30 "$PY" -c "import json,sys; e=json.load(open('$OUTDIR/env.json')); print(eval(sys.argv[1], {}, e))" "$1" 2>/dev/null; }
 [ "$(envget "cuda_available")" = "True" ] && HAVE_CUDA=1 || HAVE_CUDA=0
 NO_CUDA="no CUDA device visible to torch ($(envget "gpu" 2>/dev/null | grep -v None || echo "torch.cuda.is_available() is False"))"
 case "$(envget "modules['megatron.core']")" in absent*|"") HAVE_MEG=0 ;; *) HAVE_MEG=1 ;; esac
