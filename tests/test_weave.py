@@ -191,3 +191,32 @@ def test_block_table_is_read_by_sglang(tmp_path, monkeypatch):
     except (RuntimeError, AttributeError) as e:  # its deterministic switch reads sglang's server state
         pytest.skip(f"sglang loader needs server state here: {e}")
     assert got == {int(k): v for k, v in table.items()}
+
+
+@pytest.mark.slow
+def test_measurement_job_end_to_end_with_a_stand_in_timer(tmp_path, monkeypatch):
+    """Real Ray, two actors sharing the sweep, a stand-in timer following known curves (with 1%
+    noise): grids kept with provenance, the refit lands near the truth, tables regenerated."""
+    import ray
+
+    from kernels import measure
+    monkeypatch.setenv("MOETUNE_HOME", str(tmp_path))
+    truth = _truth(default_curves("h100-sxm"))
+    cases = measure.cases_for(DSV2_LITE, [4096, 8192], 4, skews=(1.0, 1.3))
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        rep = measure.run_job("h100-sxm", cases, timer="stand-in", workers=2,
+                              timer_args={"truth": truth.to_dict(), "noise": 0.01})
+    finally:
+        ray.shutdown()
+    assert rep["workers"] == 2 and len(rep["grids"]) == 4
+    grids = store.load_grids("h100-sxm")
+    assert all(g["intact"] for g in grids)
+    assert all(len(g["points"]) == 15 * len(K_CHOICES) for g in grids)
+    assert "stand-in" in grids[0]["provenance"]["source"]
+    fitted = rep["refit"]["fit"]["fitted"]
+    for name in ("tflops_max", "bw_max", "bw_c0", "alpha"):
+        assert fitted[name] == pytest.approx(truth.params()[name], rel=0.15, abs=0.05), name
+    c, k, _, _ = moe_layer_time(DSV2_LITE, 8192, 4, 1.0, truth)
+    table = tables.read_table(rep["refit"]["tables"][0])
+    assert (table["8192"]["c"], table["8192"]["K"]) == (int(c), int(k))
