@@ -220,3 +220,41 @@ def test_measurement_job_end_to_end_with_a_stand_in_timer(tmp_path, monkeypatch)
     c, k, _, _ = moe_layer_time(DSV2_LITE, 8192, 4, 1.0, truth)
     table = tables.read_table(rep["refit"]["tables"][0])
     assert (table["8192"]["c"], table["8192"]["K"]) == (int(c), int(k))
+
+
+def _cli(capsys, *argv):
+    from tuner.cli import main
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_grid_select_tables(capsys):
+    base = ("--model", "deepseek-v2-lite", "--cluster", "h100-sxm", "--ep", "4", "--tokens", "8192")
+    rc, out, _ = _cli(capsys, "kernels", "grid", *base, "--json")
+    rows = json.loads(out)
+    assert rc == 0 and set(rows[0]) == {"c", "K", "n_steal", "predicted_ms"}
+    assert len(rows) == len(default_curves("h100-sxm").c_grid()) * len(K_CHOICES)
+    rc, out, _ = _cli(capsys, "kernels", "select", *base, "--json")
+    s = json.loads(out)
+    assert rc == 0 and min(rows, key=lambda r: r["predicted_ms"])["c"] == s["c"]
+    rc, out, _ = _cli(capsys, "kernels", "tables", "--cluster", "h100-sxm", "--json")
+    assert rc == 0 and json.loads(out)[0]["kind"] == "h100-sxm"
+
+
+@pytest.mark.parametrize("argv", [
+    ("kernels", "grid", "--model", "deepseek-v2-lite", "--cluster", "h100-sxm", "--ep", "3", "--tokens", "8"),
+    ("kernels", "select", "--model", "deepseek-v2-lite", "--cluster", "cpu-local", "--ep", "4", "--tokens", "8"),
+    ("kernels", "select", "--model", "no-such-model", "--cluster", "h100-sxm", "--ep", "4", "--tokens", "8"),
+])
+def test_cli_bad_input_is_one_line_exit_2(capsys, argv):
+    rc, out, err = _cli(capsys, *argv)
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_cli_tune_without_gpu_exits_2(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    rc, _, err = _cli(capsys, "kernels", "tune", "--cluster", "h100-sxm")
+    assert rc == 2 and "--stand-in" in err and len(err.strip().splitlines()) == 1
