@@ -21,6 +21,7 @@ from specs.errors import UsageError
 log = logging.getLogger(__name__)
 
 PAPER_FIGURES_FILE = DATA_DIR / "weave_paper_figures.json"
+COMPUTE_PARAMS = ("tflops_max", "tflops_beta", "eff_g", "eff_p")
 # Lower / upper bounds per parameter; the throughput maxima are further capped by the catalog.
 _BOUNDS = {"tflops_max": (1.0, None), "tflops_beta": (0.1, 3.0), "bw_max": (1.0, None),
            "bw_c0": (0.5, 2000.0), "eff_g": (0.0, 5.0), "eff_p": (0.1, 4.0), "alpha": (0.0, 0.99)}
@@ -215,7 +216,11 @@ def refit_kind(kind: str, skews=(1.0,), eps=None, write_tables: bool = True) -> 
     cl = load_cluster(kind)
     caps = {"tflops_max": float(cl.peak_tflops["bf16"]), "bw_max": float(cl.nvlink_gbps or cl.pcie_gbps)}
     shas = [g["provenance"]["sha256"][:16] for g in grids]
-    fitted, rep = fit_curves(cases, start, caps=caps,
+    # Grids measured on one GPU (EP 1) have no cross-GPU traffic: they inform the compute side
+    # (TFLOPS(n), eff_chunk(K)) only, and the bandwidth curve and alpha keep their defaults.
+    compute_only = all(c.ep == 1 for c in cases)
+    free = COMPUTE_PARAMS if compute_only else PARAM_NAMES
+    fitted, rep = fit_curves(cases, start, free=free, caps=caps,
                              source=f"fit to {len(grids)} measured grid(s) under {store.grids_dir(kind)} "
                                     f"(sha256 {', '.join(shas)})")
     out = {"curves": fitted.to_dict(), "fit": rep,

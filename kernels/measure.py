@@ -6,7 +6,9 @@ The pattern of vLLM's `benchmarks/kernels/benchmark_moe.py`: one Ray actor per G
 driver. Each actor owns a *timer*:
 
 * `gpu`: times the persistent Weave-style Triton kernel (`kernels.weave_kernel`) on its GPU with
-  CUDA events; on one GPU the communication programs move the EP = 1 permutation traffic.
+  CUDA events. Only EP 1 cases: the communication programs move the local permutation traffic,
+  so these grids calibrate the compute side (TFLOPS(n), eff_chunk(K)); BW(c) and alpha need the
+  cross-GPU dispatch that is not implemented yet and keep their defaults.
 * `stand-in`: for machines without a GPU. It follows a known ground-truth curve set (the Weave
   model under given `Curves`) with optional seeded multiplicative noise, so the whole job (Ray
   actors, sweep split, provenance, refit, tables) runs end to end and a test can check that the
@@ -54,6 +56,9 @@ class GpuTimer:
         import torch
 
         from kernels import weave_kernel
+        if case["ep"] != 1:
+            # Cross-GPU dispatch through peer memory is not implemented in kernels.weave_kernel.
+            raise UsageError("the gpu timer measures one GPU (EP 1): cross-GPU dispatch is not implemented")
         key = (tuple(sorted(case["shape"].items())), case["tokens"], case["skew"])
         if key not in self._inputs:
             self._inputs[key] = weave_kernel.random_inputs(LayerShape(**case["shape"]), int(case["tokens"]),

@@ -314,6 +314,34 @@ def moe_layer_time(shape: LayerShape, tokens, ep: int, skew=1.0, hw: Curves | st
     return c_star.astype(int), k_star.astype(int), ns.astype(int), ms
 
 
+def serial_layer_time(shape: LayerShape, tokens, ep: int, skew=1.0, hw: Curves | str = "h100-sxm"):
+    """Predicted ms of the same layer without overlap ("Weave w/o S+T", section 5.6): all N SMs run
+    dispatch, then the GEMMs, then combine. A reference point for the megakernel's gain when no
+    cost-model baseline is at hand; vectorised like `moe_layer_time`."""
+    curves = load_curves(hw) if isinstance(hw, str) else hw
+    vol = volumes(shape, tokens, ep, skew)
+    n = curves.sm_count
+    bw = curves.bw(n) * 1e9
+    return (vol["W_dispatch"] / bw + vol["W_comp"] / (curves.tflops(n) * 1e12) + vol["W_combine"] / bw) * 1e3
+
+
+def megakernel_whatif(shape: LayerShape, tokens, ep: int, skew, baseline_ms, hw: Curves | str = "h100-sxm") -> dict:
+    """What-if for a cost model: its own MoE-layer time (dispatch + experts + combine, forward) vs
+    the Weave-style megakernel's predicted time for the same layer.
+
+    Args:
+        shape, tokens, ep, skew, hw: as for `moe_layer_time`.
+        baseline_ms: the caller's predicted time of the same forward MoE layer (scalar or array).
+    Returns:
+        dict of arrays: c, K, n_steal, weave_ms, baseline_ms, saving (fraction of baseline_ms
+        saved, >= 0: a plan never gets slower by choosing the megakernel, it would not be chosen).
+    """
+    c, k, ns, ms = moe_layer_time(shape, tokens, ep, skew, hw)
+    base = np.asarray(baseline_ms, dtype=float)
+    saving = np.clip(1.0 - ms / np.where(base > 0, base, np.inf), 0.0, 1.0)
+    return {"c": c, "K": k, "n_steal": ns, "weave_ms": ms, "baseline_ms": base, "saving": saving}
+
+
 def select(shape: LayerShape, tokens: float, ep: int, skew: float, curves: Curves) -> dict:
     """The chosen (c*, K*, n_steal) and predicted ms for one layer, plus the time components."""
     c, k, ns, ms = moe_layer_time(shape, tokens, ep, skew, curves)

@@ -258,3 +258,35 @@ def test_cli_tune_without_gpu_exits_2(capsys):
         pytest.skip("a GPU is present")
     rc, _, err = _cli(capsys, "kernels", "tune", "--cluster", "h100-sxm")
     assert rc == 2 and "--stand-in" in err and len(err.strip().splitlines()) == 1
+
+
+def test_one_gpu_grids_calibrate_the_compute_side_only(tmp_path, monkeypatch):
+    """EP 1 grids (what the one-GPU timer measures) have no cross-GPU traffic: the refit moves
+    TFLOPS(n) and eff_chunk(K) to the truth and leaves BW(c) and alpha at their defaults."""
+    monkeypatch.setenv("MOETUNE_HOME", str(tmp_path))
+    default = default_curves("h100-sxm")
+    truth = _truth(default)
+    pts = [{"c": c, "K": k} for c in range(8, 132, 8) for k in K_CHOICES]
+    for tokens in (2048, 8192):
+        case = calibrate.GridCase(DSV2_LITE, tokens, 1, 1.0, pts)
+        ms = calibrate.predict_case(case, truth)
+        store.save_grid("h100-sxm", calibrate.case_to_dict(case), [dict(p, ms=float(m)) for p, m in zip(pts, ms)],
+                        source="synthetic one-GPU ground truth")
+    rep = calibrate.refit_kind("h100-sxm", write_tables=False)
+    fitted = rep["fit"]["fitted"]
+    assert set(rep["fit"]["free"]) == set(calibrate.COMPUTE_PARAMS)
+    for name in calibrate.COMPUTE_PARAMS:
+        assert fitted[name] == pytest.approx(truth.params()[name], rel=0.03), name
+    for name in ("bw_max", "bw_c0", "alpha"):
+        assert fitted[name] == default.params()[name]
+
+
+def test_whatif_against_a_baseline_and_the_serial_schedule():
+    from kernels.weave import megakernel_whatif, serial_layer_time
+    cu = default_curves("h100-sxm")
+    serial = serial_layer_time(DSV2_LITE, np.array([2048.0, 8192.0]), 4, 1.0, cu)
+    w = megakernel_whatif(DSV2_LITE, np.array([2048.0, 8192.0]), 4, 1.0, serial, cu)
+    assert np.all(w["weave_ms"] < serial) and np.all((w["saving"] > 0) & (w["saving"] < 1))
+    # A baseline already faster than the megakernel gets no saving, never a negative one.
+    w = megakernel_whatif(DSV2_LITE, 8192, 4, 1.0, 0.5, cu)
+    assert float(w["saving"]) == 0.0

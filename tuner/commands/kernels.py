@@ -61,7 +61,9 @@ def add_parser(subparsers):
                                    "$MOETUNE_HOME/kernels/<kind>/, refit the curves and regenerate the tables.")
     t.add_argument("--cluster", required=True, help="Hardware kind being measured (clusters/*.yaml).")
     t.add_argument("--model", default="deepseek-v2-lite", help="Model whose layer shape is measured (default deepseek-v2-lite).")
-    t.add_argument("--ep", type=_positive_int, default=4, help="Expert-parallel size of the measured cases (default 4).")
+    t.add_argument("--ep", type=_positive_int, default=None,
+                   help="Expert-parallel size of the measured cases (default 1 on a GPU, whose kernel measures one "
+                        "GPU, and 4 with --stand-in).")
     t.add_argument("--tokens", type=_positive_int, nargs="+", default=[2048, 8192],
                    help="Tokens per GPU of the measured cases (default 2048 8192).")
     t.add_argument("--skew", type=_skew, nargs="+", default=[1.0], help="Routing skews of the measured cases (default 1.0).")
@@ -122,6 +124,9 @@ def _tune(args) -> int:
     from specs.models import load_model
     cl = load_cluster(args.cluster)
     shape = LayerShape.from_model(load_model(args.model))
+    args.ep = args.ep or (4 if args.stand_in else 1)
+    if not args.stand_in and args.ep != 1:
+        raise UsageError("on a GPU `kernels tune` measures one GPU (--ep 1): cross-GPU dispatch is not implemented")
     if shape.num_experts % args.ep:
         raise UsageError(f"--ep {args.ep} must divide the {shape.num_experts} experts of {shape.name}")
     cases = measure.cases_for(shape, args.tokens, args.ep, skews=args.skew)
