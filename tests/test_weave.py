@@ -290,3 +290,18 @@ def test_whatif_against_a_baseline_and_the_serial_schedule():
     # A baseline already faster than the megakernel gets no saving, never a negative one.
     w = megakernel_whatif(DSV2_LITE, 8192, 4, 1.0, 0.5, cu)
     assert float(w["saving"]) == 0.0
+
+
+def test_paper_optimum_is_predicted_without_being_fitted():
+    """Less circular than the defaults test: refit the Figure 9(b) grid *without* its optimum
+    (c 40, K 4, 1.365 ms); the model still selects c* = 40, K* = 4 over the full search grid."""
+    case = calibrate.paper_grid_case()
+    held_out = [p for p in case.points if (p["c"], p["K"]) != (40, 4)]
+    start = default_curves("h100-sxm").with_params(tflops_max=700.0, tflops_beta=0.8, bw_max=360.0, bw_c0=40.0,
+                                                   alpha=0.5)
+    fitted, _ = calibrate.fit_curves([calibrate.GridCase(case.shape, case.tokens, case.ep, case.skew, held_out)],
+                                     start, free=("tflops_max", "tflops_beta", "bw_max", "bw_c0", "alpha"),
+                                     caps={"tflops_max": 989.0, "bw_max": 450.0})
+    s = select(DSV2_LITE, 8192, 4, 1.0, fitted)
+    assert (s["c"], s["K"]) == (40, 4)
+    assert abs(s["predicted_ms"] - 1.365) / 1.365 < 0.1
