@@ -27,32 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-BLOCK_CANDIDATES = [
-    {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": gm, "num_warps": nw, "num_stages": ns}
-    for bm, bn, bk, gm, nw, ns in [
-        (16, 64, 64, 1, 4, 3), (32, 64, 64, 8, 4, 3), (64, 64, 64, 8, 4, 3), (64, 128, 64, 8, 4, 3),
-        (64, 128, 64, 16, 8, 4), (128, 128, 64, 8, 8, 3), (128, 64, 64, 1, 4, 4), (128, 256, 64, 8, 8, 3),
-    ]
-]
-
-
-def _time_ms(fn, iters=10, warmup=3):
-    import torch
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def check_correctness(report):
     import torch
 
@@ -84,42 +58,18 @@ def check_correctness(report):
 
 
 def sweep_blocks(report, out: Path, deadline: float):
-    import torch
-    import triton
-
-    from kernels import tables
-    from kernels.fused_moe import fused_moe
+    from kernels.measure import sweep_block_configs
     from kernels.weave import LayerShape
-    from kernels.weave_kernel import random_inputs
     from specs.models import load_model
     shape = LayerShape.from_model(load_model("deepseek-v2-lite"))
-    best = {}
-    timings = []
-    for m in (64, 512, 4096):
-        x, w1, w2, w, ids = random_inputs(shape, m, device="cuda", dtype=torch.bfloat16)
-        for cfg in BLOCK_CANDIDATES:
-            if time.time() > deadline:
-                break
-            try:
-                ms = _time_ms(lambda cfg=cfg, inp=(x, w1, w2, w, ids): fused_moe(*inp, config=cfg), iters=5, warmup=2)
-            except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory) is skipped
-                timings.append({"M": m, "config": cfg, "error": str(e).splitlines()[0][:200]})
-                continue
-            timings.append({"M": m, "config": cfg, "ms": ms})
-            if m not in best or ms < best[m][0]:
-                best[m] = (ms, cfg)
-    dev = torch.cuda.get_device_name().replace(" ", "_")
-    path = tables.sglang_config_path(out / "sglang", shape.num_experts, shape.inter, dev, triton.__version__)
-    if best:
-        tables.write_block_table(path, {m: cfg for m, (_, cfg) in best.items()})
-    report["block_sweep"] = {"table": str(path) if best else None, "timings": timings,
-                             "best": {str(m): {"ms": v[0], **v[1]} for m, v in best.items()}}
+    report["block_sweep"] = sweep_block_configs(shape, (64, 512, 4096), out / "sglang", deadline=deadline)
 
 
 def sweep_weave(report, out: Path, tokens: int, deadline: float):
     import torch
     import triton
 
+    from kernels.measure import cuda_median_ms
     from kernels.weave import LayerShape
     from kernels.weave_kernel import random_inputs, weave_moe
     from specs.models import load_model
@@ -131,7 +81,7 @@ def sweep_weave(report, out: Path, tokens: int, deadline: float):
         for k in (1, 2, 4, 8):
             if time.time() > deadline:
                 break
-            ms = _time_ms(lambda c=c, k=k: weave_moe(x, w1, w2, w, ids, num_programs=n, comm_programs=c, chunks=k,
+            ms = cuda_median_ms(lambda c=c, k=k: weave_moe(x, w1, w2, w, ids, num_programs=n, comm_programs=c, chunks=k,
                                             n_steal=0, block_m=64, block_n=64, block_k=64, block_h=256),
                           iters=5, warmup=2)
             points.append({"c": c, "K": k, "ms": round(ms, 6)})

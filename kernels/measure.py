@@ -66,16 +66,81 @@ class GpuTimer:
         inp = self._inputs[key]
         sm = torch.cuda.get_device_properties(0).multi_processor_count
         for _ in range(self.warmup):
-            weave_kernel.weave_moe(*inp, num_programs=sm, comm_programs=c, chunks=k)
-        times = []
-        for _ in range(self.iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            weave_kernel.weave_moe(*inp, num_programs=sm, comm_programs=c, chunks=k)
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        return float(np.median(times))
+            weave_kernel.weave_moe(*inp, num_programs=sm, comm_programs=c, chunks=k,
+                                   block_m=64, block_n=64, block_k=64, block_h=256)
+        return cuda_median_ms(lambda: weave_kernel.weave_moe(*inp, num_programs=sm, comm_programs=c, chunks=k,
+                                                             block_m=64, block_n=64, block_k=64, block_h=256),
+                              iters=self.iters, warmup=0)
+
+
+# Block configurations tried by the fused-MoE sweep (SGLang keys); a small set around the shapes
+# SGLang's shipped H100 tables pick for bf16 expert GEMMs.
+BLOCK_CANDIDATES = [
+    {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": gm, "num_warps": nw, "num_stages": ns}
+    for bm, bn, bk, gm, nw, ns in [
+        (16, 64, 64, 1, 4, 3), (32, 64, 64, 8, 4, 3), (64, 64, 64, 8, 4, 3), (64, 128, 64, 8, 4, 3),
+        (64, 128, 64, 16, 8, 4), (128, 128, 64, 8, 8, 3), (128, 64, 64, 1, 4, 4), (128, 256, 64, 8, 8, 3),
+    ]
+]
+
+
+def cuda_median_ms(fn, iters: int = 10, warmup: int = 3) -> float:
+    """Median time of fn() in ms by CUDA events (GPU only)."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+def sweep_block_configs(shape: LayerShape, m_list, out_root, deadline: float | None = None,
+                        candidates=None) -> dict:
+    """Time the fused MoE kernel (bf16) for each block configuration at each M on this GPU and write
+    the best per M as an SGLang table under out_root (`tables.sglang_config_path`).
+
+    Args:
+        shape: expert shape (E local experts, N = per-partition expert FFN width).
+        m_list: token counts M to tune.
+        out_root: folder standing for SGLANG_MOE_CONFIG_DIR.
+        deadline: time.time() after which no further configuration is tried.
+        candidates: configurations to try (default BLOCK_CANDIDATES).
+    Returns:
+        {"table": path or None, "best": {M: {"ms", config...}}, "timings": [...]}.
+    """
+    import torch
+    import triton
+
+    from kernels import tables
+    from kernels.fused_moe import fused_moe
+    from kernels.weave_kernel import random_inputs
+    best, timings = {}, []
+    for m in m_list:
+        inp = random_inputs(shape, int(m), device="cuda", dtype=torch.bfloat16)
+        for cfg in candidates or BLOCK_CANDIDATES:
+            if deadline is not None and time.time() > deadline:
+                break
+            try:
+                ms = cuda_median_ms(lambda cfg=cfg, inp=inp: fused_moe(*inp, config=cfg), iters=5, warmup=2)
+            except Exception as e:  # noqa: BLE001 - a config that does not fit (shared memory) is skipped
+                timings.append({"M": int(m), "config": cfg, "error": str(e).splitlines()[0][:200]})
+                continue
+            timings.append({"M": int(m), "config": cfg, "ms": ms})
+            if m not in best or ms < best[m][0]:
+                best[m] = (ms, cfg)
+    dev = torch.cuda.get_device_name().replace(" ", "_")
+    path = tables.sglang_config_path(out_root, shape.num_experts, shape.inter, dev, triton.__version__)
+    if best:
+        tables.write_block_table(path, {int(m): cfg for m, (_, cfg) in best.items()})
+    return {"table": str(path) if best else None, "timings": timings,
+            "best": {str(m): {"ms": v[0], **v[1]} for m, v in best.items()}}
 
 
 def _make_worker_class(use_gpu: bool):

@@ -151,3 +151,34 @@ def block_config_for(table: dict | None, m: int, num_experts: int, topk: int) ->
         return default_block_config(m, num_experts, topk)
     t = {int(k): v for k, v in table.items()}
     return dict(t[min(t, key=lambda x: abs(x - m))])
+
+
+def sglang_block_table_for(shape: LayerShape, kind: str, tp: int = 1, ep: int = 1,
+                           triton_version: str | None = None) -> tuple[str, dict, str]:
+    """The fused-MoE block table a serving plan should ship, for `moetune emit sglang`.
+
+    Args:
+        shape: the model's routed-expert shape.
+        kind: hardware kind of the serving cluster.
+        tp, ep: SGLang's tensor- and expert-parallel sizes (MoE TP = tp / ep splits the FFN width).
+        triton_version: the serving stack's triton (default: the installed one).
+    Returns:
+        (path relative to SGLANG_MOE_CONFIG_DIR, table {M: config}, source): the table measured by
+        `moetune kernels tune` on this kind when there is one for this shape, else SGLang's untuned
+        default per M (which SGLang would use anyway: shipping it changes nothing but is explicit).
+    """
+    if ep < 1 or tp < 1 or tp % ep or shape.num_experts % ep:
+        raise UsageError(f"tp {tp} / ep {ep} do not split {shape.num_experts} experts for SGLang")
+    moe_tp = tp // ep
+    if shape.inter % moe_tp:
+        raise UsageError(f"MoE TP {moe_tp} does not divide the expert FFN width {shape.inter}")
+    if triton_version is None:
+        import triton
+        triton_version = triton.__version__
+    e_local, n = shape.num_experts // ep, shape.inter // moe_tp
+    rel = sglang_config_path(Path("."), e_local, n, device_name(kind), triton_version)
+    measured = store.kind_dir(kind) / "sglang" / rel
+    if measured.is_file():
+        return str(rel), validate_block_table(read_table(measured)), f"measured: {measured}"
+    table = {m: default_block_config(m, e_local, shape.topk) for m in BLOCK_M_GRID}
+    return str(rel), table, "SGLang's untuned default (no measured table for this shape and kind)"

@@ -1,6 +1,7 @@
 """Weave's (c, K) model, its sourced defaults, tables and calibration (kernels/weave.py,
 kernels/calibrate.py, kernels/tables.py, kernels/store.py)."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,23 +176,30 @@ def test_table_names_and_nearest_lookup():
     assert tables.nearest(t, 100)["c"] == 1 and tables.nearest(t, 3000)["c"] == 2
 
 
-def test_block_table_is_read_by_sglang(tmp_path, monkeypatch):
-    """The block table lands where SGLang 0.5.23's own loader finds it."""
-    cfg = pytest.importorskip("sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config")
-    import triton
-    table = {m: tables.default_block_config(m, 64, 6) for m in (1, 64, 4096)}
-    table[4096]["num_stages"] = 4
-    p = tables.sglang_config_path(tmp_path, 64, 1408, "NVIDIA_H100_80GB_HBM3", triton.__version__)
-    tables.write_block_table(p, table)
-    monkeypatch.setenv("SGLANG_MOE_CONFIG_DIR", str(tmp_path))
-    monkeypatch.setattr(cfg, "get_device_name", lambda: "NVIDIA H100 80GB HBM3")
-    assert cfg.get_config_file_name(64, 1408, None) == p.name
-    try:
-        got = cfg.get_moe_configs.__wrapped__(64, 1408, None)
-    except (RuntimeError, AttributeError) as e:  # its deterministic switch reads sglang's server state
-        pytest.skip(f"sglang loader needs server state here: {e}")
-    assert got == {int(k): v for k, v in table.items()}
-
+def test_block_table_name_and_folder_are_sglangs(tmp_path):
+    """The block table's file name is what SGLang 0.5.23's own `get_config_file_name` builds, and
+    its folder is the configs/triton_X_Y_Z one `get_moe_configs` reads. The installed sglang cannot
+    be imported here (no transformers), so its function is taken from its source file."""
+    import ast
+    import importlib.util
+    spec = importlib.util.find_spec("sglang")
+    if spec is None:
+        pytest.skip("sglang is not installed")
+    src_path = Path(spec.origin).parent / "srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"
+    src = src_path.read_text()
+    fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "get_config_file_name")
+    from typing import Optional
+    ns = {"Optional": Optional, "get_device_name": lambda: "NVIDIA H100 80GB HBM3"}
+    fn.decorator_list = []
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(src_path), "exec"), ns)  # noqa: S102
+    ours = tables.sglang_config_path(tmp_path, 64, 1408, "NVIDIA_H100_80GB_HBM3", "3.9.0")
+    assert ours.name == ns["get_config_file_name"](64, 1408, None)
+    assert 'version_dir = f"triton_{triton_version.replace(\'.\', \'_\')}"' in src
+    assert '"configs",\n        version_dir,' in src
+    assert ours.parent == tmp_path / "configs" / "triton_3_9_0"
+    tables.write_block_table(ours, {1: tables.default_block_config(1, 64, 6)})
+    # SGLang's loader: {int(key): val for key, val in json.load(f).items()}
+    assert {int(k): v for k, v in json.loads(ours.read_text()).items()} == {1: tables.default_block_config(1, 64, 6)}
 
 @pytest.mark.slow
 def test_measurement_job_end_to_end_with_a_stand_in_timer(tmp_path, monkeypatch):
@@ -305,3 +313,16 @@ def test_paper_optimum_is_predicted_without_being_fitted():
     s = select(DSV2_LITE, 8192, 4, 1.0, fitted)
     assert (s["c"], s["K"]) == (40, 4)
     assert abs(s["predicted_ms"] - 1.365) / 1.365 < 0.1
+
+
+def test_sglang_block_table_for_a_serving_plan(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOETUNE_HOME", str(tmp_path))
+    rel, table, src = tables.sglang_block_table_for(DSV2_LITE, "h100-sxm", tp=4, ep=4, triton_version="3.9.0")
+    assert rel == "configs/triton_3_9_0/E=16,N=1408,device_name=NVIDIA_H100_80GB_HBM3.json"
+    assert "default" in src and set(table[4096]) == set(tables.BLOCK_KEYS)
+    measured = {1: tables.default_block_config(1, 16, 6), 4096: dict(tables.default_block_config(4096, 16, 6), num_warps=8)}
+    tables.write_block_table(store.kind_dir("h100-sxm") / "sglang" / rel, measured)
+    rel2, table2, src2 = tables.sglang_block_table_for(DSV2_LITE, "h100-sxm", tp=4, ep=4, triton_version="3.9.0")
+    assert rel2 == rel and src2.startswith("measured") and table2[4096]["num_warps"] == 8
+    with pytest.raises(InputError):
+        tables.sglang_block_table_for(DSV2_LITE, "h100-sxm", tp=2, ep=4)

@@ -146,12 +146,17 @@ def _tune(args) -> int:
             raise UsageError("no CUDA GPU here: `kernels tune` measures on GPUs (add --stand-in to run the job with "
                              "the CPU stand-in timer)")
         rep = measure.run_job(args.cluster, cases, timer="gpu", workers=args.workers, sm_count=cl.sm_count)
+        from kernels import store
+        blocks = measure.sweep_block_configs(shape, (1, 16, 64, 256, 1024, 4096), store.kind_dir(args.cluster) / "sglang")
+        rep["block_table"] = blocks["table"]
     if args.json:
         print(json.dumps(rep, default=str))
         return 0
     print(f"measured {len(rep['grids'])} grid(s) with {rep['workers']} worker(s) in {rep['seconds']:.1f} s")
     for p in rep["grids"]:
         print(f"  grid   {p}")
+    if rep.get("block_table"):
+        print(f"SGLang block table {rep['block_table']}")
     if rep["refit"]:
         print(f"refit rms log error {rep['refit']['fit']['rms_log_error']:.4f} -> {rep['refit']['curves_file']}")
         for p in rep["refit"]["tables"]:
