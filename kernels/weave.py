@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -292,7 +291,8 @@ def moe_layer_time(shape: LayerShape, tokens, ep: int, skew=1.0, hw: Curves | st
         tokens: tokens per GPU before dispatch (scalar or numpy array).
         ep: expert-parallel size.
         skew: routing skew (>= 1, scalar or array broadcastable against tokens).
-        hw: a `Curves` object or a hardware kind (then `load_curves(kind)`).
+        hw: a `Curves` object or a hardware kind (then `load_curves(kind)`, which reads files: a
+            cost model pricing many layers should load the curves once and pass them).
     Returns:
         (c_star, k_star, n_steal, ms): numpy arrays of the broadcast shape of tokens and skew
         (0-d for scalars); ms is the predicted MoE-layer time of the slowest (skewed) GPU.
@@ -350,7 +350,3 @@ def select(shape: LayerShape, tokens: float, ep: int, skew: float, curves: Curve
     return {"c": int(c), "K": int(k), "n_steal": int(ns), "predicted_ms": float(ms),
             **{f"{k_}_ms": float(v_) * 1e3 for k_, v_ in parts.items() if k_ != "T_total"},
             "regime": "compute+tail" if parts["T_comp"] + parts["T_tail"] >= parts["T_comm"] else "communication"}
-
-
-def is_finite_curves(curves: Curves) -> bool:
-    return all(math.isfinite(v) for v in curves.params().values())
