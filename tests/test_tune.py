@@ -117,20 +117,90 @@ def test_concurrent_claim_lowest_number_wins(study):
     assert S.claim(study, plan, {}) is None  # RUNNING lower-numbered trial holds it
 
 
-def test_stale_running_trial_failed_and_retried_once(study):
+def test_stale_running_trial_failed_and_retried_once(tmp_path):
+    """A trial whose tuner stopped beating is failed after the grace period (Optuna heartbeats, timed
+    by the database), Optuna queues one retry of its plan, and the plan is not retried twice."""
     from tuner import study as S
+    storage = S.open_storage(None, tmp_path, heartbeat_interval=1)  # grace period 3 s
+    study = S.open_study("t", storage)
     plan = P("ep=2,mbs=2")
-    t = study.ask()
-    t.set_user_attr("plan", plan)
-    t.set_user_attr("owner", f"{S.socket.gethostname()}:999999999")  # a dead process
-    assert S.fail_stale(study) == [0]
-    ft = study.trials[0]
-    assert ft.state == TrialState.FAIL and ft.user_attrs["failure_kind"] == "interrupted"
-    st = S.plan_status(study)
-    assert S.eligible(st, plan)  # retried once ...
-    t2 = S.claim(study, plan, {})
-    S.mark_interrupted(study, t2)
-    assert not S.eligible(S.plan_status(study), plan)  # ... but not twice
+    dead = S.Heartbeat(study, storage)
+    t = S.claim(study, plan, {"roles": "searched"}, heartbeat=dead)
+    dead.stop()  # its tuner dies: no more heartbeats
+    live = S.Heartbeat(study, storage)
+    alive = S.claim(study, P("mbs=4"), {"roles": "searched"}, heartbeat=live)
+    try:
+        assert S.fail_stale(study) == []  # within the grace period
+        time.sleep(4.5)
+        assert S.fail_stale(study) == [t.number]
+        ft = study.trials[t.number]
+        assert ft.state == TrialState.FAIL and S.failure_kind(ft) == "interrupted"
+        assert study.trials[alive.number].state == TrialState.RUNNING  # its heartbeat kept it alive
+        row = next(r for r in S.trial_rows(study) if r["number"] == t.number)
+        assert row["failure_kind"] == "interrupted"
+        queued = study.get_trials(states=(TrialState.WAITING,))
+        assert len(queued) == 1 and queued[0].user_attrs["plan"] == plan and queued[0].params["ep"] == 2
+        assert S.eligible(S.plan_status(study), plan)  # retried once ...
+        # asking for another plan, the tuner is handed the queued retry first
+        t2 = S.claim(study, P("mbs=1"), {"roles": "searched"}, heartbeat=live)
+        assert t2.user_attrs["plan"] == plan and t2.user_attrs["attempt"] == 2
+        S.mark_interrupted(study, t2)
+        assert not S.eligible(S.plan_status(study), plan)  # ... but not twice
+        assert S.claim(study, plan, {}) is None
+    finally:
+        live.stop()
+
+
+def test_plan_fields_are_optuna_params(study):
+    """Optuna's own tools see the plans: each field is a one-choice categorical parameter."""
+    from tuner import study as S
+    plans = [P("ep=2,mbs=4"), P("pp=2,recompute=selective")]
+    for i, plan in enumerate(plans):
+        t = S.claim(study, plan, {"roles": "searched"})
+        S.record(study, t, {"ok": True, "step_time_s": 1.0 + i, "tokens_per_s_per_gpu": 100.0 - i})
+    for t, plan in zip(study.trials, plans):  # the params spell the plan
+        assert Plan.parse(",".join(f"{k}={v}" for k, v in t.params.items())).canonical() == plan
+    pytest.importorskip("pandas", reason="Study.trials_dataframe needs pandas")
+    df = study.trials_dataframe()
+    assert {"params_tp", "params_ep", "params_pp", "params_mbs", "params_recompute", "params_dist_opt"} <= set(df.columns)
+    assert list(df["params_ep"]) == [2, 1] and list(df["params_pp"]) == [1, 2]
+    assert list(df["params_recompute"]) == ["none", "selective"]
+
+
+# command-line checks, before Ray starts ------------------------------------------------------------
+
+TUNE = ["tune", "--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2", "--gbs", "8", "--seq", "128",
+        "--study", "bad", "--no-progress"]
+
+
+@pytest.mark.parametrize("flags,word", [(["--screen-actors", "0"], "--screen-actors"),
+                                        (["--trials", "0"], "--trials"),
+                                        (["--memory-cap-gib", "0"], "--memory-cap-gib"),
+                                        (["--iters", "-1"], "--iters"),
+                                        (["--trial-timeout", "0"], "--trial-timeout"),
+                                        (["--heartbeat-interval", "0"], "--heartbeat-interval"),
+                                        (["--stack", "bogus"], "stack profile"),
+                                        (["--calibration", "/nonexistent.json"], "--calibration"),
+                                        (["--tables", "/nonexistent"], "--tables")])
+def test_tune_refuses_bad_flags_before_ray(tmp_path, capsys, flags, word):
+    import ray
+
+    from tuner.cli import main
+    assert main([*TUNE, "--study-dir", str(tmp_path / "s"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and word in err[0], err
+    assert not ray.is_initialized()
+    assert not (tmp_path / "s").exists()  # nothing started, nothing written
+
+
+def test_library_leaves_optuna_verbosity_alone(tmp_path):
+    from tuner import study as S
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    try:
+        S.open_study("v", S.open_storage(None, tmp_path))
+        assert optuna.logging.get_verbosity() == optuna.logging.INFO
+    finally:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 # pre-registration and adjudication --------------------------------------------------------------------
@@ -204,10 +274,13 @@ def test_select_candidates_diverse_layouts():
 @pytest.mark.timeout(420)
 def test_tune_end_to_end_kill_and_resume(tmp_path):
     import hashlib
+
+    from tuner import study as S
     d = tmp_path / "study"
     cmd = [sys.executable, "-m", "tuner.cli", "tune", "--model", "tiny-moe", "--cluster", "cpu-local",
            "--gpus", "2", "--gbs", "8", "--seq", "128", "--study", "e2e", "--study-dir", str(d),
-           "--trials", "4", "--iters", "2", "--warmup", "1", "--trial-timeout", "120", "--no-progress"]
+           "--trials", "4", "--iters", "2", "--warmup", "1", "--trial-timeout", "120", "--no-progress",
+           "--heartbeat-interval", "1"]  # a killed tuner's trial is stale after 3 s
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
@@ -249,7 +322,8 @@ def test_tune_end_to_end_kill_and_resume(tmp_path):
     for t in st.get_trials():
         assert t.state != TrialState.RUNNING
         if t.state == TrialState.FAIL:
-            assert t.user_attrs["failure_kind"] in ("interrupted", "oom", "crash", "timeout", "stack-rejected")
+            assert S.failure_kind(t) in ("interrupted", "oom", "crash", "timeout", "stack-rejected")
+    assert all(t.params["ep"] == Plan.parse(t.user_attrs["plan"]).ep for t in done)  # plans as Optuna params
     adj = subprocess.run([sys.executable, "-m", "tuner.cli", "adjudicate", "e2e", "--study-dir", str(d)],
                          cwd=tmp_path, env=env, capture_output=True, text=True)
     assert adj.returncode in (0, 1) and adj.stdout.strip().splitlines()[-1].split(":")[0] in ("PASS", "FAIL")

@@ -7,16 +7,18 @@ the tuner's source files). Integrity, two ways:
 - `sha256` inside the file: sha256 of the canonical JSON (sorted keys, no whitespace) of the
   document without that field;
 - the sidecar `preregistration.sha256`: sha256 of the file's bytes, `sha256sum` format.
-Written atomically (tmp file + fsync + rename); `write` refuses to replace an existing file.
+Written atomically and durably (`specs.fileio.write_atomic`: tmp file + fsync + link/rename); `write`
+refuses to replace an existing file, and of two processes registering at once exactly one succeeds.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
+
+from specs.fileio import write_atomic
 
 FORMAT = "moetune-preregistration/1"
 NAME = "preregistration.json"
@@ -86,31 +88,24 @@ def build(*, study: str, workload, precision: str, plans: list[dict], baseline: 
 
 
 def write(study_dir: str | Path, doc: dict) -> Path:
+    """Register `doc` in `study_dir` (created if missing); returns the JSON file's path.
+
+    The JSON is created exclusively (`write_atomic(..., exclusive=True)`): if a pre-registration is
+    already there, from this process or a concurrent tuner, PreregistrationError is raised and
+    nothing is written. The sidecar with the file's sha256 follows; `load` waits briefly for it.
+    """
     d = Path(study_dir)
-    d.mkdir(parents=True, exist_ok=True)
     path = d / NAME
     if path.exists():
         raise PreregistrationError(f"{path} exists; a pre-registration is never rewritten")
     data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
     side = f"{hashlib.sha256(data).hexdigest()}  {NAME}\n".encode()
-    tmp = _tmp_write(path, data)
     try:
-        os.link(tmp, path)  # exclusive: fails if another process registered first
+        write_atomic(path, data, fsync=True, exclusive=True)
     except FileExistsError:
         raise PreregistrationError(f"{path} exists; a pre-registration is never rewritten") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    os.replace(_tmp_write(d / SIDECAR, side), d / SIDECAR)
+    write_atomic(d / SIDECAR, side, fsync=True)
     return path
-
-
-def _tmp_write(target: Path, blob: bytes) -> Path:
-    tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    return tmp
 
 
 def load(study_dir: str | Path) -> dict:
