@@ -10,6 +10,16 @@ import tempfile
 from pathlib import Path
 
 
+def _read_umask() -> int:
+    # os.umask can only be read by setting it; do it once, at import, not while threads write files.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 def write_atomic(path, data: str | bytes, *, fsync: bool = False, exclusive: bool = False) -> Path:
     """Write `data` to `path` through a temporary file in the same folder, then rename it in place.
 
@@ -41,9 +51,7 @@ def write_atomic(path, data: str | bytes, *, fsync: bool = False, exclusive: boo
                 f.flush()
                 os.fsync(f.fileno())
         # mkstemp creates the file 0600; give it the permissions an ordinary open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~_UMASK)
         if exclusive:
             os.link(tmp, path)  # FileExistsError if the name exists: never overwrites
         else:

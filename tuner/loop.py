@@ -124,7 +124,7 @@ def start_ray(workload, ray_address: str | None = None, dashboard: bool = False)
                        num_cpus=ncpu, log_to_driver=False, logging_level=logging.WARNING)
     if dashboard:
         url = getattr(ctx, "dashboard_url", None)
-        logger.info("Ray dashboard: http://%s", url) if url else logger.info("Ray dashboard: not available")
+        logger.info("Ray dashboard: %s", f"http://{url}" if url else "not available")
     return True
 
 
