@@ -33,11 +33,13 @@ class PreregistrationError(Exception):
 
 
 def canonical_hash(doc: dict) -> str:
+    """sha256 of the canonical JSON (sorted keys, no whitespace) of `doc` without its `sha256`."""
     body = {k: v for k, v in doc.items() if k != "sha256"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def code_version() -> dict:
+    """{'describe': git describe (or the installed version), 'source_sha256': hash of the sources}."""
     h = hashlib.sha256()
     for d in SOURCE_DIRS:
         for p in sorted((REPO_ROOT / d).rglob("*.py")):
@@ -60,6 +62,16 @@ def code_version() -> dict:
 def build(*, study: str, workload, precision: str, plans: list[dict], baseline: dict,
           baseline_source: str, tables_digest: str, calibration, trials_budget: int,
           sampler: str, space: dict) -> dict:
+    """The pre-registration document, with its embedded `sha256`.
+
+    Args:
+        study: study name. workload: the Workload. precision: the --precision asked for.
+        plans: the candidates, best predicted first: dicts with plan, rank and predictions.
+        baseline: the baseline's plan and predictions. baseline_source: where it came from.
+        tables_digest: digest of the tables predicted with. calibration: the Calibration used.
+        trials_budget: searched trials to run. sampler: the proposer's name.
+        space: what was screened (level, counts).
+    """
     cal = calibration.to_dict()
     cal_hash = hashlib.sha256(json.dumps(cal, sort_keys=True).encode()).hexdigest()
     doc = {
