@@ -338,6 +338,12 @@ def test_tune_end_to_end_kill_and_resume(tmp_path):
         if t.state == TrialState.FAIL:
             assert study_mod.failure_kind(t) in ("interrupted", "oom", "crash", "timeout", "stack-rejected")
     assert all(t.params["ep"] == Plan.parse(t.user_attrs["plan"]).ep for t in done)  # plans as Optuna params
+    # the trial running when the tuner was killed went stale, was failed, and its plan retried once
+    for t in st.get_trials():
+        if t.state == TrialState.FAIL and study_mod.failure_kind(t) == "interrupted":
+            again = [u for u in st.get_trials() if u.number > t.number and u.user_attrs.get("plan") == t.user_attrs["plan"]
+                     and u.state in (TrialState.COMPLETE, TrialState.FAIL)]
+            assert again and again[0].user_attrs["attempt"] == 2, (t.number, [u.number for u in again])
     adj = subprocess.run([sys.executable, "-m", "tuner.cli", "adjudicate", "e2e", "--study-dir", str(d)],
                          cwd=tmp_path, env=env, capture_output=True, text=True)
     assert adj.returncode in (0, 1) and adj.stdout.strip().splitlines()[-1].split(":")[0] in ("PASS", "FAIL")

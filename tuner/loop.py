@@ -197,8 +197,8 @@ class TrialLoop:
     def run(self) -> None:
         """setup, then launch / observe until the budget is met; on any exception (Ctrl-C
         included) the running trials are marked interrupted and their tasks cancelled."""
-        self.setup()
         try:
+            self.setup()
             while True:
                 self.launch_ready()
                 if not self.in_flight:
