@@ -9,6 +9,8 @@ import importlib
 import pkgutil
 import sys
 
+import optuna
+
 import tuner.commands as commands_pkg
 from specs.errors import InputError
 
@@ -27,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the one place: libraries log, the CLI decides
     try:
         return int(args._run(args) or 0)
     except InputError as e:
