@@ -9,7 +9,7 @@ import pytest
 from clusters import load_cluster
 from cost_model import predict, predict_arrays
 from cost_model.calibration import IDENTITY, Calibration, fit_calibration
-from cost_model.model import _activation_terms, _mlp_terms, korthikanti_layer_bytes, optimizer_bytes_per_param
+from cost_model.memory import activation_terms, korthikanti_layer_bytes, mlp_terms, optimizer_bytes_per_param
 from cost_model.tables import load_tables
 from specs.model_spec import ModelSpec
 from specs.models import load_model
@@ -24,8 +24,8 @@ def test_korthikanti_dense_layer_matches_generalised_terms():
     assert korthikanti_layer_bytes(s, b, h, a, t) == s * b * h * (34 + 5 * a * s / h) / t
     spec = ModelSpec(name="gpt", num_layers=1, hidden_size=h, num_attention_heads=a, vocab_size=1000,
                      ffn_hidden_size=4 * h, gated_linear_unit=False, moe_layers=(False,))
-    terms = _activation_terms(spec, s * b, t, s, flash=False, dropout=True)
-    terms.update(_mlp_terms(s * b, h, 4 * h, False, t))
+    terms = activation_terms(spec, s * b, t, s, flash=False, dropout=True)
+    terms.update(mlp_terms(s * b, h, 4 * h, False, t))
     # MLP dropout mask (sbh) is counted in the attention dict's 2*sbh dropout term
     assert sum(terms.values()) == pytest.approx(korthikanti_layer_bytes(s, b, h, a, t))
 
@@ -100,11 +100,11 @@ def test_published_rows_within_20pct_after_calibration():
 
 
 def test_flex_sends_once_per_remote_domain():
-    from cost_model.model import _distinct_domains
+    from cost_model.blocks import distinct_domains
     spec = load_model("qwen3-30b-a3b")  # 128 experts top-8, EP16 over two 8-GPU nodes
-    assert _distinct_domains(spec, 128, 8, np.array([16.0]), np.array([8.0]))[0] == pytest.approx(
+    assert distinct_domains(spec, 128, 8, np.array([16.0]), np.array([8.0]))[0] == pytest.approx(
         1 - math.comb(64, 8) / math.comb(128, 8))
-    assert _distinct_domains(spec, 128, 8, np.array([8.0]), np.array([8.0]))[0] == 0.0
+    assert distinct_domains(spec, 128, 8, np.array([8.0]), np.array([8.0]))[0] == 0.0
     w = _w("qwen3-30b-a3b", gpus=16, gbs=64)
     r = predict_arrays(w, [Plan(ep=16), Plan(ep=16, dispatcher="flex", flex_backend="deepep")],
                        calibration=IDENTITY, detail=True)["breakdown_s"]["ep_dispatch_combine"]
