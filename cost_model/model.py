@@ -148,7 +148,7 @@ class Stages:
     loss: np.ndarray
     mask: np.ndarray
     notes: list | None
-    recompute_fraction: np.ndarray = field(default=None)
+    recompute_fraction: np.ndarray
 
     @property
     def layers(self) -> np.ndarray:
@@ -168,7 +168,9 @@ def _code(keys: np.ndarray) -> np.ndarray:
     return code
 
 
-def _stages(spec, pa: PlanArrays) -> Stages:
+def _stages(spec, pa: PlanArrays, vpp_f: np.ndarray) -> Stages:
+    """The stage structure of every plan (`stage_structure` once per distinct split); `vpp_f`:
+    the plans' vpp as floats."""
     keys = np.stack([pa.pp, pa.vpp, pa.pp_first, pa.pp_last, pa.layout], axis=1)
     _, first, inv = np.unique(_code(keys), return_index=True, return_inverse=True)
     uniq, inv = keys[first], inv.reshape(-1)
@@ -181,13 +183,14 @@ def _stages(spec, pa: PlanArrays) -> Stages:
                                            pa.layouts[int(lay)])
         nd[u, :pp], nm[u, :pp], em[u, :pp], lo[u, :pp], mask[u, :pp] = a, b, c, d, 1
         notes.append(note)
-    return Stages(nd[inv], nm[inv], em[inv], lo[inv], mask[inv], [notes[i] for i in inv] if any(notes) else None)
+    nd, nm = nd[inv], nm[inv]
+    return Stages(nd, nm, em[inv], lo[inv], mask[inv], [notes[i] for i in inv] if any(notes) else None,
+                  _recompute_fraction(pa, vpp_f, nd + nm))
 
 
-def _recompute_fraction(pa: PlanArrays, vpp: np.ndarray, st: Stages) -> np.ndarray:
+def _recompute_fraction(pa: PlanArrays, vpp: np.ndarray, nlay: np.ndarray) -> np.ndarray:
     """[P, S] share of a stage's layers whose forward is recomputed: all of them for full uniform
     recompute, recompute_layers per virtual chunk with the block method; 1 (unused) otherwise."""
-    nlay = st.layers
     rc_full = pa.recompute == 2
     frac = np.ones_like(nlay)
     blk = rc_full & (pa.recompute_block == 1) & (pa.recompute_layers > 0)
@@ -311,10 +314,10 @@ def _row_key(pa: PlanArrays):
 
 def _inputs(workload, pa: PlanArrays, tables, imbalance) -> Inputs:
     W, gbs, seq = workload.world, workload.gbs, workload.seq
-    f64 = lambda v: np.asarray(v, dtype=float)  # noqa: E731
-    tp, cp, pp, vpp, ep, etp, mbs = (f64(getattr(pa, k)) for k in ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs"))
-    dp = f64(np.maximum(W // (pa.tp * pa.cp * pa.pp), 1))
-    edp = f64(np.maximum(W // (pa.etp * pa.ep * pa.pp), 1))
+    tp, cp, pp, vpp, ep, etp, mbs = (np.asarray(getattr(pa, k), dtype=float)
+                                     for k in ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs"))
+    dp = np.asarray(np.maximum(W // (pa.tp * pa.cp * pa.pp), 1), dtype=float)
+    edp = np.asarray(np.maximum(W // (pa.etp * pa.ep * pa.pp), 1), dtype=float)
     fp8 = pa.precision != 0
     ops = TableOps(tables, workload.cluster, fp8)
     ops.set_rowkey(*_row_key(pa))
@@ -394,8 +397,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
     terms.add("recompute", "moe", rec_moe, recomputed=True)
 
     # -- stages: compute, CPU launch floor, the slowest stage ------------------------------------------
-    st = _stages(spec, pa)
-    st.recompute_fraction = _recompute_fraction(pa, x.vpp, st)
+    st = _stages(spec, pa, x.vpp)
     nd, nm, smask = st.dense, st.moe, st.mask
     stage_compute = terms.stage_compute(st)
     stage_fwd = terms.stage_fwd(st)

@@ -53,7 +53,7 @@ def test_model_static_memory_is_optimizer_bytes_per_param():
     saved = (r["memory_by_stage_gib"][0] - r["memory_by_stage_gib"][1]) * GIB
     pa = PlanArrays.from_plans(plans)
     x = _inputs(w, pa, load_tables("h100-sxm"), 1.0)
-    params = stage_params(x, _stages(w.model, pa))
+    params = stage_params(x, _stages(w.model, pa, x.vpp))
     dp, edp = plans[1].dp(64), 64 // (8 * 4)
     expect = (params.dense[1] * (optimizer_bytes_per_param(False) - optimizer_bytes_per_param(True, dp * 2))
               + params.expert[1] * (optimizer_bytes_per_param(False) - optimizer_bytes_per_param(True, edp)))
