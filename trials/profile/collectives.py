@@ -1,7 +1,7 @@
 """Collectives over message and group sizes in spawned torch.distributed workers (gloo on CPU,
 NCCL on GPU), one rank per device (pinned core, one thread on CPU), 127.0.0.1 + a free port.
 
-Bus bandwidth is written in the cost model's convention (`_Ops.collective`): time = vol / busbw
+Bus bandwidth is written in the cost model's convention (`cost_model/ops.py` TableOps.collective): time = vol / busbw
 with vol = 2(n-1)/n * bytes (all_reduce), (n-1)/n * bytes (reduce_scatter, all_gather over the
 full buffer; all_to_all as nccl-tests), bytes (send_recv). Rank sets: contiguous {0..g-1} and,
 when g < world, strided {0, s, 2s, ...}; the table has no layout key, so the slower of the two
