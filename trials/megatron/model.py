@@ -113,7 +113,9 @@ def transformer_config(model, plan, *, on_gpu: bool, seq: int, overrides: dict |
         # emitted script passes none of them). TE provides the fused wgrad accumulation.
         kw.update(apply_rope_fusion=True, masked_softmax_fusion=True, gradient_accumulation_fusion=True,
                   bias_activation_fusion=model.gated_linear_unit)
-    kw.update(overrides or {})
+    for k, v in (overrides or {}).items():
+        # overrides travel as JSON: dtype fields are given by name ("float32", "bfloat16")
+        kw[k] = getattr(torch, v) if k.endswith("_dtype") and isinstance(v, str) else v
     return TransformerConfig(**kw)
 
 

@@ -46,6 +46,8 @@ from specs.fileio import write_atomic
 # megatron-core's own configuration checks raise these (TransformerConfig.__post_init__,
 # parallel_state, model constructors); other types from megatron are bugs or missing pieces.
 VALIDATION_ERRORS = (AssertionError, ValueError, NotImplementedError)
+# recorded with each measurement (set by the launcher on GPU from specs.stack.launch_env)
+LAUNCH_ENV_KEYS = ("CUDA_DEVICE_MAX_CONNECTIONS", "TORCH_NCCL_AVOID_RECORD_STREAMS", "NCCL_NVLS_ENABLE")
 
 
 class Unrealizable(Exception):
@@ -344,7 +346,12 @@ class TrialWorker:
         import megatron.core
         v = {"torch": torch.__version__, "megatron-core": megatron.core.__version__,
              "device": torch.cuda.get_device_name() if self.on_gpu else "cpu",
-             "transformer_impl": "transformer_engine" if self.use_te else "local"}
+             "transformer_impl": "transformer_engine" if self.use_te else "local",
+             "env": {k: os.environ[k] for k in LAUNCH_ENV_KEYS if k in os.environ}}
+        try:
+            v["cpu_affinity"] = len(os.sched_getaffinity(0))  # 1 on CPU (pinned), all cores on GPU
+        except AttributeError:
+            pass
         if self.on_gpu:
             v["cuda"] = torch.version.cuda
             v["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
