@@ -354,7 +354,8 @@ class TrialWorker:
             pass
         if self.on_gpu:
             v["cuda"] = torch.version.cuda
-            v["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+            nccl = torch.cuda.nccl.version()  # a tuple in torch 2.x, an int in older releases
+            v["nccl"] = ".".join(str(x) for x in nccl) if isinstance(nccl, tuple) else str(nccl)
         if self.use_te:
             import transformer_engine
             v["transformer_engine"] = getattr(transformer_engine, "__version__", "")
