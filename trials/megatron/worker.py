@@ -152,15 +152,16 @@ class TrialWorker:
         spec = self.spec
         if not self.on_gpu:
             _pin(self.rank)
-        from trials.megatron import cpu_compat
-        self.patched = cpu_compat.apply()
-        if self.on_gpu:
+        else:
+            # the rank's device first, so no import below creates a context on device 0
             torch.cuda.set_device(self.local_rank)
             torch.cuda.init()
             cap = spec.get("memory_cap_gib")
             if cap:
                 total = torch.cuda.mem_get_info()[1]
                 torch.cuda.set_per_process_memory_fraction(min(1.0, float(cap) * 2**30 / total))
+        from trials.megatron import cpu_compat
+        self.patched = cpu_compat.apply()
         import torch.distributed as dist
         self.dist = dist
         dist.init_process_group("nccl" if self.on_gpu else "gloo", rank=self.rank, world_size=self.world,
