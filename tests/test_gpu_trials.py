@@ -343,3 +343,43 @@ def test_gpu_stack_refusals_match_what_is_installed():
         assert isinstance(f, Failure) and f.kind == "unrealizable", f
     elif torch.cuda.get_device_capability() >= (8, 9):
         assert isinstance(f, Measurement) and f.versions["fp8_recipe"] == "delayed", f
+
+
+# ---- 6. the timed region holds only the steps -----------------------------------------------------
+@pytest.mark.slow
+def test_batches_are_built_before_the_timed_loop(tmp_path):
+    """A real one-rank trial worker (gloo on CPU, NCCL on GPU) whose batch building and steps
+    are recorded: every batch exists (on the device) before the first timed step starts."""
+    from specs.fileio import write_atomic
+    from trials.processes import free_port
+    spec = {"plan": Plan(**cpu_defaults({})).canonical(), "model": MODEL.to_dict(), "gbs": 4, "seq": 32,
+            "iters": 2, "warmup": 1, "out_dir": str(tmp_path), "mode": "train", "pg_timeout_s": 60}
+    write_atomic(tmp_path / "spec.json", json.dumps(spec))
+    code = textwrap.dedent("""
+        import json, sys
+        from trials.megatron.worker import TrialWorker
+        events = []
+        class Recording(TrialWorker):
+            def batches(self, it):
+                out = super().batches(it)
+                events.append(("batch", it, str(out[0]["tokens"].device)))
+                return out
+            def step(self, mbs_list):
+                events.append(("step", None, str(mbs_list[0]["tokens"].device)))
+                return super().step(mbs_list)
+        w = TrialWorker.__new__(Recording)
+        TrialWorker.__init__(w, json.load(open(sys.argv[1])), 0, 1)
+        w.setup()
+        res = w.measure()
+        print(json.dumps({"events": events, "device": str(w.device), "n_times": len(res["step_times_s"])}))
+    """)
+    env = dict(os.environ, PYTHONPATH=str(REPO), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "spec.json")], capture_output=True, text=True,
+                       timeout=300, cwd=str(REPO), env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    kinds = [e[0] for e in out["events"]]
+    assert kinds == ["batch"] * 3 + ["step"] * 3, kinds
+    assert all(e[2] == out["device"] for e in out["events"])  # already on the device when stepped
+    assert out["n_times"] == 2
