@@ -173,7 +173,12 @@ class TrialWorker:
         self.plan = Plan.parse(spec["plan"])
         self.model_spec = from_dict(spec["model"])
         self.gbs, self.seq = int(spec["gbs"]), int(spec["seq"])
-        self.use_te = bool(spec.get("use_te", False))
+        if "use_te" in spec:  # chosen by the backend (MegatronBackend.run)
+            self.use_te = bool(spec["use_te"])
+        else:  # direct `launch` callers: the same choice, made here
+            from specs.stack import detect_installed
+            from trials.megatron.spec_choice import layer_spec_choice
+            self.use_te = layer_spec_choice(self.plan, detect_installed(), self.model_spec).use_te
         self.phase = "setup"
         self._build()
 
