@@ -273,11 +273,11 @@ PAR_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last"
 
 
 def _probe(opt: dict) -> bool:
-    """The first-pass options: the plain all-to-all dispatcher with no MoE overlap, at each
-    recompute level of the core space (none, selective, full), so a parallel point is ranked by a
-    layout that every stack can run and keeps its least-memory option."""
-    return (opt.get("dispatcher", "alltoall") == "alltoall" and not opt.get("a2a_overlap")
-            and not opt.get("shared_expert_overlap"))
+    """The first-pass options: every dispatcher (which one is fastest depends on whether EP leaves
+    the node), all-to-all overlap on, shared-expert overlap off, at each recompute level of the
+    core space (none, selective, full, so a point keeps its least-memory option). A point with no
+    such realizable option is probed with all of its options."""
+    return bool(opt.get("a2a_overlap", True)) and not opt.get("shared_expert_overlap")
 
 
 class _PlanSet:
@@ -290,8 +290,7 @@ class _PlanSet:
         tp = tuple(t for t in space.tp if t in env.tp) or (1,)
         cp = tuple(c for c in space.cp if c in env.cp) or (1,)
         self.space = replace(space, tp=tp, cp=cp, etp=tuple(t for t in space.etp if t <= max(tp)))
-        probe_space = replace(self.space, schedules=tuple(x for x in self.space.schedules if _probe(x)),
-                              kernels=tuple(x for x in self.space.kernels if _probe(x)))
+        probe_space = replace(self.space, schedules=tuple(x for x in self.space.schedules if _probe(x)))
         self.plans = list(iter_realizable(probe_space, workload, profile))
         self.arrays = PlanArrays.from_plans(self.plans) if self.plans else None
         keys: dict = {}

@@ -120,6 +120,9 @@ def run(args) -> int:
             where = f"#{r} among the scored geometries" if r else c.note or "not ranked"
             print(f"paper's Table 4 optimum ({where}):")
             print(f"               {_line(c)}  [{_short(c.plan)}]")
+    if not res.forced:
+        print(f"paper's Table 4 optimum (q={ref[0]} E={ref[1]} K={ref[2]} G={ref[3]}): not scored here "
+              "(outside the envelope, over the cluster's memory, or no fitting layout)")
     placeholders = [k for k, v in res.law.provenance.items() if v.startswith("placeholder")]
     if placeholders:
         print(f"law            shipped default: eta, beta published; {', '.join(placeholders)} are placeholders "

@@ -17,7 +17,7 @@ def add_parser(subparsers):
     f = sub.add_parser(
         "fit", help="Fit eq. (10) by Huber loss on log L, with held-out RMSE, BCa intervals and identifiability.",
         description="Fit eq. (10) by Huber loss on log L with L-BFGS-B in log-coefficient space; hold out "
-                    "the top 10%% of runs by n_act within each G stratum; wild-bootstrap BCa intervals; "
+                    "the top 10 percent of runs by n_act within each G stratum; wild-bootstrap BCa intervals; "
                     "mark each coefficient identified or ridge.")
     f.add_argument("--runs", required=True,
                    help="CSV with columns n_tot, n_act, s, g, d, loss (optional e, k, layers, d_model); "
