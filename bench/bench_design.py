@@ -26,7 +26,6 @@ from specs.workload import Workload  # noqa: E402
 from tuner.design import Envelope, _PlanSet, best_layout, design, ladder_model  # noqa: E402
 from tuner.space import default_space, iter_realizable  # noqa: E402
 
-
 CASES = (("b200", 256, 20.0), ("h100-sxm", 64, 10.0))
 
 
