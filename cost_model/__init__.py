@@ -8,11 +8,16 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from cost_model.calibration import Calibration, calibration_for
+from cost_model.model import evaluate
 from cost_model.plans import PlanArrays
+from cost_model.tables import Tables, load_tables, tables_dir_for
 
 
 @dataclass
 class Prediction:
+    """What the cost model says about one plan. `breakdown_s` components sum to `step_time_s`;
+    `reasons` say why it does not fit (and any pipeline layout it was costed with instead)."""
     feasible: bool
     reasons: list
     step_time_s: float
@@ -34,7 +39,6 @@ def resolve_tables(workload, tables=None):
     """Explicit tables (Tables or a directory) or, by the lookup rule of
     `cost_model.tables.tables_dir_for`, measured tables ($MOETUNE_HOME/tables/<kind>/) before the
     shipped defaults (clusters/tables/<kind>/)."""
-    from cost_model.tables import Tables, load_tables, tables_dir_for
     if isinstance(tables, Tables):
         return tables
     return load_tables(tables or tables_dir_for(workload.cluster.kind))
@@ -44,7 +48,6 @@ def resolve_calibration(workload, calibration=None, tables=None):
     """Explicit calibration (Calibration or a JSON path) or, by the lookup rule of
     `cost_model.calibration.calibration_for`, the fitted $MOETUNE_HOME/calibration/<kind>.json when
     it was fitted on the tables in use (same digest), else the shipped default."""
-    from cost_model.calibration import Calibration, calibration_for
     if calibration is None:
         return calibration_for(workload.cluster, resolve_tables(workload, tables))
     if isinstance(calibration, Calibration):
@@ -54,9 +57,28 @@ def resolve_calibration(workload, calibration=None, tables=None):
 
 def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserve=0.1, imbalance=1.0,
                    detail=False) -> dict:
-    """Vectorised core: dict of arrays (step_time_s, tokens_per_s_per_gpu, model_tflops_per_gpu, mfu,
-    peak_memory_gib, fits, ...) for a PlanArrays (or a list of Plans)."""
-    from cost_model.model import evaluate
+    """Vectorised core: the model over many plans at once.
+
+    Args:
+        workload: The `specs.workload.Workload`: model, cluster (with its GPU count), global batch
+            and sequence length.
+        plans: A `PlanArrays` (columns; what screening uses) or an iterable of `Plan`s.
+        tables: Hardware tables: a `cost_model.tables.Tables`, a directory holding them, or None
+            for the lookup rule of `resolve_tables` (measured tables before the shipped ones).
+        calibration: The calibration term: a `cost_model.calibration.Calibration`, a JSON path,
+            or None for the lookup rule of `resolve_calibration`.
+        hbm_reserve: Share of each GPU's HBM kept free (allocator fragmentation, CUDA context);
+            a plan fits when its peak stage memory is within the rest.
+        imbalance: Routed tokens of the busiest expert over the mean (1.0 = uniform routing);
+            scales expert GEMM rows, permutation and dispatch bytes.
+        detail: Also return breakdown_s (seconds per component; they sum to step_time_s),
+            memory_by_stage_gib, stage_mask, slowest_stage, m_expert, moe_block_fwd_s/bwd_s, notes.
+
+    Returns:
+        dict of [P] arrays: step_time_s, tokens_per_s_per_gpu, microbatches, dp, raw_step_time_s
+        (before calibration), model_tflops_per_gpu, mfu, peak_memory_gib, fits; the float
+        usable_gib; tables_digest and calibration_id strings; and the `detail` entries.
+    """
     pa = plans if isinstance(plans, PlanArrays) else PlanArrays.from_plans(list(plans))
     t = resolve_tables(workload, tables)
     cal = resolve_calibration(workload, calibration, t)
@@ -69,6 +91,25 @@ def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserv
 
 def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=0.1,
                  imbalance=1.0) -> list[Prediction]:
+    """One `Prediction` per plan (feasibility with reasons, step time, throughput, MFU, memory per
+    stage, breakdown), computed in one vectorised pass.
+
+    Args:
+        workload: The `specs.workload.Workload`: model, cluster (with its GPU count), global batch
+            and sequence length.
+        plans: An iterable of `specs.plan.Plan`s (completed plans; see `tuner.complete`).
+        tables: Hardware tables: a `cost_model.tables.Tables`, a directory holding them, or None
+            for the lookup rule of `resolve_tables` (measured tables before the shipped ones).
+        calibration: The calibration term: a `cost_model.calibration.Calibration`, a JSON path,
+            or None for the lookup rule of `resolve_calibration`.
+        hbm_reserve: Share of each GPU's HBM kept free (allocator fragmentation, CUDA context);
+            a plan fits when its peak stage memory is within the rest.
+        imbalance: Routed tokens of the busiest expert over the mean (1.0 = uniform routing);
+            scales expert GEMM rows, permutation and dispatch bytes.
+
+    Returns:
+        A list of `Prediction`s in the order of `plans`.
+    """
     plans = list(plans)
     if not plans:
         return []
@@ -100,6 +141,21 @@ def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=
 
 
 def predict(workload, plan, *, tables=None, calibration=None, hbm_reserve=0.1, imbalance=1.0) -> Prediction:
+    """The `Prediction` of one plan; see `predict_many`.
+
+    Args:
+        workload: The `specs.workload.Workload`: model, cluster (with its GPU count), global batch
+            and sequence length.
+        plan: A `specs.plan.Plan`.
+        tables: Hardware tables: a `cost_model.tables.Tables`, a directory holding them, or None
+            for the lookup rule of `resolve_tables` (measured tables before the shipped ones).
+        calibration: The calibration term: a `cost_model.calibration.Calibration`, a JSON path,
+            or None for the lookup rule of `resolve_calibration`.
+        hbm_reserve: Share of each GPU's HBM kept free (allocator fragmentation, CUDA context);
+            a plan fits when its peak stage memory is within the rest.
+        imbalance: Routed tokens of the busiest expert over the mean (1.0 = uniform routing);
+            scales expert GEMM rows, permutation and dispatch bytes.
+    """
     return predict_many(workload, [plan], tables=tables, calibration=calibration,
                         hbm_reserve=hbm_reserve, imbalance=imbalance)[0]
 

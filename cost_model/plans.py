@@ -14,6 +14,14 @@ from specs.plan import DISPATCHERS, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES, Pl
 INT_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute_layers", "pp_first", "pp_last")
 BOOL_FIELDS = ("dist_opt", "overlap_grad_reduce", "overlap_param_gather", "shared_expert_overlap",
                "a2a_overlap", "grouped_gemm")
+# Plan fields stored as integer codes, and the PlanArrays column each one lands in
+CODED_FIELDS = {"recompute": "recompute", "recompute_modules": "recompute_modules",
+                "recompute_method": "recompute_block", "dispatcher": "dispatch", "flex_backend": "dispatch",
+                "precision": "precision", "pp_layout": "layout"}
+# Plan fields the cost model deliberately ignores (none today). A new Plan field must be added to
+# INT_FIELDS, BOOL_FIELDS or CODED_FIELDS, or listed here with the reason: tests/test_cost_model.py
+# fails otherwise, so a field cannot be ignored silently.
+NOT_COSTED: dict[str, str] = {}
 # dispatcher codes: 0 alltoall, 1 allgather, 2 flex/deepep, 3 flex/hybridep
 DISPATCH_CODES = ("alltoall", "allgather", "deepep", "hybridep")
 MODULE_BIT = {m: 1 << i for i, m in enumerate(RECOMPUTE_MODULES)}
@@ -21,6 +29,7 @@ DEFAULT_SELECTIVE = MODULE_BIT["core_attn"]
 
 
 def dispatch_code(dispatcher: str, flex_backend: str) -> int:
+    """Integer code of a (dispatcher, flex_backend) pair, see DISPATCH_CODES."""
     if dispatcher == "flex":
         return 3 if flex_backend == "hybridep" else 2
     return DISPATCHERS.index(dispatcher)
@@ -28,6 +37,10 @@ def dispatch_code(dispatcher: str, flex_backend: str) -> int:
 
 @dataclass
 class PlanArrays:
+    """n plans as columns: `cols[name]` is an int64 array of length n, read as attributes
+    (`pa.tp`). Columns: INT_FIELDS and BOOL_FIELDS by Plan field name, plus the codes recompute,
+    recompute_modules (bitmask), recompute_block, dispatch, precision and layout (index into
+    `layouts`)."""
     n: int
     cols: dict[str, np.ndarray]
     layouts: list[str] = field(default_factory=lambda: [""])  # pp_layout code -> string

@@ -2,7 +2,8 @@
 TransformerEngine, no apex, no grouped_gemm, no DeepEP), established by running each feature
 through the Megatron trial backend on tiny-moe (2 ranks, gloo). The evidence column quotes the
 error megatron-core (or our own check) raised. `specs.stack.cpu_profile` turns it into
-rejection rules, so the plan space and the CPU backend agree.
+rejection rules, and the trial backend refuses the same plans on a machine without CUDA
+(`trials.megatron.spec_choice.layer_spec_choice`), so the plan space and the CPU backend agree.
 """
 from __future__ import annotations
 

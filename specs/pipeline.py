@@ -156,9 +156,3 @@ def _compress(layout: str) -> str:
         i = j + 1
     text = "".join(out)
     return text[:-1] if text.endswith("|") else text
-
-
-def stage_layers(model, plan) -> list[list[tuple[int, ...]]]:
-    """For each pipeline rank, for each of its vpp chunks, the global layer indices it holds."""
-    split = split_layers(model.num_layers, plan.pp, plan.vpp, plan.pp_first, plan.pp_last, plan.pp_layout)
-    return [list(r) for r in split.chunks]

@@ -4,13 +4,11 @@ Dense grid:  tp fastest (stride 1), then cp, dp, pp.
 Expert grid: etp fastest (stride 1), then ep, expert-dp, pp (cp is folded into expert-dp).
 A group of `size` members with `stride` s holds ranks r0, r0+s, ..., and which of its collectives
 leave the node follows from that, never from an assumption. Works on numpy arrays of plans too.
-`tests/test_ranks.py` checks these against megatron.core.parallel_state.RankGenerator.
+`tests/test_megatron_crosscheck.py` checks these against megatron.core.parallel_state.RankGenerator.
 """
 from __future__ import annotations
 
 import numpy as np
-
-GROUP_KINDS = ("tp", "cp", "dp", "pp", "ep", "etp", "edp")
 
 
 def group_size_stride(kind: str, tp, cp, pp, ep, etp, world):

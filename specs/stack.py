@@ -5,10 +5,27 @@ flex dispatcher, CUDA grouped GEMM, ...) is not realizable there; `tuner.realize
 `stack_defaults` is the one place where a profile's implied plan defaults are decided.
 The cpu-local profile takes its list from what the CPU trial backend can really run
 (`specs/cpu_support.py`), so the plan space and the backend agree.
+
+Two questions, two answers:
+- *Planning / emitting* for a cluster kind (`--stack auto`, the default): a GPU cluster kind is
+  planned for `gpu-full` (NVIDIA's training container: TE 2.9, DeepEP, HybridEP) whatever this
+  machine has installed, because the plan will run there, not here; a CPU cluster kind gets
+  `cpu-local`. Name another target (`gpu-te`, `gpu-plain`) when the cluster's stack differs, or
+  `installed` to plan for exactly what this machine has.
+- *Running a trial here*: the trial backend checks the plan against `detect_installed()` (what
+  this machine really has) before launching and refuses, as unrealizable, what it cannot build.
+
+`detect_installed()` finds packages lazily with `importlib.util.find_spec` /
+`importlib.metadata.version`; torch is imported only inside it (CUDA device count).
+This module is also the one source of the launch environment (`launch_env`) and of the fp8
+format/recipe pair per plan precision (`FP8_RECIPES`) shared by the emitted script and the trial.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+import importlib.metadata
+import importlib.util
+from dataclasses import asdict, dataclass, field
 
 from specs.cpu_support import cpu_rejection_rules
 from specs.errors import SpecError
@@ -54,7 +71,11 @@ def _vtuple(v: str) -> tuple:
 # NVIDIA's current training container pairs megatron-core 0.16 with TE 2.9, DeepEP and HybridEP.
 GPU_FULL = StackProfile("gpu-full", transformer_engine="2.9.0", deepep=True, hybridep=True)
 GPU_NO_EP_LIBS = StackProfile("gpu-te", transformer_engine="2.9.0")
-GPU_NO_TE = StackProfile("gpu-plain", transformer_engine="", grouped_gemm=True, context_parallel=False)
+# Without TE: no grouped GEMM (TE's GroupedLinear; the legacy grouped_gemm package is not assumed),
+# no sequence parallel (the local spec's RMSNorm is torch's, which refuses SP, so MoE with TP>1 is
+# out) and no context parallel (TEDotProductAttention only).
+GPU_NO_TE = StackProfile("gpu-plain", transformer_engine="", grouped_gemm=False, sequence_parallel=False,
+                         context_parallel=False)
 
 
 def cpu_profile() -> StackProfile:
@@ -69,13 +90,121 @@ PROFILES = {"gpu-full": GPU_FULL, "gpu-te": GPU_NO_EP_LIBS, "gpu-plain": GPU_NO_
 
 
 def profile_for(cluster, name: str | None = None) -> StackProfile:
+    """The stack profile to plan for on `cluster`.
+
+    name: None/"auto" (gpu-full for a GPU cluster kind, cpu-local for a CPU one: planning is for
+    the target, not for this machine), "installed" (built from `detect_installed()`), "cpu-local",
+    or one of PROFILES. Raises SpecError for any other name."""
     if name in (None, "", "auto"):
         return GPU_FULL if cluster.is_gpu else cpu_profile()
     if name == "cpu-local":
         return cpu_profile()
+    if name == "installed":
+        return profile_from_installed(detect_installed())
     if name not in PROFILES:
-        raise SpecError(f"unknown stack profile {name!r}: choose auto, cpu-local, {', '.join(PROFILES)}")
+        raise SpecError(f"unknown stack profile {name!r}: choose auto, installed, cpu-local, {', '.join(PROFILES)}")
     return PROFILES[name]
+
+
+# ---- what this machine has installed --------------------------------------------------------------
+@dataclass(frozen=True)
+class Installed:
+    """The training stack on this machine ("" = package absent)."""
+    megatron_core: str = ""
+    transformer_engine: str = ""
+    deepep: bool = False
+    hybridep: bool = False  # DeepEP's HybridEP buffer (deep_ep.HybridEPBuffer)
+    grouped_gemm: bool = False  # the legacy `grouped_gemm` package (Megatron's GroupedMLP)
+    apex: bool = False
+    cuda: bool = False  # a CUDA device is visible to torch
+    devices: int = 0  # visible CUDA devices
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _version(*dists: str) -> str:
+    for d in dists:
+        try:
+            return importlib.metadata.version(d)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package that fails to import
+        return False
+
+
+def _has_hybridep() -> bool:
+    """HybridEP ships inside DeepEP (branch hybrid-ep) as `deep_ep.HybridEPBuffer`, the name
+    megatron-core's fused_a2a imports. Only an import can tell; it loads DeepEP's CUDA extension."""
+    if not _has_module("deep_ep"):
+        return False
+    try:
+        import deep_ep
+    except Exception:  # noqa: BLE001 - a broken install is "absent" (the message is irrelevant here)
+        return False
+    return hasattr(deep_ep, "HybridEPBuffer")
+
+
+@functools.lru_cache(maxsize=1)
+def detect_installed() -> Installed:
+    """What this machine has: package versions from their distribution metadata, modules by
+    `find_spec`, CUDA devices from torch (imported here, not at module level). Cached per process."""
+    cuda, devices = False, 0
+    if _has_module("torch"):
+        import torch
+        cuda = torch.cuda.is_available()
+        devices = torch.cuda.device_count() if cuda else 0
+    te = _version("transformer_engine", "transformer-engine", "transformer_engine_torch") \
+        if _has_module("transformer_engine") else ""
+    return Installed(
+        megatron_core=_version("megatron-core", "megatron_core") if _has_module("megatron.core") else "",
+        transformer_engine=te,
+        deepep=_has_module("deep_ep"),
+        hybridep=_has_hybridep(),
+        grouped_gemm=_has_module("grouped_gemm"),
+        apex=_has_module("apex"),
+        cuda=cuda, devices=devices)
+
+
+def profile_from_installed(inst: Installed) -> StackProfile:
+    """The stack profile of an installation: cpu-local without CUDA; otherwise what TE and the
+    expert-parallel libraries present allow (grouped GEMM from TE or the grouped_gemm package,
+    sequence and context parallel only with TE)."""
+    if not inst.cuda:
+        return cpu_profile()
+    te = inst.transformer_engine
+    return StackProfile("installed", megatron_core=inst.megatron_core or StackProfile.megatron_core,
+                        transformer_engine=te, deepep=inst.deepep, hybridep=inst.hybridep, gpu=True,
+                        grouped_gemm=bool(te) or inst.grouped_gemm, sequence_parallel=bool(te),
+                        context_parallel=bool(te))
+
+
+# ---- what the emitted script and the trial both set ----------------------------------------------
+FP8_RECIPES = {  # plan precision -> (Megatron fp8 format, fp8 recipe): --fp8-format / --fp8-recipe
+    "fp8-tensorwise": ("hybrid", "tensorwise"),
+    "fp8-delayed": ("hybrid", "delayed"),
+    "fp8-blockwise": ("e4m3", "blockwise"),
+    "mxfp8": ("e4m3", "mxfp8"),
+}
+
+
+def launch_env(plan, cluster) -> dict:
+    """Environment variables a GPU launch of `plan` on `cluster` sets (emitted script and trial).
+
+    plan: the Plan (tp, cp read); cluster: its `mxfp8` (Blackwell) and `nvlink_gbps` are read."""
+    env = {}
+    if (plan.tp > 1 or plan.cp > 1) and not getattr(cluster, "mxfp8", False):
+        # validate_args requires it for TP/CP before Blackwell (ordering of comm vs GEMM kernels)
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    env["NCCL_NVLS_ENABLE"] = "0" if getattr(cluster, "nvlink_gbps", 0) == 0 else "1"
+    env["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
+    return env
 
 
 def stack_defaults(profile: StackProfile, is_moe: bool = True) -> dict:

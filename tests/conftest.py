@@ -7,6 +7,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 # Local Ray clusters in tests: no auth token, loopback only.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Without a GPU, Triton kernels run only in its interpreter, and Triton decides that when a kernel
+# is decorated: set it before any test module (torch, megatron and sglang all import triton) loads.
+if not Path("/dev/nvidiactl").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 

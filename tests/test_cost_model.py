@@ -1,6 +1,9 @@
 """Cost model: closed forms, directions, published anchors, feasibility of published layouts."""
 import csv
+import itertools
+import json
 import math
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -9,23 +12,26 @@ import pytest
 from clusters import load_cluster
 from cost_model import predict, predict_arrays
 from cost_model.calibration import IDENTITY, Calibration, fit_calibration
-from cost_model.model import _activation_terms, _mlp_terms, korthikanti_layer_bytes, optimizer_bytes_per_param
-from cost_model.tables import load_tables
+from cost_model.memory import activation_terms, korthikanti_layer_bytes, mlp_terms, optimizer_bytes_per_param
+from cost_model.plans import BOOL_FIELDS, CODED_FIELDS, INT_FIELDS, NOT_COSTED, PlanArrays
+from cost_model.tables import TABLE_ROOT as TABLES_ROOT
+from cost_model.tables import digest_of, load_tables
 from specs.model_spec import ModelSpec
 from specs.models import load_model
 from specs.plan import Plan
+from specs.stack import profile_for
 from specs.workload import Workload
+from tuner.space import default_space, iter_realizable
 
 REF = Path(__file__).resolve().parent.parent / "cost_model" / "data"  # public reference rows, with sources
 
 
 def test_korthikanti_dense_layer_matches_generalised_terms():
     s, b, h, a, t = 2048, 1, 4096, 32, 4
-    assert korthikanti_layer_bytes(s, b, h, a, t) == s * b * h * (34 + 5 * a * s / h) / t
     spec = ModelSpec(name="gpt", num_layers=1, hidden_size=h, num_attention_heads=a, vocab_size=1000,
                      ffn_hidden_size=4 * h, gated_linear_unit=False, moe_layers=(False,))
-    terms = _activation_terms(spec, s * b, t, s, flash=False, dropout=True)
-    terms.update(_mlp_terms(s * b, h, 4 * h, False, t))
+    terms = activation_terms(spec, s * b, t, s, flash=False, dropout=True)
+    terms.update(mlp_terms(s * b, h, 4 * h, False, t))
     # MLP dropout mask (sbh) is counted in the attention dict's 2*sbh dropout term
     assert sum(terms.values()) == pytest.approx(korthikanti_layer_bytes(s, b, h, a, t))
 
@@ -34,6 +40,25 @@ def test_optimizer_bytes():
     assert optimizer_bytes_per_param(False) == 18
     assert optimizer_bytes_per_param(True, 8) == 6 + 12 / 8
     assert optimizer_bytes_per_param(True, 8, fp8=True) == 7 + 12 / 8
+
+
+def test_model_static_memory_is_optimizer_bytes_per_param():
+    """The distributed optimizer saves, per stage, exactly what optimizer_bytes_per_param says:
+    dense parameters sharded over DP x CP, experts over expert-DP (activations do not change)."""
+    from cost_model.memory import GIB, stage_params
+    from cost_model.model import _inputs, _stages
+    w = _w(gpus=64, gbs=256)
+    plans = [Plan(pp=4, ep=8, cp=2, dist_opt=False), Plan(pp=4, ep=8, cp=2, dist_opt=True)]
+    r = predict_arrays(w, plans, calibration=IDENTITY, detail=True)
+    saved = (r["memory_by_stage_gib"][0] - r["memory_by_stage_gib"][1]) * GIB
+    pa = PlanArrays.from_plans(plans)
+    x = _inputs(w, pa, load_tables("h100-sxm"), 1.0)
+    params = stage_params(x, _stages(w.model, pa, x.vpp))
+    dp, edp = plans[1].dp(64), 64 // (8 * 4)
+    expect = (params.dense[1] * (optimizer_bytes_per_param(False) - optimizer_bytes_per_param(True, dp * 2))
+              + params.expert[1] * (optimizer_bytes_per_param(False) - optimizer_bytes_per_param(True, edp)))
+    assert expect.min() > 0
+    assert saved == pytest.approx(expect, rel=1e-9)
 
 
 def _w(model="mixtral-8x7b", kind="h100-sxm", gpus=64, gbs=256, seq=4096):
@@ -70,10 +95,29 @@ def test_smaller_m_expert_lower_grouped_efficiency():
     assert r["m_expert"][0] > r["m_expert"][1]
 
 
-def test_tables_digest_and_sources():
-    t = load_tables("h100-sxm")
-    assert len(t.digest) == 64
-    assert all(fam in t.families for fam in ("gemm", "grouped_gemm", "attention", "collectives", "ep_dispatch"))
+SOURCE_PREFIXES = ("derived: ", "assumed: ", "measured:", "published: ")
+
+
+@pytest.mark.parametrize("kind", sorted(p.name for p in TABLES_ROOT.iterdir() if (p / "meta.json").exists()))
+def test_shipped_tables_every_row_has_an_explained_source(kind):
+    """Every row of every shipped table names its source: a tag explained in meta.json's
+    "sources", or a free-text citation after a kind prefix; the digest covers the files."""
+    d = TABLES_ROOT / kind
+    meta = json.loads((d / "meta.json").read_text())
+    explained = meta.get("sources", {})
+    assert all(v.strip() for v in explained.values()), kind
+    csvs = sorted(d.glob("*.csv"))
+    assert {p.stem for p in csvs} >= {"gemm", "grouped_gemm", "attention", "collectives", "ep_dispatch",
+                                      "dispatch_gap", "membw"}
+    for path in csvs:
+        rows = list(csv.DictReader(path.open()))
+        assert rows, path
+        for r in rows:
+            src = (r.get("source") or "").strip()
+            assert src in explained or (src.startswith(SOURCE_PREFIXES) and len(src.split(":", 1)[1].strip()) > 10), \
+                f"{path.name}: unexplained source {src!r}"
+    digest, files = digest_of(d)
+    assert meta["digest"] == digest and set(files) == {p.name for p in csvs}
 
 
 def test_megatron_moe_layer_anchors_within_25pct():
@@ -100,11 +144,11 @@ def test_published_rows_within_20pct_after_calibration():
 
 
 def test_flex_sends_once_per_remote_domain():
-    from cost_model.model import _distinct_domains
+    from cost_model.blocks import distinct_domains
     spec = load_model("qwen3-30b-a3b")  # 128 experts top-8, EP16 over two 8-GPU nodes
-    assert _distinct_domains(spec, 128, 8, np.array([16.0]), np.array([8.0]))[0] == pytest.approx(
+    assert distinct_domains(spec, 128, 8, np.array([16.0]), np.array([8.0]))[0] == pytest.approx(
         1 - math.comb(64, 8) / math.comb(128, 8))
-    assert _distinct_domains(spec, 128, 8, np.array([8.0]), np.array([8.0]))[0] == 0.0
+    assert distinct_domains(spec, 128, 8, np.array([8.0]), np.array([8.0]))[0] == 0.0
     w = _w("qwen3-30b-a3b", gpus=16, gbs=64)
     r = predict_arrays(w, [Plan(ep=16), Plan(ep=16, dispatcher="flex", flex_backend="deepep")],
                        calibration=IDENTITY, detail=True)["breakdown_s"]["ep_dispatch_combine"]
@@ -139,3 +183,65 @@ def test_cli_predict_json(capsys):
     import json
     d = json.loads(capsys.readouterr().out)
     assert d["step_time_s"] > 0 and "breakdown_s" in d
+
+
+# ---- the step time is the sum of its breakdown -----------------------------------------------------
+SUM_CASES = [("mixtral-8x7b", "h100-sxm", 64, 256, 4096, "bf16"),
+             ("deepseek-v3", "h100-sxm", 1024, 8192, 4096, "fp8"),
+             ("qwen3-30b-a3b", "b200", 16, 512, 4096, "bf16"),
+             ("deepseek-v2-lite", "gb200-nvl72", 32, 256, 4096, "bf16"),
+             ("tiny-moe-shared", "cpu-local", 4, 16, 256, "bf16"),
+             ("tiny-moe", "cpu-local", 2, 8, 128, "bf16")]
+
+
+@pytest.mark.parametrize("case", SUM_CASES, ids=[f"{c[0]}@{c[1]}" for c in SUM_CASES])
+def test_breakdown_sums_to_step_time(case):
+    """Over realizable plans of the plan space (GPU clusters and cpu-local), the breakdown's
+    components add up to the step time: nothing is costed that the breakdown does not show."""
+    model, kind, gpus, gbs, seq, precision = case
+    w = Workload(load_model(model), load_cluster(kind, gpus), gbs, seq)
+    prof = profile_for(w.cluster, None)
+    # GPU spaces: every 8th of the first 2400 realizable plans; cpu-local: its first 48 (it walks
+    # many unrealizable points between them)
+    start_stop_step = (0, 2400, 8) if w.cluster.is_gpu else (0, 48, 1)
+    plans = list(itertools.islice(iter_realizable(default_space(w, prof, precision), w, prof), *start_stop_step))
+    assert len(plans) >= 10
+    for cal in (IDENTITY, Calibration(scale=1.37)):
+        r = predict_arrays(w, plans, calibration=cal, detail=True)
+        total = sum(r["breakdown_s"].values())
+        assert np.all(np.isfinite(r["step_time_s"])) and np.all(r["step_time_s"] > 0)
+        assert np.all(np.abs(total - r["step_time_s"]) <= 1e-12 * r["step_time_s"]), model
+        assert all(np.all(v >= 0) for k, v in r["breakdown_s"].items() if k != "calibration")
+
+
+# ---- every Plan field reaches the cost model ----------------------------------------------------------
+# A value other than the default for each field (with the base plan it needs to matter).
+ALTERNATIVES = {"tp": (2, {}), "cp": (2, {}), "pp": (2, {}), "vpp": (2, {}), "ep": (2, {}), "etp": (2, {}),
+                "mbs": (2, {}), "recompute": ("full", {}), "recompute_modules": (("mlp",), {"recompute": "selective"}),
+                "recompute_method": ("block", {"recompute": "full"}),
+                "recompute_layers": (1, {"recompute": "full", "recompute_method": "block"}),
+                "pp_first": (1, {"pp": 2}), "pp_last": (1, {"pp": 2}), "pp_layout": ("Et|tL", {"pp": 2}),
+                "dispatcher": ("flex", {"flex_backend": "deepep"}),
+                "flex_backend": ("hybridep", {"dispatcher": "flex", "flex_backend": "deepep"}),
+                "precision": ("fp8-blockwise", {})}
+
+
+def test_plan_arrays_represent_every_plan_field():
+    names = [f.name for f in fields(Plan)]
+    covered = set(INT_FIELDS) | set(BOOL_FIELDS) | set(CODED_FIELDS) | set(NOT_COSTED)
+    assert set(names) == covered, f"Plan fields the cost model does not know: {set(names) - covered}"
+    for name in names:
+        if name in NOT_COSTED:
+            continue
+        if name in BOOL_FIELDS:
+            alt, base = not getattr(Plan(), name), {}
+        else:
+            assert name in ALTERNATIVES, f"give {name} an alternative value in ALTERNATIVES"
+            alt, base = ALTERNATIVES[name]
+        a, b = Plan(**base), Plan(**{**base, name: alt})
+        pa = PlanArrays.from_plans([a, b])
+        column = CODED_FIELDS.get(name, name)
+        differ = pa.cols[column][0] != pa.cols[column][1]
+        if column == "layout":
+            differ = pa.layouts[pa.layout[0]] != pa.layouts[pa.layout[1]]
+        assert differ, f"{name}={alt!r} does not change PlanArrays column {column}"

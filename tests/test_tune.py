@@ -78,88 +78,172 @@ def test_tpe_proposer_covers_space():
 
 @pytest.fixture()
 def study(tmp_path):
-    from tuner import study as S
-    return S.open_study("t", S.open_storage(None, tmp_path))
+    from tuner import study as study_mod
+    return study_mod.open_study("t", study_mod.open_storage(None, tmp_path))
 
 
 def test_failure_recorded_as_fail_with_reason(study):
     from trials.base import Failure
-    from tuner import study as S
+    from tuner import study as study_mod
     plan = P("pp=2")
-    t = S.claim(study, plan, {"roles": "searched", "predicted_step_time_s": 1.0})
-    S.record(study, t, Failure(plan=plan, kind="oom", message="rank 1 RSS 3.1 GiB > cap 2 GiB").to_dict())
+    t = study_mod.claim(study, plan, {"roles": "searched", "predicted_step_time_s": 1.0})
+    study_mod.record(study, t, Failure(plan=plan, kind="oom", message="rank 1 RSS 3.1 GiB > cap 2 GiB").to_dict())
     ft = study.trials[0]
     assert ft.state == TrialState.FAIL
     assert ft.user_attrs["failure_kind"] == "oom" and "RSS" in ft.user_attrs["failure_message"]
-    st = S.plan_status(study)
-    assert st[plan]["failed"] == 1 and not S.eligible(st, plan)
-    assert S.claim(study, plan, {}) is None  # a really failed plan is not run again
+    st = study_mod.plan_status(study)
+    assert st[plan]["failed"] == 1 and not study_mod.eligible(st, plan)
+    assert study_mod.claim(study, plan, {}) is None  # a really failed plan is not run again
 
 
 def test_measurement_recorded_and_never_rerun(study):
-    from tuner import study as S
+    from tuner import study as study_mod
     plan = P("mbs=2")
-    t = S.claim(study, plan, {"predicted_step_time_s": 0.5})
-    S.record(study, t, {"ok": True, "step_time_s": 1.0, "tokens_per_s_per_gpu": 512.0,
+    t = study_mod.claim(study, plan, {"predicted_step_time_s": 0.5})
+    study_mod.record(study, t, {"ok": True, "step_time_s": 1.0, "tokens_per_s_per_gpu": 512.0,
                         "step_time_spread_s": 0.1, "peak_memory_gib": [0.3, 0.4], "step_times_s": [1.0]})
     ft = study.trials[0]
     assert ft.state == TrialState.COMPLETE and ft.value == 512.0
     assert ft.user_attrs["measured_step_time_s"] == 1.0 and ft.user_attrs["predicted_step_time_s"] == 0.5
-    assert S.claim(study, plan, {}) is None
+    assert study_mod.claim(study, plan, {}) is None
     assert study.trials[-1].state == TrialState.PRUNED and study.trials[-1].user_attrs["claim_lost_to"] == 0
 
 
 def test_concurrent_claim_lowest_number_wins(study):
-    from tuner import study as S
+    from tuner import study as study_mod
     plan = P("ep=2")
-    first = S.claim(study, plan, {})
+    first = study_mod.claim(study, plan, {})
     assert first is not None
-    assert S.claim(study, plan, {}) is None  # RUNNING lower-numbered trial holds it
+    assert study_mod.claim(study, plan, {}) is None  # RUNNING lower-numbered trial holds it
 
 
-def test_stale_running_trial_failed_and_retried_once(study):
-    from tuner import study as S
+def test_stale_running_trial_failed_and_retried_once(tmp_path):
+    """A trial whose tuner stopped beating is failed after the grace period (Optuna heartbeats, timed
+    by the database), Optuna queues one retry of its plan, and the plan is not retried twice."""
+    from tuner import study as study_mod
+    storage = study_mod.open_storage(None, tmp_path, heartbeat_interval=1)  # grace period 3 s
+    study = study_mod.open_study("t", storage)
     plan = P("ep=2,mbs=2")
-    t = study.ask()
-    t.set_user_attr("plan", plan)
-    t.set_user_attr("owner", f"{S.socket.gethostname()}:999999999")  # a dead process
-    assert S.fail_stale(study) == [0]
-    ft = study.trials[0]
-    assert ft.state == TrialState.FAIL and ft.user_attrs["failure_kind"] == "interrupted"
-    st = S.plan_status(study)
-    assert S.eligible(st, plan)  # retried once ...
-    t2 = S.claim(study, plan, {})
-    S.mark_interrupted(study, t2)
-    assert not S.eligible(S.plan_status(study), plan)  # ... but not twice
+    dead = study_mod.Heartbeat(study, storage)
+    t = study_mod.claim(study, plan, {"roles": "searched"}, heartbeat=dead)
+    dead.stop()  # its tuner dies: no more heartbeats
+    live = study_mod.Heartbeat(study, storage)
+    alive = study_mod.claim(study, P("mbs=4"), {"roles": "searched"}, heartbeat=live)
+    try:
+        assert study_mod.fail_stale(study) == []  # within the grace period
+        time.sleep(4.5)
+        assert study_mod.fail_stale(study) == [t.number]
+        ft = study.trials[t.number]
+        assert ft.state == TrialState.FAIL and study_mod.failure_kind(ft) == "interrupted"
+        assert study.trials[alive.number].state == TrialState.RUNNING  # its heartbeat kept it alive
+        row = next(r for r in study_mod.trial_rows(study) if r["number"] == t.number)
+        assert row["failure_kind"] == "interrupted"
+        queued = study.get_trials(states=(TrialState.WAITING,))
+        assert len(queued) == 1 and queued[0].user_attrs["plan"] == plan and queued[0].params["ep"] == 2
+        assert study_mod.eligible(study_mod.plan_status(study), plan)  # retried once ...
+        # asking for another plan, the tuner is handed the queued retry first
+        t2 = study_mod.claim(study, P("mbs=1"), {"roles": "searched"}, heartbeat=live)
+        assert t2.user_attrs["plan"] == plan and t2.user_attrs["attempt"] == 2
+        study_mod.mark_interrupted(study, t2)
+        assert not study_mod.eligible(study_mod.plan_status(study), plan)  # ... but not twice
+        assert study_mod.claim(study, plan, {}) is None
+    finally:
+        live.stop()
+
+
+def test_journal_storage_claims_and_params_without_heartbeats(tmp_path):
+    """journal:<path> storages work the same way, but Optuna has no heartbeats for them."""
+    from tuner import study as study_mod
+    storage = study_mod.open_storage(f"journal:{tmp_path / 'j.log'}", tmp_path)
+    study = study_mod.open_study("j", storage)
+    hb = study_mod.Heartbeat(study, storage)
+    assert not hb.enabled
+    t = study_mod.claim(study, P("ep=2"), {"roles": "searched"}, heartbeat=hb)
+    assert study_mod.claim(study, P("ep=2"), {}) is None  # lowest number wins here too
+    study_mod.record(study, t, {"ok": True, "step_time_s": 1.0, "tokens_per_s_per_gpu": 10.0})
+    assert study.trials[0].params["ep"] == 2 and study_mod.fail_stale(study) == []
+    hb.stop()
+
+
+def test_plan_fields_are_optuna_params(study):
+    """Optuna's own tools see the plans: each field is a one-choice categorical parameter."""
+    from tuner import study as study_mod
+    plans = [P("ep=2,mbs=4"), P("pp=2,recompute=selective")]
+    for i, plan in enumerate(plans):
+        t = study_mod.claim(study, plan, {"roles": "searched"})
+        study_mod.record(study, t, {"ok": True, "step_time_s": 1.0 + i, "tokens_per_s_per_gpu": 100.0 - i})
+    for t, plan in zip(study.trials, plans):  # the params spell the plan
+        assert Plan.parse(",".join(f"{k}={v}" for k, v in t.params.items())).canonical() == plan
+    pytest.importorskip("pandas", reason="Study.trials_dataframe needs pandas")
+    df = study.trials_dataframe()
+    assert {"params_tp", "params_ep", "params_pp", "params_mbs", "params_recompute", "params_dist_opt"} <= set(df.columns)
+    assert list(df["params_ep"]) == [2, 1] and list(df["params_pp"]) == [1, 2]
+    assert list(df["params_recompute"]) == ["none", "selective"]
+
+
+# command-line checks, before Ray starts ------------------------------------------------------------
+
+TUNE = ["tune", "--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2", "--gbs", "8", "--seq", "128",
+        "--study", "bad", "--no-progress"]
+
+
+@pytest.mark.parametrize("flags,word", [(["--screen-actors", "0"], "--screen-actors"),
+                                        (["--trials", "0"], "--trials"),
+                                        (["--memory-cap-gib", "0"], "--memory-cap-gib"),
+                                        (["--iters", "-1"], "--iters"),
+                                        (["--trial-timeout", "0"], "--trial-timeout"),
+                                        (["--heartbeat-interval", "0"], "--heartbeat-interval"),
+                                        (["--stack", "bogus"], "stack profile"),
+                                        (["--calibration", "/nonexistent.json"], "--calibration"),
+                                        (["--tables", "/nonexistent"], "--tables")])
+def test_tune_refuses_bad_flags_before_ray(tmp_path, capsys, flags, word):
+    import ray
+
+    from tuner.cli import main
+    assert main([*TUNE, "--study-dir", str(tmp_path / "s"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and word in err[0], err
+    assert not ray.is_initialized()
+    assert not (tmp_path / "s").exists()  # nothing started, nothing written
+
+
+def test_library_leaves_optuna_verbosity_alone(tmp_path):
+    from tuner import study as study_mod
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    try:
+        study_mod.open_study("v", study_mod.open_storage(None, tmp_path))
+        assert optuna.logging.get_verbosity() == optuna.logging.INFO
+    finally:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 # pre-registration and adjudication --------------------------------------------------------------------
 
 def _prereg(tmp_path, workload, base_plan):
     from cost_model.calibration import IDENTITY
-    from tuner import prereg as PR
-    doc = PR.build(study="adj", workload=workload, precision="bf16",
+    from tuner import prereg
+    doc = prereg.build(study="adj", workload=workload, precision="bf16",
                    plans=[{"plan": P("mbs=4"), "predicted_step_time_s": 1.0}],
                    baseline={"plan": base_plan, "predicted_step_time_s": 1.0,
                              "predicted_tokens_per_s_per_gpu": 100.0},
                    baseline_source="test", tables_digest="x", calibration=IDENTITY, trials_budget=1,
                    sampler="guided-ucb", space={})
-    PR.write(tmp_path, doc)
-    with pytest.raises(PR.PreregistrationError):
-        PR.write(tmp_path, doc)  # never rewritten
+    prereg.write(tmp_path, doc)
+    with pytest.raises(prereg.PreregistrationError):
+        prereg.write(tmp_path, doc)  # never rewritten
     return doc
 
 
 @pytest.mark.parametrize("searched_tps,verdict,rc", [(99.0, "PASS", 0), (90.0, "FAIL", 1)])
 def test_adjudicate_verdicts(tmp_path, workload, capsys, searched_tps, verdict, rc):
-    from tuner import study as S
+    from tuner import study as study_mod
     from tuner.cli import main
     base = P("ep=2")
     _prereg(tmp_path, workload, base)
-    st = S.open_study("adj", S.open_storage(None, tmp_path))
+    st = study_mod.open_study("adj", study_mod.open_storage(None, tmp_path))
     for plan, roles, tps in ((base, "baseline", 100.0), (P("mbs=4"), "searched", searched_tps)):
-        t = S.claim(st, plan, {"roles": roles})
-        S.record(st, t, {"ok": True, "step_time_s": 1.0, "tokens_per_s_per_gpu": tps})
+        t = study_mod.claim(st, plan, {"roles": roles})
+        study_mod.record(st, t, {"ok": True, "step_time_s": 1.0, "tokens_per_s_per_gpu": tps})
     assert main(["adjudicate", "adj", "--study-dir", str(tmp_path)]) == rc
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1].startswith(verdict)
@@ -167,20 +251,20 @@ def test_adjudicate_verdicts(tmp_path, workload, capsys, searched_tps, verdict, 
 
 
 def test_adjudicate_refuses_tampered_file(tmp_path, workload, capsys):
-    from tuner import prereg as PR
+    from tuner import prereg
     from tuner.cli import main
     _prereg(tmp_path, workload, P("ep=2"))
-    path = tmp_path / PR.NAME
+    path = tmp_path / prereg.NAME
     path.write_text(path.read_text().replace('"ratio": 0.98', '"ratio": 0.5'))
     assert main(["adjudicate", "adj", "--study-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "modified" in err[0]
     # consistent re-hash of the body but stale sidecar: still refused
     doc = json.loads(path.read_text())
-    doc["sha256"] = PR.canonical_hash(doc)
+    doc["sha256"] = prereg.canonical_hash(doc)
     path.write_text(json.dumps(doc))
-    with pytest.raises(PR.PreregistrationError):
-        PR.load(tmp_path)
+    with pytest.raises(prereg.PreregistrationError):
+        prereg.load(tmp_path)
 
 
 def test_baseline_heuristic_keeps_ep_in_domain_and_tp1(workload):
@@ -204,10 +288,13 @@ def test_select_candidates_diverse_layouts():
 @pytest.mark.timeout(420)
 def test_tune_end_to_end_kill_and_resume(tmp_path):
     import hashlib
+
+    from tuner import study as study_mod
     d = tmp_path / "study"
     cmd = [sys.executable, "-m", "tuner.cli", "tune", "--model", "tiny-moe", "--cluster", "cpu-local",
            "--gpus", "2", "--gbs", "8", "--seq", "128", "--study", "e2e", "--study-dir", str(d),
-           "--trials", "4", "--iters", "2", "--warmup", "1", "--trial-timeout", "120", "--no-progress"]
+           "--trials", "4", "--iters", "2", "--warmup", "1", "--trial-timeout", "120", "--no-progress",
+           "--heartbeat-interval", "1"]  # a killed tuner's trial is stale after 3 s
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
@@ -249,7 +336,14 @@ def test_tune_end_to_end_kill_and_resume(tmp_path):
     for t in st.get_trials():
         assert t.state != TrialState.RUNNING
         if t.state == TrialState.FAIL:
-            assert t.user_attrs["failure_kind"] in ("interrupted", "oom", "crash", "timeout", "stack-rejected")
+            assert study_mod.failure_kind(t) in ("interrupted", "oom", "crash", "timeout", "stack-rejected")
+    assert all(t.params["ep"] == Plan.parse(t.user_attrs["plan"]).ep for t in done)  # plans as Optuna params
+    # the trial running when the tuner was killed went stale, was failed, and its plan retried once
+    for t in st.get_trials():
+        if t.state == TrialState.FAIL and study_mod.failure_kind(t) == "interrupted":
+            again = [u for u in st.get_trials() if u.number > t.number and u.user_attrs.get("plan") == t.user_attrs["plan"]
+                     and u.state in (TrialState.COMPLETE, TrialState.FAIL)]
+            assert again and again[0].user_attrs["attempt"] == 2, (t.number, [u.number for u in again])
     adj = subprocess.run([sys.executable, "-m", "tuner.cli", "adjudicate", "e2e", "--study-dir", str(d)],
                          cwd=tmp_path, env=env, capture_output=True, text=True)
     assert adj.returncode in (0, 1) and adj.stdout.strip().splitlines()[-1].split(":")[0] in ("PASS", "FAIL")

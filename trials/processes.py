@@ -31,8 +31,11 @@ def _pythonpath() -> str:
 
 class RankGroup:
     def __init__(self, module: str, spec_path: Path, world: int, workdir: Path,
-                 master_port: int | None = None):
+                 master_port: int | None = None, env: dict | None = None):
+        """module: run as `python -m module spec_path` per rank; env: extra environment
+        variables for every rank (e.g. the launch environment of the emitted script)."""
         self.module, self.spec_path, self.world, self.workdir = module, spec_path, world, workdir
+        self.extra_env = dict(env or {})
         self.port = master_port or free_port()
         self.procs: list[subprocess.Popen] = []
         self._logs = []
@@ -44,7 +47,7 @@ class RankGroup:
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port),
                    WORLD_SIZE=str(self.world), LOCAL_WORLD_SIZE=str(self.world),
                    OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-                   PYTHONPATH=_pythonpath())
+                   PYTHONPATH=_pythonpath(), **self.extra_env)
         try:
             for r in range(self.world):
                 log = open(self.log_path(r), "wb")

@@ -13,7 +13,7 @@ Among the heuristic's realizable, memory-feasible plans, the baseline is the bes
 """
 from __future__ import annotations
 
-from specs.errors import UsageError
+from specs.errors import InputError, UsageError
 
 RECOMPUTES = ("", "recompute=selective", "recompute=full,recompute_method=uniform,recompute_layers=1")
 
@@ -39,7 +39,7 @@ def heuristic_plans(workload, profile, precision: str = "bf16") -> list:
                     text = ",".join(x for x in (f"tp=1,cp=1,vpp=1,ep={ep},pp={pp},mbs={mbs}", rec) if x)
                     try:
                         plan = complete_plan(text, workload, profile, precision)
-                    except Exception:  # noqa: BLE001 - a layout that cannot be split is simply skipped
+                    except InputError:  # a layout that cannot be split (LayoutError) is simply skipped
                         continue
                     if not check(workload, plan, profile):
                         out.append(plan)
@@ -48,20 +48,27 @@ def heuristic_plans(workload, profile, precision: str = "bf16") -> list:
     return []
 
 
-def hand_tuned_baseline(workload, profile, precision: str = "bf16", calibration=None):
-    """(plan, prediction) of the heuristic's best predicted feasible plan, or raises UsageError."""
+def hand_tuned_baseline(workload, profile, precision: str = "bf16", calibration=None, *, tables=None):
+    """(plan, prediction) of the heuristic's best predicted feasible plan, or raises UsageError.
+
+    Args:
+        workload, profile, precision: what to plan for, on which stack, at which precision.
+        calibration, tables: the cost model's inputs (None: its lookup rules).
+    """
     import cost_model
     plans = heuristic_plans(workload, profile, precision)
     if not plans:
         raise UsageError("the hand-tuning heuristic found no realizable plan; give one with --baseline")
-    preds = cost_model.predict_many(workload, plans, calibration=calibration)
+    preds = cost_model.predict_many(workload, plans, tables=tables, calibration=calibration)
     ok = [(p, pr) for p, pr in zip(plans, preds) if pr.feasible]
     if not ok:
         raise UsageError("no hand-tuned plan fits in memory by the cost model; give one with --baseline")
     return max(ok, key=lambda t: (t[1].tokens_per_s_per_gpu, -t[0].pp))
 
 
-def given_baseline(text: str, workload, profile, precision: str = "bf16", calibration=None):
+def given_baseline(text: str, workload, profile, precision: str = "bf16", calibration=None, *, tables=None):
+    """(plan, prediction) of the user's `--baseline` plan completed for `profile`; UsageError if
+    it is not realizable. Arguments as for `hand_tuned_baseline`, plus the plan text."""
     import cost_model
     from tuner.complete import complete_plan
     from tuner.realize import check
@@ -69,4 +76,4 @@ def given_baseline(text: str, workload, profile, precision: str = "bf16", calibr
     reasons = check(workload, plan, profile)
     if reasons:
         raise UsageError(f"--baseline is not realizable: {'; '.join(str(r) for r in reasons)}")
-    return plan, cost_model.predict(workload, plan, calibration=calibration)
+    return plan, cost_model.predict(workload, plan, tables=tables, calibration=calibration)

@@ -1,9 +1,10 @@
 """Fit the cost model's one labelled calibration term to measured runs and report its error
 (MOSAIC §5.5, §7.2): `moetune calibrate` is the command-line front end.
 
-Input rows (dicts): model, cluster, gpus, gbs, seq, plan (canonical string), measured step time
-(`step_time_s` or `measured_step_time_s`); rows whose `status` is not ok or without a time are
-skipped. From a CSV (`load_csv`) or an Optuna study of `moetune tune` (`load_study`: COMPLETE
+Input rows (dicts): model, cluster, gpus, gbs, seq, plan (canonical or partial: it is completed by
+`tuner.complete.complete_plan` for the stack profile of the row's cluster, as every command does),
+measured step time (`step_time_s` or `measured_step_time_s`); rows whose `status` is not ok or
+without a time are skipped. From a CSV (`load_csv`) or an Optuna study of `moetune tune` (`load_study`: COMPLETE
 trials whose user attributes hold `plan` and `measured_step_time_s`).
 
 `calibrate(rows)` predicts each row's raw (uncalibrated) step time with the tables the cost model
@@ -22,6 +23,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from tuner import study as study_mod
 
 TIME_KEYS = ("measured_step_time_s", "step_time_s")
 
@@ -67,17 +70,19 @@ def load_csv(path: str | Path, time_column: str | None = None) -> list[dict]:
 def load_study(name: str, storage: str | None, study_dir: str | Path | None = None,
                workload: dict | None = None) -> list[dict]:
     """COMPLETE trials with `plan` and `measured_step_time_s`; the workload (model, cluster, gpus,
-    gbs, seq) from `workload`, else the study's preregistration.json, else trial attributes."""
-    import optuna
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study_dir = Path(study_dir) if study_dir else Path("studies") / name
-    url = storage or f"sqlite:///{study_dir.resolve() / 'study.db'}"
+    gbs, seq) from `workload`, else the study's preregistration.json, else trial attributes.
+
+    Args:
+        name: the study name. storage: its storage URL (None: the default in the study folder).
+        study_dir: the study folder (None: `tuner.study.default_study_dir(name)`).
+        workload: fields that fill or override the workload of every row.
+    """
+    study_dir = Path(study_dir) if study_dir else study_mod.default_study_dir(name)
+    url = storage or study_mod.default_storage_url(study_dir)
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         raise CalibrateError(f"no study database {url[len('sqlite:///'):]} (give --storage or --study-dir)")
     try:
-        from tuner.study import open_storage
-        st = open_storage(url, study_dir)
-        study = optuna.load_study(study_name=name, storage=st)
+        study = study_mod.load_study(name, study_mod.open_storage(url, study_dir, heartbeat_interval=None))
     except KeyError:
         raise CalibrateError(f"no study named {name!r} in {url}") from None
     wl = dict(workload or {})
@@ -115,11 +120,18 @@ def _workload(r: dict):
     return Workload(model=model, cluster=cluster, gbs=int(r["gbs"]), seq=seq)
 
 
-def raw_predictions(rows: list[dict], tables=None) -> tuple[np.ndarray, dict]:
-    """Uncalibrated predicted step time per row; {cluster kind: Tables used}."""
+def raw_predictions(rows: list[dict], tables=None, stack: str = "auto") -> tuple[np.ndarray, dict]:
+    """Uncalibrated predicted step time per row; {cluster kind: Tables used}.
+
+    Args:
+        rows: measured runs (see the module docstring).
+        tables: Tables or a table directory; None: the cost model's lookup rule per cluster kind.
+        stack: the stack profile plans are completed for (`specs.stack.profile_for`).
+    """
     import cost_model
     from cost_model.calibration import IDENTITY
-    from specs.plan import Plan
+    from specs.stack import profile_for
+    from tuner.complete import complete_plan
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(tuple(str(r.get(k, "")) for k in ("model", "cluster", "gpus", "gbs", "seq")), []).append(i)
@@ -129,7 +141,8 @@ def raw_predictions(rows: list[dict], tables=None) -> tuple[np.ndarray, dict]:
         w = _workload(rows[idx[0]])
         t = cost_model.resolve_tables(w, tables)
         used[w.cluster.kind] = t
-        plans = [Plan.parse(rows[i]["plan"]) for i in idx]
+        profile = profile_for(w.cluster, stack)
+        plans = [complete_plan(rows[i]["plan"], w, profile) for i in idx]
         out = cost_model.predict_arrays(w, plans, tables=t, calibration=IDENTITY)
         pred[idx] = out["raw_step_time_s"]
         for i in idx:
@@ -155,8 +168,15 @@ def topk_overlap(pred_time, meas_time, k: int, tokens=None) -> float:
     return len(a & b) / k
 
 
-def calibrate(rows: list[dict], *, tables=None, source: dict | None = None, ks=(3, 5)):
-    """Fit and evaluate. Returns (Calibration, report dict)."""
+def calibrate(rows: list[dict], *, tables=None, stack: str = "auto", source: dict | None = None, ks=(3, 5)):
+    """Fit and evaluate. Returns (Calibration, report dict).
+
+    Args:
+        rows: measured runs of one cluster kind, at least 2.
+        tables, stack: as for `raw_predictions`.
+        source: where the runs came from, kept in the calibration's provenance.
+        ks: the k of the top-k overlap metrics.
+    """
     from cost_model.calibration import fit_calibration
     if len(rows) < 2:
         raise CalibrateError(f"need at least 2 measured runs to fit and leave one out, got {len(rows)}")
@@ -164,7 +184,7 @@ def calibrate(rows: list[dict], *, tables=None, source: dict | None = None, ks=(
     if len(kinds) != 1:
         raise CalibrateError(f"measurements span several cluster kinds ({', '.join(sorted(kinds))}); "
                              "choose one with --cluster")
-    raw, used = raw_predictions(rows, tables)
+    raw, used = raw_predictions(rows, tables, stack)
     bad = [r["plan"] for r, p in zip(rows, raw) if not np.isfinite(p) or p <= 0]
     if bad:
         raise CalibrateError(f"the cost model gave no finite prediction for {len(bad)} plan(s), e.g. {bad[0][:80]}")

@@ -12,6 +12,8 @@ import importlib
 import pkgutil
 import sys
 
+import optuna
+
 import tuner.commands as commands_pkg
 from specs.errors import InputError
 
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (2): a code, for callers of main() too
         return e.code if isinstance(e.code, int) else 2
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the one place: libraries log, the CLI decides
     try:
         return int(args._run(args) or 0)
     except InputError as e:

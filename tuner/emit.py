@@ -8,15 +8,11 @@ from __future__ import annotations
 import shlex
 
 from specs.plan import Plan
-from specs.stack import StackProfile
+from specs.stack import FP8_RECIPES, StackProfile, launch_env
 from specs.workload import Workload
 
-FP8_RECIPE_FLAGS = {  # plan precision -> (--fp8-format, --fp8-recipe)
-    "fp8-tensorwise": ("hybrid", "tensorwise"),
-    "fp8-delayed": ("hybrid", "delayed"),
-    "fp8-blockwise": ("e4m3", "blockwise"),
-    "mxfp8": ("e4m3", "mxfp8"),
-}
+# plan precision -> (--fp8-format, --fp8-recipe): one table for the emitted script and the trial
+FP8_RECIPE_FLAGS = FP8_RECIPES
 
 
 # Boolean plan fields and the Megatron-LM flag that switches each on.
@@ -107,14 +103,8 @@ def plan_args(w: Workload, p: Plan, profile: StackProfile) -> list[str]:
 
 
 def env_vars(w: Workload, p: Plan) -> dict:
-    env = {}
-    blackwell = w.cluster.mxfp8
-    if (p.tp > 1 or p.cp > 1) and not blackwell:
-        # validate_args requires it for TP/CP before Blackwell (ordering of comm vs GEMM kernels)
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
-    env["NCCL_NVLS_ENABLE"] = "0" if w.cluster.nvlink_gbps == 0 else "1"
-    env["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
-    return env
+    """The launch environment of `p` (`specs.stack.launch_env`, which the GPU trial sets too)."""
+    return launch_env(p, w.cluster)
 
 
 def megatron_script(w: Workload, p: Plan, profile: StackProfile, train_iters: int = 50) -> str:

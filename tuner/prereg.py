@@ -7,16 +7,18 @@ the tuner's source files). Integrity, two ways:
 - `sha256` inside the file: sha256 of the canonical JSON (sorted keys, no whitespace) of the
   document without that field;
 - the sidecar `preregistration.sha256`: sha256 of the file's bytes, `sha256sum` format.
-Written atomically (tmp file + fsync + rename); `write` refuses to replace an existing file.
+Written atomically and durably (`specs.fileio.write_atomic`: tmp file + fsync + link/rename); `write`
+refuses to replace an existing file, and of two processes registering at once exactly one succeeds.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
+
+from specs.fileio import write_atomic
 
 FORMAT = "moetune-preregistration/1"
 NAME = "preregistration.json"
@@ -31,11 +33,13 @@ class PreregistrationError(Exception):
 
 
 def canonical_hash(doc: dict) -> str:
+    """sha256 of the canonical JSON (sorted keys, no whitespace) of `doc` without its `sha256`."""
     body = {k: v for k, v in doc.items() if k != "sha256"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def code_version() -> dict:
+    """{'describe': git describe (or the installed version), 'source_sha256': hash of the sources}."""
     h = hashlib.sha256()
     for d in SOURCE_DIRS:
         for p in sorted((REPO_ROOT / d).rglob("*.py")):
@@ -58,6 +62,16 @@ def code_version() -> dict:
 def build(*, study: str, workload, precision: str, plans: list[dict], baseline: dict,
           baseline_source: str, tables_digest: str, calibration, trials_budget: int,
           sampler: str, space: dict) -> dict:
+    """The pre-registration document, with its embedded `sha256`.
+
+    Args:
+        study: study name. workload: the Workload. precision: the --precision asked for.
+        plans: the candidates, best predicted first: dicts with plan, rank and predictions.
+        baseline: the baseline's plan and predictions. baseline_source: where it came from.
+        tables_digest: digest of the tables predicted with. calibration: the Calibration used.
+        trials_budget: searched trials to run. sampler: the proposer's name.
+        space: what was screened (level, counts).
+    """
     cal = calibration.to_dict()
     cal_hash = hashlib.sha256(json.dumps(cal, sort_keys=True).encode()).hexdigest()
     doc = {
@@ -86,31 +100,24 @@ def build(*, study: str, workload, precision: str, plans: list[dict], baseline: 
 
 
 def write(study_dir: str | Path, doc: dict) -> Path:
+    """Register `doc` in `study_dir` (created if missing); returns the JSON file's path.
+
+    The JSON is created exclusively (`write_atomic(..., exclusive=True)`): if a pre-registration is
+    already there, from this process or a concurrent tuner, PreregistrationError is raised and
+    nothing is written. The sidecar with the file's sha256 follows; `load` waits briefly for it.
+    """
     d = Path(study_dir)
-    d.mkdir(parents=True, exist_ok=True)
     path = d / NAME
     if path.exists():
         raise PreregistrationError(f"{path} exists; a pre-registration is never rewritten")
     data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
     side = f"{hashlib.sha256(data).hexdigest()}  {NAME}\n".encode()
-    tmp = _tmp_write(path, data)
     try:
-        os.link(tmp, path)  # exclusive: fails if another process registered first
+        write_atomic(path, data, fsync=True, exclusive=True)
     except FileExistsError:
         raise PreregistrationError(f"{path} exists; a pre-registration is never rewritten") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    os.replace(_tmp_write(d / SIDECAR, side), d / SIDECAR)
+    write_atomic(d / SIDECAR, side, fsync=True)
     return path
-
-
-def _tmp_write(target: Path, blob: bytes) -> Path:
-    tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    return tmp
 
 
 def load(study_dir: str | Path) -> dict:

@@ -4,13 +4,16 @@ adjudication, and the winner's Megatron-LM launch script (`tuner.emit.megatron_s
 from __future__ import annotations
 
 import csv
+import io
 import math
 from pathlib import Path
+
+from specs.fileio import write_atomic
 
 CSV_COLS = ("number", "state", "plan", "roles", "predicted_step_time_s", "predicted_raw_step_time_s",
             "measured_step_time_s", "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
             "predicted_peak_memory_gib", "measured_peak_memory_gib", "failure_kind", "failure_message",
-            "claim_lost_to", "owner")
+            "claim_lost_to", "owner", "attempt")
 
 
 def adjudicate(rows: list[dict], prereg: dict) -> dict:
@@ -40,11 +43,13 @@ def adjudicate(rows: list[dict], prereg: dict) -> dict:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in CSV_COLS})
+    """`rows` (tuner.study.trial_rows) as CSV, the CSV_COLS columns, written atomically."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLS, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: r.get(k, "") for k in CSV_COLS})
+    write_atomic(path, buf.getvalue())
 
 
 def _plots(d: Path, measured: list[dict], winner_breakdown: dict | None) -> list[str]:
@@ -94,8 +99,19 @@ def _fmt(v, spec=".4f"):
 
 
 def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict], backend: str,
-                 calibration=None, cal_report=None, predict_only_pool=None, wall_s: float | None = None,
-                 storage_url: str = "") -> Path:
+                 tables=None, calibration=None, cal_report=None, predict_only_pool=None,
+                 wall_s: float | None = None, storage_url: str = "") -> Path:
+    """Write report.md, trials.csv and the plots into `study_dir`; returns report.md's path.
+
+    Args:
+        study_dir: the study folder. workload, profile: what was tuned, on which stack profile.
+        prereg: the verified pre-registration. rows: `tuner.study.trial_rows` of the study.
+        backend: the trial backend name, or "predict-only" (then the top predicted plan wins).
+        tables, calibration: the cost model's inputs for the winner's predicted breakdown.
+        cal_report: the last calibration refit's report (tuner.sampler.GuidedSampler.refit).
+        predict_only_pool: the screened pool, listed when no trial ran.
+        wall_s: wall time of the run. storage_url: where the study is stored.
+    """
     import cost_model
     from specs.plan import Plan
     d = Path(study_dir)
@@ -112,7 +128,7 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
     else:
         winner_plan, winner_src = prereg["plans"][0]["plan"], "no trial measured: top predicted plan"
     plan = Plan.parse(winner_plan)
-    pred = cost_model.predict(workload, plan, calibration=calibration)
+    pred = cost_model.predict(workload, plan, tables=tables, calibration=calibration)
     pngs = _plots(d, measured, pred.breakdown_s)
     L = [f"# moetune tune: study `{prereg['study']}`", ""]
     wl = prereg["workload"]
@@ -170,11 +186,7 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
     except Exception as e:  # noqa: BLE001 - the report must still be written
         L += [f"(emit failed: {e})", ""]
     L += ["Files: trials.csv, preregistration.json (+ .sha256)" + "".join(f", {p}" for p in pngs), ""]
-    path = d / "report.md"
-    tmp = path.with_name(".report.md.tmp")
-    tmp.write_text("\n".join(x for x in L if x is not None) + "\n")
-    tmp.replace(path)
-    return path
+    return write_atomic(d / "report.md", "\n".join(x for x in L if x is not None) + "\n")
 
 
 def _short(plan: str) -> str:

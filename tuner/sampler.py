@@ -132,7 +132,6 @@ class TPEProposer:
 
     def __init__(self, plans, seed: int = 0, n_startup_trials: int = 5):
         import optuna
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.plans = list(plans)
         self.by_key = {}
         fields = [plan_fields(p) for p in self.plans]

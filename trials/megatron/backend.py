@@ -2,11 +2,20 @@
 
 Spawns `world` worker processes (trials/megatron/worker.py), each in one new session / process
 group, with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1,
-MASTER_PORT=free port), in a per-trial temporary directory. Watches them:
-- any rank's RSS above `Resources.memory_cap_gib` -> kill all -> Failure("oom");
+MASTER_PORT=free port), in a per-trial temporary directory.
+
+Before launching, the plan is checked against what this machine has installed
+(`specs.stack.detect_installed`): `spec_choice.layer_spec_choice` picks the layer spec the emitted
+script would build (TE or local) and lists what the installed stack cannot build; such a plan,
+or one with more ranks than visible GPUs, comes back Failure("unrealizable") without launching.
+On GPU the ranks get the emitted script's environment (`specs.stack.launch_env`).
+
+Watches the ranks:
+- CPU: any rank's RSS above `Resources.memory_cap_gib` -> kill all -> Failure("oom"); on GPU the
+  cap is set on the device by each rank (`set_per_process_memory_fraction`) and CUDA OOM is "oom";
 - wall time above `Resources.timeout_s` -> kill all -> Failure("timeout");
 - a rank reporting an error -> the earliest report wins: stack-rejected (megatron-core's own
-  validation refused the config, message kept), oom, or crash (with the stderr tail);
+  validation refused the config, message kept), unrealizable, oom, or crash (with the traceback);
 - a rank dying without a report -> crash (stderr tail).
 Every process group is killed in `finally`; nothing survives a trial.
 """
@@ -19,15 +28,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from specs.plan import Plan
+from specs.stack import Installed, detect_installed, launch_env
 from trials.base import Failure, Measurement, Resources, TrialBackend
+from trials.megatron.spec_choice import layer_spec_choice, ranks_fit
 from trials.processes import RankGroup
 
 POLL_S = 0.1
 
 
-def _gpu_present() -> bool:
-    import torch
-    return torch.cuda.is_available()
+def _describe(inst: Installed) -> str:
+    parts = [f"megatron-core {inst.megatron_core or 'absent'}",
+             f"TE {inst.transformer_engine}" if inst.transformer_engine else "no TE"]
+    parts += [n for n, ok in (("DeepEP", inst.deepep), ("HybridEP", inst.hybridep),
+                              ("grouped_gemm", inst.grouped_gemm), ("apex", inst.apex)) if ok]
+    parts.append(f"{inst.devices} GPU(s)")
+    return ", ".join(parts)
 
 
 def _tail(path: Path, n: int = 3000) -> str:
@@ -42,28 +58,43 @@ class MegatronBackend(TrialBackend):
     name = "megatron"
 
     def __init__(self, *, keep_dir: bool = False, extra_spec: dict | None = None,
-                 enforce_cpu_support: bool = True):
-        """enforce_cpu_support: on a machine without GPU, refuse (Failure "unrealizable") plans
-        using features listed in cpu_support.CPU_UNSUPPORTED instead of launching them."""
-        self.enforce_cpu_support = enforce_cpu_support
+                 enforce_stack: bool = True, enforce_cpu_support: bool | None = None,
+                 installed: Installed | None = None):
+        """enforce_stack: refuse (Failure "unrealizable") plans the installed stack cannot build
+        as planned (spec_choice.layer_spec_choice; on CPU the cpu_support table) instead of
+        handing them to megatron-core; False lets megatron-core's own validation answer.
+        enforce_cpu_support: the former name of enforce_stack (overrides it when given).
+        installed: the stack to check against; None = `detect_installed()` of this machine."""
+        self.enforce_stack = enforce_stack if enforce_cpu_support is None else enforce_cpu_support
         self.keep_dir = keep_dir
         self.extra_spec = dict(extra_spec or {})
+        self.installed = installed
 
     # The plan is run as given (the caller completes / checks it; see tuner.commands.trial).
     def run(self, plan, workload, resources: Resources, *, iters: int = 5,
             warmup: int = 2) -> Measurement | Failure:
-        plan_s = plan.canonical() if hasattr(plan, "canonical") else str(plan)
+        plan = plan if hasattr(plan, "canonical") else Plan.parse(str(plan))
+        plan_s = plan.canonical()
         world = resources.devices
-        if self.enforce_cpu_support and not _gpu_present():
-            from specs.cpu_support import cpu_rejections
-            bad = cpu_rejections(plan, workload.model)
-            if bad:
-                return Failure(plan=plan_s, kind="unrealizable", backend=self.name,
-                               message="; ".join(f"{c}: {s}" for c, s in bad) + " (CPU trial backend)")
+        inst = self.installed or detect_installed()
+        choice = layer_spec_choice(plan, inst, workload.model)
+        where = "CPU trial backend" if not inst.cuda else f"installed stack: {_describe(inst)}"
+        if self.enforce_stack and not choice.realizable:
+            return Failure(plan=plan_s, kind="unrealizable", backend=self.name,
+                           message=f"{choice.reason()} ({where})")
+        too_many = ranks_fit(world, inst)
+        if too_many:
+            return Failure(plan=plan_s, kind="unrealizable", backend=self.name, message=too_many)
+        extra = {"use_te": choice.use_te, "layer_spec": choice.to_dict(), **self.extra_spec}
+        if inst.cuda:
+            # the device cap is set by each rank; host RSS says nothing about GPU memory
+            extra["memory_cap_gib"] = resources.memory_cap_gib
         res = launch(plan_s, workload.model.to_dict(), workload.gbs, workload.seq, world,
-                     timeout_s=resources.timeout_s, memory_cap_gib=resources.memory_cap_gib,
+                     timeout_s=resources.timeout_s,
+                     memory_cap_gib=None if inst.cuda else resources.memory_cap_gib,
                      master_port=resources.master_port, iters=iters, warmup=warmup,
-                     keep_dir=self.keep_dir, extra=self.extra_spec)
+                     keep_dir=self.keep_dir, extra=extra,
+                     env=launch_env(plan, workload.cluster) if inst.cuda else None)
         if not res["ok"]:
             return Failure(plan=plan_s, kind=res["kind"], message=res["message"], backend=self.name)
         r0 = res["ranks"][0]
@@ -77,16 +108,19 @@ class MegatronBackend(TrialBackend):
             losses=tuple(float(x) for x in r0["losses"]),
             versions=dict(r0.get("versions", {}), world=world, dp=r0.get("dp"),
                           num_microbatches=r0.get("num_microbatches"),
-                          cpu_patched=r0.get("cpu_patched")),
+                          cpu_patched=r0.get("cpu_patched"), experts=choice.experts,
+                          fp8_recipe=choice.fp8_recipe,
+                          memory=(r0.get("memory_detail") or [{}])[0].get("what", "")),
             backend=self.name)
 
 
 def launch(plan: str, model: dict, gbs: int, seq: int, world: int, *, timeout_s: float = 600.0,
            memory_cap_gib: float | None = None, master_port: int | None = None, iters: int = 5,
            warmup: int = 2, mode: str = "train", out_dir: str | None = None,
-           keep_dir: bool = False, extra: dict | None = None) -> dict:
+           keep_dir: bool = False, extra: dict | None = None, env: dict | None = None) -> dict:
     """Run the workers; return {"ok": True, "ranks": [...], "dir": ...} or
-    {"ok": False, "kind", "message", "dir"}."""
+    {"ok": False, "kind", "message", "dir"}. memory_cap_gib: host RSS cap per rank (CPU trials);
+    extra: more worker spec keys; env: extra environment variables for every rank."""
     tmp = tempfile.TemporaryDirectory(prefix="moetune-trial-") if out_dir is None else None
     d = Path(out_dir or tmp.name)
     d.mkdir(parents=True, exist_ok=True)
@@ -94,7 +128,7 @@ def launch(plan: str, model: dict, gbs: int, seq: int, world: int, *, timeout_s:
             "out_dir": str(d), "mode": mode, "pg_timeout_s": max(60.0, float(timeout_s)), **(extra or {})}
     (d / "spec.json").write_text(json.dumps(spec))
     try:
-        with RankGroup("trials.megatron.worker", d / "spec.json", world, d, master_port) as group:
+        with RankGroup("trials.megatron.worker", d / "spec.json", world, d, master_port, env=env) as group:
             result = _watch(group.procs, d, world, timeout_s, memory_cap_gib)
         result["dir"] = str(d)
         return result
@@ -160,7 +194,7 @@ def _reports(d: Path, world: int) -> dict:
 def _classify_error(reports: dict, d: Path, codes=None) -> dict:
     errors = sorted((r for r in reports.values() if not r.get("ok")), key=lambda r: r["time"])
     # a rank's own validation error beats peers' secondary errors (connection closed etc.)
-    for pref in ("stack-rejected", "oom"):
+    for pref in ("stack-rejected", "unrealizable", "oom"):
         for e in errors:
             if e["kind"] == pref:
                 return {"ok": False, "kind": pref, "message": f"rank {e['rank']}: {e['message']}"}

@@ -1,11 +1,13 @@
-"""CPU compatibility shims for megatron-core 0.16 (applied ONLY when no CUDA device exists).
+"""Compatibility shims for megatron-core 0.16: CPU patches (only when no CUDA device exists) and
+the TransformerEngine-absent shim (whenever TE is missing, GPU or not).
 
 megatron-core is written for CUDA: it creates streams/events, asks `torch.cuda.current_device()`
 for allocation targets, keeps a CUDA RNG tracker, and a few places hard-code `device="cuda"`.
 On a CPU-only torch build those calls raise. `apply()` patches exactly those call sites so that
 unmodified megatron-core modules run on CPU with the gloo backend. Each patch says why.
 
-On a machine with a GPU `apply()` is a no-op: trials run unmodified megatron-core with NCCL.
+On a machine with a GPU the CPU patches are not applied: trials run unmodified megatron-core
+with NCCL. `shims_needed(te_present, gpu_present)` is the decision; `apply()` carries it out.
 Only the trial worker process calls `apply()`; nothing else in moetune imports this module.
 """
 from __future__ import annotations
@@ -82,11 +84,44 @@ def gpu_present() -> bool:
     return torch.cuda.is_available()
 
 
-def apply() -> bool:
-    """Patch megatron-core for CPU. Returns True when patches were applied (no GPU)."""
-    global _APPLIED
-    if gpu_present():
+def shims_needed(te_present: bool, gpu_present: bool) -> frozenset:
+    """Which shims a process needs: "te_general_gemm" whenever TransformerEngine is absent
+    (megatron's moe_utils then never defines the name but the router reads it, NameError on the
+    first MoE forward, GPU or CPU), "cpu" whenever there is no CUDA device."""
+    out = set()
+    if not te_present:
+        out.add("te_general_gemm")
+    if not gpu_present:
+        out.add("cpu")
+    return frozenset(out)
+
+
+def apply_te_shim() -> bool:
+    """Define `moe_utils.te_general_gemm = None` when megatron found no TE (`moe_utils.HAVE_TE`
+    False): `RouterGatingLinearFunction` tests `te_general_gemm is not None` and then takes its
+    existing torch.mm path. Returns True when the shim was applied."""
+    from megatron.core.transformer.moe import moe_utils
+    if moe_utils.HAVE_TE or hasattr(moe_utils, "te_general_gemm"):
         return False
+    moe_utils.te_general_gemm = None
+    return True
+
+
+def apply() -> bool:
+    """Apply the shims this process needs (`shims_needed`). Returns True when the CPU patches
+    were applied (no GPU); the TE shim is applied on GPU too when TE is missing."""
+    gpu = gpu_present()
+    # CPU patches first: they must be in place before megatron modules touch torch.cuda.
+    patched = _apply_cpu() if "cpu" in shims_needed(True, gpu) else False
+    from megatron.core.transformer.moe import moe_utils
+    if "te_general_gemm" in shims_needed(bool(moe_utils.HAVE_TE), gpu):
+        apply_te_shim()
+    return patched
+
+
+def _apply_cpu() -> bool:
+    """Patch megatron-core for CPU (idempotent)."""
+    global _APPLIED
     if _APPLIED:
         return True
     cuda = torch.cuda
@@ -150,18 +185,12 @@ def apply() -> bool:
     cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
     cuda.set_rng_state = lambda s, *a, **k: torch.set_rng_state(s)
 
-    # 5. moe_utils.RouterGatingLinearFunction references `te_general_gemm`, imported only when
-    #    TransformerEngine is present; without TE the name is undefined (NameError). None selects
-    #    the plain torch.mm path that already exists there.
-    from megatron.core.transformer.moe import moe_utils
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
-
+    # 5. (`te_general_gemm`: see apply_te_shim, applied by apply() whenever TE is missing.)
     # 5b. The alltoall dispatcher turns its split sizes into host numpy arrays with
     #     maybe_move_tensor_to_cpu(as_numpy=True), which only converts *CUDA* tensors; a CPU
     #     tensor is passed through and torch.distributed.all_to_all_single rejects a tensor as
     #     split sizes. On CPU convert to numpy as the GPU path does.
-    from megatron.core.transformer.moe import token_dispatcher
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
     _orig_move = moe_utils.maybe_move_tensor_to_cpu
 
     def _move(tensor, as_numpy=False, record_stream=False):

@@ -1,10 +1,15 @@
-"""Build megatron-core GPT MoE model chunks from a ModelSpec + Plan (local, non-TE layer spec).
+"""Build megatron-core GPT MoE model chunks from a ModelSpec + Plan, with the layer spec the
+emitted script would run (TE spec when TransformerEngine is installed, local spec otherwise;
+`trials.megatron.spec_choice` decides and refuses what the installed stack cannot build).
 
 Everything here runs inside a trial worker after `parallel_state.initialize_model_parallel`.
 Weights are initialised deterministically from each parameter's *global* name (global layer
 number, global expert index, full tensor sliced to the TP shard), so every plan of the same model
 starts from the same weights as the unsharded single-process model: losses are comparable across
-plans and gradients can be checked against a single-process reference.
+plans and gradients can be checked against a single-process reference. Grouped expert weights
+(TE `linear_fc1.weight<i>`, legacy `GroupedMLP.weight1/weight2`) are initialised per expert under
+the SequentialMLP name of that expert, so every implementation and every EP rank gets the same
+logical experts.
 """
 from __future__ import annotations
 
@@ -16,10 +21,16 @@ import torch
 INIT_STD = 0.02
 
 
-def transformer_config(model, plan, *, on_gpu: bool, seq: int, overrides: dict | None = None):
+def transformer_config(model, plan, *, on_gpu: bool, seq: int, overrides: dict | None = None,
+                       use_te: bool = False):
     """The TransformerConfig for this model and plan. Raises megatron's own validation errors
-    (AssertionError / ValueError from __post_init__), which the worker reports as stack-rejected."""
+    (AssertionError / ValueError from __post_init__), which the worker reports as stack-rejected.
+
+    use_te: the TE spec is built (spec_choice); then the kernel fusions Megatron-LM's arguments
+    switch on by default (the emitted script does not turn them off) are switched on here too."""
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from specs.stack import FP8_RECIPES
 
     dtype = torch.bfloat16 if on_gpu else torch.float32  # CPU: fp32 (see cpu_support)
     kw = dict(
@@ -93,13 +104,25 @@ def transformer_config(model, plan, *, on_gpu: bool, seq: int, overrides: dict |
         if plan.dispatcher == "flex":
             kw["moe_flex_dispatcher_backend"] = plan.flex_backend or "deepep"
     if plan.fp8:
-        kw.update(fp8="hybrid", fp8_recipe=plan.precision.split("-", 1)[-1])
-    kw.update(overrides or {})
+        # the --fp8-format/--fp8-recipe pair the emitted script passes for this precision
+        fmt, recipe = FP8_RECIPES[plan.precision]
+        kw.update(fp8=fmt, fp8_recipe=recipe)
+    if use_te:
+        # Megatron-LM defaults (arguments.py: --no-bias-swiglu-fusion, --no-rope-fusion,
+        # --no-masked-softmax-fusion, --no-gradient-accumulation-fusion switch them off; the
+        # emitted script passes none of them). TE provides the fused wgrad accumulation.
+        kw.update(apply_rope_fusion=True, masked_softmax_fusion=True, gradient_accumulation_fusion=True,
+                  bias_activation_fusion=model.gated_linear_unit)
+    for k, v in (overrides or {}).items():
+        # overrides travel as JSON: dtype fields are given by name ("float32", "bfloat16")
+        kw[k] = getattr(torch, v) if k.endswith("_dtype") and isinstance(v, str) else v
     return TransformerConfig(**kw)
 
 
-def build_chunks(model, config, *, on_gpu: bool) -> list:
-    """One GPTModel per virtual pipeline stage owned by this rank (one when vpp == 1)."""
+def build_chunks(model, config, *, on_gpu: bool, use_te: bool = False) -> list:
+    """One GPTModel per virtual pipeline stage owned by this rank (one when vpp == 1), with
+    the decoder block spec `pretrain_gpt.py` builds for `--transformer-impl transformer_engine`
+    (use_te) or `local`."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -108,7 +131,7 @@ def build_chunks(model, config, *, on_gpu: bool) -> list:
     chunks = []
     for vp_stage in range(vpp or 1):
         stage = vp_stage if vpp else None
-        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, vp_stage=stage,
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=use_te, vp_stage=stage,
                                           normalization="RMSNorm")
         m = GPTModel(
             config=config,
@@ -130,79 +153,141 @@ def build_chunks(model, config, *, on_gpu: bool) -> list:
 # ---- global names and deterministic init --------------------------------------------------------
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"local_experts\.(\d+)\.")
+# TEGroupedMLP: one TE GroupedLinear per fc, one weight<i> per local expert, each [out, in] like
+# the SequentialMLP expert's ColumnParallel/RowParallel weight.
+_TE_GROUPED = re.compile(r"experts\.(linear_fc[12])\.weight(\d+)$")
+# Legacy GroupedMLP: all local experts in one tensor; forward views weight1 as [E, hidden, out]
+# and weight2 as [E, in, hidden] (experts.py), i.e. each expert's matrix transposed.
+_LEGACY_GROUPED = re.compile(r"experts\.weight([12])$")
+
+
+def expert_views(name: str, param, num_local_experts: int, hidden_size: int) -> list:
+    """[(local SequentialMLP-style name, tensor view)] for one parameter: one entry per local
+    expert for grouped expert weights (views share storage with `param`, in SequentialMLP's
+    [out, in] layout), else [(name, param)].
+
+    name: the local parameter name; num_local_experts, hidden_size: of its experts module."""
+    m = _TE_GROUPED.search(name)
+    if m:
+        prefix = name[:m.start()]
+        return [(f"{prefix}experts.local_experts.{m.group(2)}.{m.group(1)}.weight", param)]
+    m = _LEGACY_GROUPED.search(name)
+    if m:
+        prefix = name[:m.start()]
+        if m.group(1) == "1":
+            per = param.view(num_local_experts, hidden_size, -1)
+            fc = "linear_fc1"
+        else:
+            per = param.view(num_local_experts, -1, hidden_size)
+            fc = "linear_fc2"
+        return [(f"{prefix}experts.local_experts.{e}.{fc}.weight", per[e].t()) for e in range(num_local_experts)]
+    return [(name, param)]
+
+
+def globalize(name: str, layer_numbers, ep_rank: int, num_local_experts: int) -> str:
+    """The global name of a local (SequentialMLP-style) parameter name: global layer number
+    (layer_numbers[local index] is megatron's 1-based layer_number) and global expert index
+    ep_rank * num_local_experts + local index."""
+    g = name
+    m = _LAYER.search(g)
+    if m:
+        glob = layer_numbers[int(m.group(1))] - 1
+        g = g[:m.start(1)] + str(glob) + g[m.end(1):]
+    m = _EXPERT.search(g)
+    if m:
+        g = g[:m.start(1)] + str(ep_rank * num_local_experts + int(m.group(1))) + g[m.end(1):]
+    return g
+
+
+def _experts_module(chunk, name):
+    """The experts module (SequentialMLP / GroupedMLP / TEGroupedMLP) a parameter belongs to."""
+    mod = chunk
+    for p in name.split("."):
+        mod = mod[int(p)] if p.isdigit() else getattr(mod, p, None)
+        if mod is None:
+            return None
+        if p == "experts":
+            return mod
+    return None
+
+
+def _num_local_experts(chunk, name) -> int:
+    mod = _experts_module(chunk, name)
+    if mod is None:
+        return 1
+    n = getattr(mod, "num_local_experts", None)
+    return int(n) if n else len(getattr(mod, "local_experts", [])) or 1
+
+
+def _logical_tensors(chunk):
+    """[(local param name, param, [(global name, view)])] for every parameter of `chunk`."""
+    from megatron.core import parallel_state as ps
+
+    layers = getattr(getattr(chunk, "decoder", None), "layers", [])
+    numbers = [layer.layer_number for layer in layers]
+    ep_rank = ps.get_expert_model_parallel_rank()
+    hidden = chunk.config.hidden_size
+    out = []
+    for name, p in chunk.named_parameters():
+        n = _num_local_experts(chunk, name) if ".experts." in name else 1
+        views = [(globalize(local, numbers, ep_rank, n), v) for local, v in expert_views(name, p, n, hidden)]
+        out.append((name, p, views))
+    return out
 
 
 def global_param_names(chunk) -> dict:
     """{local parameter name: global name} — global layer number and global expert index, so the
-    same name denotes the same logical tensor in every plan."""
-    from megatron.core import parallel_state as ps
-
-    layers = getattr(getattr(chunk, "decoder", None), "layers", [])
-    ep_rank = ps.get_expert_model_parallel_rank()
+    same name denotes the same logical tensor in every plan. A grouped expert tensor holding
+    several experts is named by its first expert's global name plus `+<count>`."""
     out = {}
-    for name, _ in chunk.named_parameters():
-        g = name
-        m = _LAYER.search(g)
-        if m:
-            glob = layers[int(m.group(1))].layer_number - 1
-            g = g[:m.start(1)] + str(glob) + g[m.end(1):]
-        m = _EXPERT.search(g)
-        if m:
-            experts = _local_expert_count(chunk, name)
-            g = g[:m.start(1)] + str(ep_rank * experts + int(m.group(1))) + g[m.end(1):]
-        out[name] = g
+    for name, _p, views in _logical_tensors(chunk):
+        out[name] = views[0][0] if len(views) == 1 else f"{views[0][0]}+{len(views)}"
     return out
 
 
-def _local_expert_count(chunk, name):
-    mod = chunk
-    parts = name.split(".")
-    for p in parts:
-        if p == "local_experts":
-            return len(mod.local_experts)
-        mod = getattr(mod, p) if not p.isdigit() else mod[int(p)]
-    return 1
-
-
 def _tp_coords(param, global_name: str):
-    """(rank, size, partition_dim) of a TP-sharded parameter, else None. Expert weights are
-    recognised by name and sharded over the expert-tensor-parallel group (their
-    `tensor_model_parallel` attribute is not reliable in 0.16 SequentialMLP)."""
+    """(rank, size, partition_dim) of a TP-sharded tensor in its [out, in] layout, else None.
+    Expert weights are recognised by name and sharded over the expert-tensor-parallel group
+    (fc1 column-parallel: dim 0; fc2 row-parallel: dim 1). Their `tensor_model_parallel`
+    attribute is not reliable in 0.16 SequentialMLP, and grouped tensors hold other layouts."""
     from megatron.core import parallel_state as ps
     if ".experts." in global_name:
         size = ps.get_expert_tensor_parallel_world_size()
         if size == 1:
             return None
-        dim = getattr(param, "partition_dim", None)
-        if dim is None or not getattr(param, "tensor_model_parallel", False):
-            dim = 0 if "linear_fc1" in global_name else 1
-        return ps.get_expert_tensor_parallel_rank(), size, dim
+        return ps.get_expert_tensor_parallel_rank(), size, 0 if "linear_fc1" in global_name else 1
     if not getattr(param, "tensor_model_parallel", False):
         return None
     return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size(), param.partition_dim
 
 
+def init_values(global_name: str, shape, seed: int, tp=None, gated_linear_unit: bool = False):
+    """The deterministic values of one logical tensor (local shard `shape`, TP coords `tp` =
+    (rank, size, dim) or None): drawn in full from a generator seeded by `global_name`, then
+    sliced to the shard. SwiGLU fc1 is [gate; up]; a TP shard holds [gate_r; up_r]."""
+    shape = list(shape)
+    if tp and tp[1] > 1:
+        shape[tp[2]] *= tp[1]
+    gen = torch.Generator().manual_seed((zlib.crc32(global_name.encode()) + seed) % (2**63))
+    full = torch.randn(shape, generator=gen, dtype=torch.float32) * INIT_STD
+    if tp and tp[1] > 1:
+        if global_name.endswith("linear_fc1.weight") and gated_linear_unit:
+            full = torch.cat([h.chunk(tp[1], dim=0)[tp[0]] for h in full.chunk(2, dim=0)])
+        else:
+            full = full.chunk(tp[1], dim=tp[2])[tp[0]]
+    return full
+
+
 def deterministic_init(chunks, seed: int = 1234) -> None:
     """Overwrite every parameter with values drawn from a generator seeded by its global name;
-    TP-sharded parameters take their slice of the full tensor. Norm weights 1, biases 0."""
+    TP-sharded parameters take their slice of the full tensor; grouped expert weights are
+    filled expert by expert (see expert_views). Norm weights 1, biases 0."""
     with torch.no_grad():
         for chunk in chunks:
-            names = global_param_names(chunk)
-            for local, p in chunk.named_parameters():
-                g = names[local]
-                if p.dim() == 1:
-                    p.fill_(0.0 if g.endswith("bias") else 1.0)  # norm weights 1, biases 0
-                    continue
-                shape = list(p.shape)
-                tp = _tp_coords(p, g)
-                if tp and tp[1] > 1:
-                    shape[tp[2]] *= tp[1]
-                gen = torch.Generator().manual_seed((zlib.crc32(g.encode()) + seed) % (2**63))
-                full = torch.randn(shape, generator=gen, dtype=torch.float32) * INIT_STD
-                if tp and tp[1] > 1:
-                    if g.endswith("linear_fc1.weight") and chunk.config.gated_linear_unit:
-                        # SwiGLU fc1 is [gate; up]; a TP shard holds [gate_r; up_r].
-                        full = torch.cat([h.chunk(tp[1], dim=0)[tp[0]] for h in full.chunk(2, dim=0)])
-                    else:
-                        full = full.chunk(tp[1], dim=tp[2])[tp[0]]
-                p.copy_(full.to(p.dtype))
+            glu = chunk.config.gated_linear_unit
+            for _local, p, views in _logical_tensors(chunk):
+                for g, v in views:
+                    if v.dim() == 1:
+                        v.fill_(0.0 if g.rstrip("0123456789").endswith("bias") else 1.0)
+                        continue
+                    v.copy_(init_values(g, v.shape, seed, _tp_coords(p, g), glu).to(v.dtype))

@@ -1,13 +1,23 @@
-"""Core attention forward and backward over (seq, head_dim). GPU: SDPA (flash backend) in bf16,
-causal. CPU: the math of Megatron's local (non-TE) DotProductAttention, which the CPU trials run:
-scores = baddbmm(q, k^T) * 1/sqrt(d), causal mask, fp32 softmax, bmm with V (unfused, full s^2).
-TFLOPS are in causal flops (the cost model's convention): fwd = b*h*s^2*2*d, bwd = 2.5 x fwd."""
+"""Core attention forward and backward over (seq, head_dim). TFLOPS are in causal flops (the
+cost model's convention): fwd = b*h*s^2*2*d, bwd = 2.5 x fwd.
+
+GPU: torch SDPA, causal, bf16, with the backend forced (torch.nn.attention.sdpa_kernel): flash
+first, then efficient, then math, the first that runs the shape is used and named in each row's
+source (`measured:sdpa-<backend> b<batch>xh<heads>`), never silently. The call has the batch x
+heads of a training micro-batch, not one small head group that underfills the SMs at short
+seq: heads = ctx.extra["attn_heads"] (a model's heads per rank; default 32) and batch such that
+batch x seq = ctx.extra["attn_tokens"] (default 8192 tokens per micro-batch, at least 1 sequence).
+CPU: the math of Megatron's local (non-TE) DotProductAttention, which the CPU trials run:
+scores = baddbmm(q, k^T) * 1/sqrt(d), causal mask, fp32 softmax, bmm with V (unfused, full s^2)."""
 from __future__ import annotations
 
 from trials.profile.common import Ctx, grid_points, timeit
 
 NAME = "attention"
-HEADS = 8  # batch x heads of one call (the table has no head axis; per-head work is what scales)
+HEADS = 8  # CPU: batch x heads of one call (the table has no head axis; per-head work is what scales)
+GPU_HEADS = 32  # default heads per rank on GPU (override: ctx.extra["attn_heads"])
+GPU_TOKENS = 8192  # default tokens per micro-batch on GPU (override: ctx.extra["attn_tokens"])
+SDPA_BACKENDS = ("flash", "efficient", "math")  # tried in this order (override: ctx.extra["sdpa_backends"])
 CPU = {"tiny": dict(seq=[128, 256], head_dim=[16, 64]),
        "small": dict(seq=[128, 512, 2048], head_dim=[16, 64, 128]),
        "full": dict(seq=[64, 128, 256, 512, 1024, 2048], head_dim=[16, 32, 64, 128])}
@@ -26,6 +36,38 @@ def points(ctx: Ctx) -> list[dict]:
     return out
 
 
+def gpu_shape(seq: int, head_dim: int, ctx: Ctx) -> tuple[int, int, int, int]:
+    """(batch, heads, seq, head_dim) of the GPU call for a sweep point (see the module docstring)."""
+    heads = int(ctx.extra.get("attn_heads", GPU_HEADS))
+    batch = max(1, int(ctx.extra.get("attn_tokens", GPU_TOKENS)) // seq)
+    return batch, heads, seq, head_dim
+
+
+def sdpa_backend(name: str):
+    """torch.nn.attention.SDPBackend member for "flash" | "efficient" | "math" | "cudnn"."""
+    from torch.nn.attention import SDPBackend
+    return {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
+
+
+def pick_sdpa_backend(shape, dtype, device, order=SDPA_BACKENDS):
+    """(name, SDPBackend) of the first backend in `order` that runs causal SDPA on `shape`; raises
+    RuntimeError listing each backend's refusal when none does (never a silent choice)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+    probe = [torch.randn(*shape, dtype=dtype, device=device) for _ in range(3)]
+    errs = []
+    for name in order:
+        try:
+            with sdpa_kernel([sdpa_backend(name)]):
+                F.scaled_dot_product_attention(*probe, is_causal=True)
+            return name, sdpa_backend(name)
+        except RuntimeError as e:  # this backend cannot run the shape: try the next, and say so
+            errs.append(f"{name}: {str(e).splitlines()[0][:80]}")
+    raise RuntimeError("no SDPA backend runs this shape: " + "; ".join(errs))
+
+
 def _cpu_attention(q, k, v, mask, scale):
     import torch
     scores = torch.baddbmm(torch.empty(q.shape[0], q.shape[1], k.shape[1], dtype=q.dtype),
@@ -36,17 +78,21 @@ def _cpu_attention(q, k, v, mask, scale):
 
 
 def measure(p: dict, ctx: Ctx) -> list[tuple[str, dict]]:
+    """One point: fwd and bwd attention rows per table dtype key."""
     import torch
     tdt, keys = next((t, k) for n, t, k in ctx.dtypes() if n == p["dtype"])
     s, d = p["seq"], p["head_dim"]
     scale = d ** -0.5
     if ctx.on_gpu:
         import torch.nn.functional as F
-        shape = (1, HEADS, s, d)
-        src = "measured:sdpa-flash"
+        from torch.nn.attention import sdpa_kernel
+        shape = gpu_shape(s, d, ctx)
+        name, backend = pick_sdpa_backend(shape, tdt, ctx.device, ctx.extra.get("sdpa_backends", SDPA_BACKENDS))
+        src = f"measured:sdpa-{name} b{shape[0]}xh{shape[1]}"
 
         def fwd(q, k, v):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     else:
         shape = (HEADS, s, d)
         mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
@@ -64,7 +110,7 @@ def measure(p: dict, ctx: Ctx) -> list[tuple[str, dict]]:
         torch.autograd.grad(out, (q, k, v), go)
     tfb = timeit(fb, ctx)
     tb = max(tfb - tf_, 1e-3 * tfb)
-    flops = HEADS * s * s * 2.0 * d
+    flops = (shape[0] * shape[1] if ctx.on_gpu else HEADS) * s * s * 2.0 * d
     rows = []
     for kk in keys:
         rows.append(("attention", dict(dtype=kk, direction="fwd", seq=s, head_dim=d, tflops=flops / tf_ / 1e12,

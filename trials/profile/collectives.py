@@ -1,7 +1,7 @@
 """Collectives over message and group sizes in spawned torch.distributed workers (gloo on CPU,
 NCCL on GPU), one rank per device (pinned core, one thread on CPU), 127.0.0.1 + a free port.
 
-Bus bandwidth is written in the cost model's convention (`_Ops.collective`): time = vol / busbw
+Bus bandwidth is written in the cost model's convention (`cost_model/ops.py` TableOps.collective): time = vol / busbw
 with vol = 2(n-1)/n * bytes (all_reduce), (n-1)/n * bytes (reduce_scatter, all_gather over the
 full buffer; all_to_all as nccl-tests), bytes (send_recv). Rank sets: contiguous {0..g-1} and,
 when g < world, strided {0, s, 2s, ...}; the table has no layout key, so the slower of the two
@@ -33,13 +33,31 @@ EP_BYTES = {"tiny": [16384, 262144], "small": [16384, 262144, 4194304],
 REPO = Path(__file__).resolve().parents[2]
 
 
-def world_for(ctx, devices: int) -> int:
-    return max(1, min(devices, 8))
+def world_for(ctx, devices: int, visible_gpus: int | None = None) -> int:
+    """Ranks to spawn: one per device, at most 8. On GPU never more than the visible GPUs: two
+    ranks on one GPU is not a measurement (NCCL rejects a communicator with duplicate devices).
+    visible_gpus: torch.cuda.device_count() unless given (tests)."""
+    world = max(1, min(devices, 8))
+    if ctx.on_gpu:
+        if visible_gpus is None:
+            import torch
+            visible_gpus = torch.cuda.device_count()
+        world = max(1, min(world, visible_gpus))
+    return world
 
 
-def skip_reason(ctx, devices: int):
-    if devices < 2:
-        return "collectives need >= 2 devices on this host"
+def skip_reason(ctx, devices: int, visible_gpus: int | None = None):
+    """None, or why no collective can be measured here (the driver logs it and writes it into
+    the tables' notes; the shipped collective rows are kept)."""
+    if ctx.on_gpu and visible_gpus is None:
+        import torch
+        visible_gpus = torch.cuda.device_count()
+    world = world_for(ctx, devices, visible_gpus)
+    if world < 2:
+        if ctx.on_gpu:
+            return (f"world size {world}: collectives need >= 2 GPUs, one rank per GPU (NCCL rejects two "
+                    f"ranks on one GPU; {devices} device(s) asked, {visible_gpus} GPU(s) visible)")
+        return f"world size {world}: collectives need >= 2 devices on this host"
     return None
 
 
@@ -149,7 +167,9 @@ def worker(spec_path: str) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     on_gpu = spec["device"].startswith("cuda")
     if on_gpu:
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        if world > torch.cuda.device_count():  # world_for caps it; a hand-written spec must not share GPUs
+            raise RuntimeError(f"{world} ranks but {torch.cuda.device_count()} visible GPU(s): one rank per GPU")
+        torch.cuda.set_device(rank)
         dev = torch.device("cuda", torch.cuda.current_device())
     else:
         from trials.profile.common import pin_to_core

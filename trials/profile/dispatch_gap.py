@@ -32,5 +32,6 @@ def measure(p: dict, ctx: Ctx) -> list[tuple[str, dict]]:
                 y = y * 1.0001
             torch.autograd.grad(y.sum(), x)
         per = 2 * CHAIN
-    t = timeit(fn, ctx, min_time_s=max(ctx.min_time_s, 0.02), reps=max(ctx.reps, 5))
+    # wall clock on every device: the gap is host time per launch, which CUDA events would not see
+    t = timeit(fn, ctx, min_time_s=max(ctx.min_time_s, 0.02), reps=max(ctx.reps, 5), clock="wall", flush=False)
     return [("dispatch_gap", dict(mode=p["mode"], gap_us=t / per * 1e6, source=f"measured:dispatch-gap-{p['mode']}"))]

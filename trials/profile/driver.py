@@ -8,6 +8,16 @@ families, until their share of the budget is used; collectives get the rest (min
 to assemble). Unmeasured grid points are holes the table loader fills from the nearest measured
 point; a rerun measures only what is missing (partial/<runner>.csv in the output directory).
 A family with no measured row at all keeps the shipped default rows (source "default: ...").
+GEMM, grouped GEMM and attention are merged into the shipped grid per key (dtype, direction):
+a measured key replaces the shipped rows at the points it measured and keeps the rest of the
+shipped grid scaled by the median measured/shipped ratio, so a measurement never narrows the
+range the cost model can look up; a key with no measured row (e.g. fp8 where this machine cannot
+run fp8) keeps its shipped rows, and the notes say so.
+
+What was measured and what was not (with the reason: skipped on this device, budget reached,
+errors) is in the returned info's "report" and in meta.json ("profile" -> "report"); the tables
+written always equal what that report says. Each family's timing statistic is in meta.json
+("statistic").
 """
 from __future__ import annotations
 
@@ -25,16 +35,34 @@ from pathlib import Path
 import numpy as np
 
 from specs.fileio import write_atomic
-from trials.profile.common import Ctx, host_info, pin_to_core
+from trials.profile.common import Ctx, fp8_skip_reason, host_info, pin_to_core, sustain_clocks, te_skip_reason
 
 DEVICE_RUNNERS = ("dispatch_gap", "gemm", "grouped_mlp", "attention", "elementwise", "cross_entropy")
+# table families each runner writes (the report names a family's runners when it is not measured)
+RUNNER_FAMILIES = {"dispatch_gap": ("dispatch_gap",), "stack_floor": ("dispatch_gap",), "gemm": ("gemm",),
+                   "grouped_mlp": ("grouped_gemm",), "attention": ("attention",), "elementwise": ("membw",),
+                   "cross_entropy": ("membw",), "collectives": ("collectives", "ep_dispatch")}
+MERGED_FAMILIES = ("gemm", "grouped_gemm", "attention")  # merged into the shipped grid per key
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = {
     "measured:gemm": "moetune profile: torch F.linear(x[m,k], w[n,k]) timed per device (trials/profile/gemm.py)",
     "measured:sequential-mlp": "moetune profile: Megatron SequentialMLP expert loop (split, F.linear per local expert, cat), "
-                               "as the CPU trial stack runs the experts (trials/profile/grouped_mlp.py)",
-    "measured:grouped-mm": "moetune profile: torch._grouped_mm grouped GEMM (trials/profile/grouped_mlp.py)",
-    "measured:sdpa-flash": "moetune profile: torch SDPA causal fwd/bwd (trials/profile/attention.py)",
+                               "as the CPU trial stack runs the experts; /fwd, /dgrad, /wgrad (trials/profile/grouped_mlp.py)",
+    "measured:scaled-mm-fp8": "moetune profile: torch._scaled_mm fp8 (e4m3, tensorwise scales, bf16 out) GEMM, "
+                              "quantisation not timed (trials/profile/gemm.py)",
+    "measured:te-grouped-linear": "moetune profile: TransformerEngine te.pytorch.GroupedLinear (the layer under "
+                                  "Megatron's TEGroupedMLP), /fwd, /dgrad, /wgrad at their table coordinates; fp8 "
+                                  "under fp8_autocast(DelayedScaling), quantisation included (trials/profile/grouped_mlp.py)",
+    "measured:grouped-mm": "moetune profile: torch._grouped_mm grouped GEMM, /fwd, /dgrad, /wgrad; TE was not "
+                           "importable, and no stack runs this kernel: a stand-in (trials/profile/grouped_mlp.py)",
+    "measured:sequential-loop": "moetune profile: one F.linear per group on GPU (neither TE nor torch._grouped_mm "
+                                "available) (trials/profile/grouped_mlp.py)",
+    "measured:sdpa-flash": "moetune profile: torch SDPA causal fwd/bwd, flash backend forced, batch x heads in the "
+                           "source (trials/profile/attention.py)",
+    "measured:sdpa-efficient": "moetune profile: torch SDPA causal fwd/bwd, memory-efficient backend forced (flash "
+                               "could not run the shape) (trials/profile/attention.py)",
+    "measured:sdpa-math": "moetune profile: torch SDPA causal fwd/bwd, math backend forced (neither flash nor "
+                          "efficient could run the shape) (trials/profile/attention.py)",
     "measured:megatron-local-attention": "moetune profile: unfused baddbmm/mask/fp32 softmax/bmm of Megatron's local "
                                          "DotProductAttention, fwd and bwd (trials/profile/attention.py)",
     "measured:dispatch-gap-eager": "moetune profile: per-op time of a chain of 1-element adds (trials/profile/dispatch_gap.py)",
@@ -97,14 +125,19 @@ class PartialStore:
 class DeviceProfiler:
     """Measures sweep points on one device (a pinned core on CPU, one GPU). Used as a Ray actor."""
 
-    def __init__(self, index: int, device: str, sweep: str, min_time_s: float = 0.01, reps: int = 3):
+    def __init__(self, index: int, device: str, sweep: str, min_time_s: float = 0.01, reps: int = 3,
+                 flush_l2: bool = True, sustain_s: float = 2.0, extra: dict | None = None):
         import torch
         if device.startswith("cuda"):
             torch.cuda.set_device(index % max(1, torch.cuda.device_count()))
             device = f"cuda:{torch.cuda.current_device()}"
         else:
             pin_to_core(index)
-        self.ctx = Ctx(device=device, sweep=sweep, min_time_s=min_time_s, reps=reps)
+        self.ctx = Ctx(device=device, sweep=sweep, min_time_s=min_time_s, reps=reps, flush_l2=flush_l2,
+                       sustain_s=sustain_s, extra=dict(extra or {}))
+        # GPU: settle the clocks at their sustained value before the first point (no-op on CPU);
+        # the points then run back to back, which keeps the device loaded
+        sustain_clocks(self.ctx)
 
     def measure(self, runner: str, point: dict):
         mod = importlib.import_module(f"trials.profile.{runner}")
@@ -129,17 +162,20 @@ def _ray_init(address: str | None, num_cpus: int):
     return True
 
 
+def _prof_args(ctx: Ctx) -> tuple:
+    return ctx.sweep, ctx.min_time_s, ctx.reps, ctx.flush_l2, ctx.sustain_s, ctx.extra
+
+
 def _make_actors(ray, ctx: Ctx, devices: int, address: str | None):
     remote = ray.remote(DeviceProfiler)
     if ctx.on_gpu:
-        return [remote.options(num_gpus=1, num_cpus=1).remote(i, "cuda", ctx.sweep, ctx.min_time_s, ctx.reps)
-                for i in range(devices)]
+        return [remote.options(num_gpus=1, num_cpus=1).remote(i, "cuda", *_prof_args(ctx)) for i in range(devices)]
     if address:  # a Ray cluster of CPU nodes: one actor per node, points spread over the nodes
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
         return [remote.options(num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(
-            0, "cpu", ctx.sweep, ctx.min_time_s, ctx.reps) for n in nodes]
-    return [remote.options(num_cpus=1).remote(i, "cpu", ctx.sweep, ctx.min_time_s, ctx.reps) for i in range(devices)]
+            0, "cpu", *_prof_args(ctx)) for n in nodes]
+    return [remote.options(num_cpus=1).remote(i, "cpu", *_prof_args(ctx)) for i in range(devices)]
 
 
 def _ordered(todo: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
@@ -159,18 +195,31 @@ def _ordered(todo: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
 
 def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str | None = None,
                 executor: str = "ray", sweep: str = "full", devices: int | None = None,
-                progress: bool = True, log=print, min_time_s: float = 0.01, reps: int = 3) -> dict:
+                progress: bool = True, log=print, min_time_s: float = 0.01, reps: int = 3,
+                flush_l2: bool = True, sustain_s: float = 2.0, extra: dict | None = None) -> dict:
+    """Measure this machine's tables for cluster kind `kind` into `out` within `budget_s` seconds.
+
+    ray_address: an existing Ray cluster (default: embedded); executor: "ray" (an actor per
+    device) or "local" (this process, one device); sweep: tiny | small | full; devices: devices
+    to use (default: all GPUs, or all usable cores); progress: show a progress bar; log: one-line
+    messages (skips, errors); min_time_s, reps, flush_l2, sustain_s: timing (trials.profile.common.Ctx);
+    extra: runner options (attention: attn_heads, attn_tokens, sdpa_backends).
+    Returns the profile info written into meta.json["profile"], with "report" (measured and
+    not-measured families with reasons, points per runner) and "digest"."""
     import torch
     t0 = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     on_gpu = torch.cuda.is_available()
-    ctx = Ctx(device="cuda" if on_gpu else "cpu", sweep=sweep, min_time_s=min_time_s, reps=reps)
+    ctx = Ctx(device="cuda" if on_gpu else "cpu", sweep=sweep, min_time_s=min_time_s, reps=reps,
+              flush_l2=flush_l2, sustain_s=sustain_s, extra=dict(extra or {}))
     if devices is None:
         devices = torch.cuda.device_count() if on_gpu else len(os.sched_getaffinity(0))
     store = PartialStore(out)
     skipped = _gpu_only_skips(ctx)
+    substitutes = _substitutes(ctx)
     todo, total = [], 0
+    ids: dict[str, set] = {}
     for name in DEVICE_RUNNERS:
         mod = importlib.import_module(f"trials.profile.{name}")
         # a runner that can always measure on this device defines no skip_reason
@@ -179,29 +228,35 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
             skipped.append(f"{name}: {why}")
             continue
         pts = mod.points(ctx)
+        ids[name] = {p["id"] for p in pts}
         total += len(pts)
         done = store.done(name)
         todo += [(name, p) for p in pts if p["id"] not in done]
     from trials.profile import stack_floor as _sf
-    if not _sf.skip_reason(ctx):
-        total += len(_sf.points(ctx))
-        already_sf = len([p for p in _sf.points(ctx) if p["id"] in store.done("stack_floor")])
+    sf_why = _sf.skip_reason(ctx)
+    if not sf_why:
+        ids["stack_floor"] = {p["id"] for p in _sf.points(ctx)}
+        total += len(ids["stack_floor"])
+        already_sf = len(ids["stack_floor"] & store.done("stack_floor"))
     else:
         already_sf = 0
     from trials.profile import collectives
     why = collectives.skip_reason(ctx, devices)
     cpts = []
     if why:
-        skipped.append(f"collectives: {why}")
+        skipped.append(f"collectives: {why}; the shipped collective and ep_dispatch rows are kept")
     else:
         allc = collectives.points(ctx, devices)
+        ids["collectives"] = {p["id"] for p in allc}
         total += len(allc)
         done = store.done("collectives")
         cpts = [p for p in allc if p["id"] not in done]
-    for s in skipped:
-        log(f"skip  {s}")
+    for s_ in skipped:
+        log(f"skip  {s_}")
+    for s_ in substitutes:
+        log(f"note  {s_}")
     todo = _ordered(todo)
-    already = total - len(todo) - len(cpts) - (len(_sf.points(ctx)) - already_sf if not _sf.skip_reason(ctx) else 0)
+    already = total - len(todo) - len(cpts) - (len(ids["stack_floor"]) - already_sf if not sf_why else 0)
     if already:
         log(f"resume: {already} of {total} points already measured in {out / 'partial'}")
     reserve = min(10.0, 0.05 * budget_s)
@@ -221,19 +276,17 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
             _run_local(todo, ctx, dev_deadline, record)
         else:
             _run_ray(todo, ctx, devices, dev_deadline, record, ray_address)
-    from trials.profile import stack_floor
-    why = stack_floor.skip_reason(ctx)
-    if why:
-        skipped.append(f"dispatch_gap stack: {why}")
+    if sf_why:
+        skipped.append(f"dispatch_gap stack: {sf_why}")
     else:
-        for p in stack_floor.points(ctx):
+        for p in _sf.points(ctx):
             if p["id"] in store.done("stack_floor"):
                 continue
             if time.time() > t0 + (budget_s - reserve) * (0.75 if cpts else 1.0):
                 break
             try:
-                sec = stack_floor.measure_layers(p["layers"], p["microbatches"],
-                                                 **({"iters": 3, "warmup": 1} if sweep == "tiny" else {}))
+                sec = _sf.measure_layers(p["layers"], p["microbatches"],
+                                         **({"iters": 3, "warmup": 1} if sweep == "tiny" else {}))
                 record("stack_floor", p["id"], [("stack_sample", dict(
                     layers=p["layers"], microbatches=p["microbatches"], seconds=sec,
                     source="measured:stack-floor"))], None)
@@ -250,12 +303,55 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
     for e in errors[:10]:
         log(f"error {e}")
     measured = store.count()
+    points = {r: [len(ids[r] & store.done(r)), len(ids[r])] for r in ids}
     info = dict(host_info(), date=datetime.datetime.now().isoformat(timespec="seconds"), budget_s=budget_s,
                 sweep=sweep, device=ctx.device, devices=devices, points_total=total, points_measured=measured,
-                elapsed_s=round(time.time() - t0, 1), skipped=skipped, errors=errors[:50])
+                elapsed_s=round(time.time() - t0, 1), skipped=skipped, substitutes=substitutes, errors=errors[:50],
+                statistic=ctx.statistic, points_by_runner=points, timing=dict(
+                    min_time_s=min_time_s, reps=reps, flush_l2=flush_l2 and on_gpu,
+                    sustain_s=sustain_s if on_gpu else 0.0, extra=ctx.extra))
     digest = assemble(kind, out, store, info)
     info.update(digest=digest, elapsed_s=round(time.time() - t0, 1))
     return info
+
+
+def _substitutes(ctx: Ctx) -> list[str]:
+    """What this device measures in place of the stack's own kernel (logged, and in the notes)."""
+    if not ctx.on_gpu:
+        return []
+    from trials.profile import grouped_mlp
+    be = grouped_mlp.backend(ctx)
+    if be == "te-grouped-linear":
+        return []
+    return [f"grouped_gemm: {te_skip_reason() or 'TE has no GroupedLinear'}; measured with {be} instead "
+            f"(row source measured:{be}/...), which no stack runs: a stand-in for TE's grouped GEMM"]
+
+
+def family_report(fam: dict[str, list[dict]], info: dict) -> dict:
+    """{"measured": [families with a measured row], "not_measured": {family: reason}} from the
+    assembled rows and the run's skips, per-runner point counts and errors."""
+    from cost_model.tables import FAMILIES
+    measured = sorted(f for f in FAMILIES if any(str(r["source"]).startswith("measured") for r in fam[f]))
+    not_measured = {}
+    for f in FAMILIES:
+        if f in measured:
+            continue
+        runners = [r for r, fs in RUNNER_FAMILIES.items() if f in fs]
+        # a whole-runner skip is logged as "<runner>: <reason>" (partial ones as "<runner> <part>: ...")
+        why = [s for s in info.get("skipped", []) if s.split(":")[0] in runners + [f]]
+        pts = {r: info.get("points_by_runner", {}).get(r) for r in runners if r in info.get("points_by_runner", {})}
+        errs = [e for e in info.get("errors", []) if e.split(" ")[0].rstrip(":") in runners]
+        if why:
+            reason = "skipped: " + "; ".join(why)
+        elif errs:
+            reason = f"{len(errs)} point(s) failed, e.g. {errs[0]}"
+        elif pts:
+            reason = "budget reached before any of its points was measured (" + ", ".join(
+                f"{r}: {m} of {n} points measured" for r, (m, n) in pts.items()) + ")"
+        else:
+            reason = "no runner measures it on this device"
+        not_measured[f] = reason
+    return {"measured": measured, "not_measured": not_measured}
 
 
 class _NoBar:
@@ -281,7 +377,7 @@ def _run_local(todo, ctx: Ctx, deadline: float, record) -> None:
         aff = None
     threads = torch.get_num_threads()
     try:
-        prof = DeviceProfiler(0, ctx.device, ctx.sweep, ctx.min_time_s, ctx.reps)
+        prof = DeviceProfiler(0, ctx.device, *_prof_args(ctx))
         for runner, p in todo:
             if time.time() > deadline:
                 break
@@ -321,12 +417,22 @@ def _run_ray(todo, ctx: Ctx, devices: int, deadline: float, record, address: str
 
 
 def _gpu_only_skips(ctx: Ctx) -> list[str]:
+    kept = "the shipped fp8 rows are kept, so fp8 plans are predicted from the shipped table, not this machine"
     if ctx.on_gpu:
-        return ["ep_dispatch deepep/hybridep: DeepEP/HybridEP kernels are not benchmarked here (alltoall only)",
-                "collectives scaleout: one host measured; scale-out rows copy scale-up (run on a Ray cluster "
-                "spanning nodes to measure them)"]
-    return ["gemm/grouped_gemm fp8: GPU only (the CPU trial stack runs bf16 plans in fp32; fp32 is measured "
-            "and written under bf16 and fp32)",
+        out = []
+        why = fp8_skip_reason(ctx)
+        if why:
+            out.append(f"gemm fp8: {why}; {kept}")
+        from trials.profile.grouped_mlp import fp8_grouped_skip_reason
+        why_g = fp8_grouped_skip_reason(ctx)
+        if why_g:
+            out.append(f"grouped_mlp fp8: {why_g}; {kept}")
+        return out + [
+            "ep_dispatch deepep/hybridep: DeepEP/HybridEP kernels are not benchmarked here (alltoall only)",
+            "collectives scaleout: one host measured; scale-out rows copy scale-up (run on a Ray cluster "
+            "spanning nodes to measure them)"]
+    return [f"gemm/grouped_gemm fp8: GPU only (the CPU trial stack runs bf16 plans in fp32; fp32 is measured "
+            f"and written under bf16 and fp32); {kept}",
             "grouped GEMM kernel: GPU only (CPU: Megatron's SequentialMLP loop is measured instead)",
             "attention SDPA flash backend: GPU only (CPU: Megatron's local unfused attention is measured)",
             "ep_dispatch deepep/hybridep: GPU only (alltoall dispatcher measured)",
@@ -343,8 +449,58 @@ def _median_rows(rows: list[dict], keys: tuple, values: tuple) -> list[dict]:
         r = dict(rs[0])
         for v in values:
             r[v] = float(statistics.median(float(x[v]) for x in rs))
+        srcs = sorted({str(x["source"]) for x in rs})
+        if len(srcs) > 1:  # e.g. a fwd and a wgrad measurement landing on the same grouped_gemm point
+            r["source"] = "+".join(srcs)
         out.append(r)
     return out
+
+
+def merge_with_shipped(family: str, measured: list[dict], shipped: list[dict]) -> tuple[list[dict], list[str]]:
+    """Measured rows of a grid family merged into the shipped grid, per key (e.g. dtype).
+
+    family: gemm | grouped_gemm | attention; measured: one row per measured point; shipped: the
+    shipped default rows of this kind. Per key: measured rows are kept as they are; shipped
+    points the profile did not measure are kept, scaled by the median measured/shipped ratio
+    at the measured points (so the measured level carries over without seams, and the grid the
+    cost model can look up is never narrower than the shipped one); a key with no measured row
+    keeps its shipped rows unchanged (source "default: ..."). Returns (rows, notes)."""
+    from cost_model.tables import FAMILIES, GridTable
+    keys, axes, values = FAMILIES[family]
+    kof = lambda r: tuple(str(r[k]) for k in keys)  # noqa: E731
+    by_m: dict[tuple, list[dict]] = {}
+    by_s: dict[tuple, list[dict]] = {}
+    for r in measured:
+        by_m.setdefault(kof(r), []).append(r)
+    for r in shipped:
+        by_s.setdefault(kof(r), []).append(r)
+    out, notes = [], []
+    for key in sorted(set(by_m) | set(by_s)):
+        m_rows, s_rows = by_m.get(key, []), by_s.get(key, [])
+        name = f"{family} {'/'.join(key)}"
+        if not m_rows:
+            out += [dict(r, source=f"default: {r['source']}") for r in s_rows]
+            notes.append(f"{name}: not measured here; the shipped rows are kept ({len(s_rows)} rows)")
+            continue
+        out += m_rows
+        if not s_rows:
+            continue
+        pts = np.array([[float(r[a]) for a in axes] for r in m_rows])
+        ref = GridTable(family, s_rows).lookup(key, values[0], **{a: pts[:, i] for i, a in enumerate(axes)})
+        ratio = float(np.median(np.array([float(r[values[0]]) for r in m_rows]) / ref))
+        have = {tuple(p) for p in pts.tolist()}
+        kept = 0
+        for r in s_rows:
+            if tuple(float(r[a]) for a in axes) in have:
+                continue
+            out.append(dict(r, **{v: float(r[v]) * ratio for v in values}, source=f"default x{ratio:.3g}: {r['source']}"))
+            kept += 1
+        lo = {a: float(pts[:, i].min()) for i, a in enumerate(axes)}
+        hi = {a: float(pts[:, i].max()) for i, a in enumerate(axes)}
+        notes.append(f"{name}: {len(m_rows)} measured points ("
+                     + ", ".join(f"{a} {lo[a]:g}..{hi[a]:g}" for a in axes)
+                     + f"); {kept} shipped points kept, scaled x{ratio:.3g} (median measured/shipped)")
+    return out, notes
 
 
 def build_family_rows(kind: str, rows: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], list[str]]:
@@ -357,6 +513,10 @@ def build_family_rows(kind: str, rows: dict[str, list[dict]]) -> tuple[dict[str,
         k, a, v = FAMILIES[f]
         if rows.get(f):
             fam[f] = _median_rows(rows[f], k + a, v)
+            if f in MERGED_FAMILIES:
+                shipped = TABLE_ROOT / kind / f"{f}.csv"
+                fam[f], more = merge_with_shipped(f, fam[f], read_rows(shipped, f) if shipped.exists() else [])
+                notes += more
     if rows.get("collectives"):
         k, a, v = FAMILIES["collectives"]
         best: dict = {}
@@ -426,6 +586,19 @@ def build_family_rows(kind: str, rows: dict[str, list[dict]]) -> tuple[dict[str,
     return fam, notes
 
 
+def family_statistics(device_stat: str) -> dict[str, str]:
+    """{family: which statistic its measured rows hold, and why} for meta.json.
+    device_stat: Ctx.statistic of the per-device runners (min on CPU, median on GPU)."""
+    least = ("minimum of 3 wall-clock batches (perf_counter, synchronised): shared hosts and fabrics only add "
+             "time, so the least-interfered batch is the uncontended cost")
+    return {"gemm": device_stat, "grouped_gemm": device_stat + "; fwd, dgrad and wgrad landing on one point: their median",
+            "attention": device_stat + "; bwd = (fwd+bwd) - fwd",
+            "membw": "median over the op's sizes of the achieved GB/s, each size timed as: " + device_stat,
+            "dispatch_gap": least + " (host time per launch, wall clock on every device)",
+            "collectives": least + "; the slower of contiguous and strided rank layouts",
+            "ep_dispatch": "least-squares fit t = latency + sent/bw over payloads, each payload timed as the " + least}
+
+
 def assemble(kind: str, out: Path, store: PartialStore, info: dict) -> str:
     """Write the tables (CSV per family + meta.json) into `out` atomically: staged in a temp dir,
     then each file moved into place with os.replace (meta.json last)."""
@@ -438,12 +611,18 @@ def assemble(kind: str, out: Path, store: PartialStore, info: dict) -> str:
     try:
         for f in FAMILIES:
             write_family(stage, f, fam[f])
-        measured = sorted(f for f in FAMILIES if any(str(r["source"]).startswith("measured") for r in fam[f]))
-        notes = [f"measured on {info.get('host')} ({info.get('cpu') if not info.get('gpu') else info.get('gpu')}), "
-                 f"{info.get('date')}; families measured: {', '.join(measured)}"] + notes
-        digest = write_meta(stage, kind, "moetune profile (cost_model/profile)", notes, SOURCES)
+        report = family_report(fam, info)
+        measured = report["measured"]
+        info["report"] = report  # the caller (run_profile) returns the same dict
+        notes = ([f"measured on {info.get('host')} ({info.get('cpu') if not info.get('gpu') else info.get('gpu')}), "
+                  f"{info.get('date')}; families measured: {', '.join(measured)}"]
+                 + [f"not measured: {f}: {why}" for f, why in report["not_measured"].items()]
+                 + [f"skipped: {s_}" for s_ in info.get("skipped", [])]
+                 + [f"substitute: {s_}" for s_ in info.get("substitutes", [])] + notes)
+        digest = write_meta(stage, kind, "moetune profile (trials/profile)", notes, SOURCES)
         meta = json.loads((stage / "meta.json").read_text())
-        meta.update(measured=True, profile=info, measured_families=measured)
+        meta.update(measured=True, profile=info, measured_families=measured,
+                    statistic=family_statistics(info.get("statistic", "")))
         (stage / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
         for f in FAMILIES:
             os.replace(stage / f"{f}.csv", out / f"{f}.csv")

@@ -1,5 +1,5 @@
 """Memory-bound ops -> achieved bandwidth (`membw`), in the cost model's byte convention (the
-bytes `cost_model/model.py` charges for the op, activations counted at 2 B per element as in
+bytes `cost_model/blocks.py` charges for the op, activations counted at 2 B per element as in
 bf16 training; on CPU the trial stack runs them in fp32 and the measurement times fp32 ops):
 
     elementwise  residual add (r2 w1) + SiLU (r1 w1) + RMSNorm (r1 w1) on [T, h]: 2*7*T*h bytes

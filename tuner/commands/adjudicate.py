@@ -14,37 +14,41 @@ from pathlib import Path
 
 from specs.errors import UsageError
 
+DESCRIPTION = ("Verify a study's pre-registration against its hashes and print the pre-registered verdict: "
+               "PASS (exit 0), or FAIL or INCOMPLETE (exit 1).")
+
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("adjudicate", help="verify a study's pre-registration and print PASS/FAIL",
-                              description=__doc__.splitlines()[0])
-    p.add_argument("study", help="study name")
-    p.add_argument("--study-dir", default=None, help="study directory (default: studies/<study>)")
-    p.add_argument("--storage", default=None, help="Optuna storage (default: sqlite in the study dir)")
+    p = subparsers.add_parser("adjudicate", help="Verify a study's pre-registration and print PASS or FAIL.",
+                              description=DESCRIPTION)
+    p.add_argument("study", help="Name of the study made by `moetune tune`.")
+    p.add_argument("--study-dir", default=None,
+                   help="Folder holding the study's pre-registration (default: studies/<study>).")
+    p.add_argument("--storage", default=None,
+                   help="Optuna storage of the study: an SQLAlchemy URL or journal:<path> "
+                        "(default: SQLite in the study folder).")
     return p
 
 
 def run(args) -> int:
-    from tuner import prereg as PR
-    from tuner import study as S
+    from tuner import prereg
+    from tuner import study as study_mod
     from tuner.report import adjudicate
 
-    d = Path(args.study_dir or Path("studies") / args.study)
+    d = Path(args.study_dir) if args.study_dir else study_mod.default_study_dir(args.study)
     try:
-        doc = PR.load(d)
-    except PR.PreregistrationError as e:
+        doc = prereg.load(d)
+    except prereg.PreregistrationError as e:
         raise UsageError(f"pre-registration refused: {e}") from None
     if doc["study"] != args.study:
         raise UsageError(f"{d} pre-registers study {doc['study']!r}, not {args.study!r}")
-    storage = S.open_storage(args.storage, d)
-    import optuna
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = study_mod.open_storage(args.storage, d, heartbeat_interval=None)
     try:
-        study = optuna.load_study(study_name=args.study, storage=storage)
+        study = study_mod.load_study(args.study, storage)
     except KeyError:
-        raise UsageError(f"no study {args.study!r} in {args.storage or S.default_storage_url(d)}") from None
-    v = adjudicate(S.trial_rows(study), doc)
-    print(f"pre-registration {d / PR.NAME} verified (sha256 {doc['sha256']})")
+        raise UsageError(f"no study {args.study!r} in {args.storage or study_mod.default_storage_url(d)}") from None
+    v = adjudicate(study_mod.trial_rows(study), doc)
+    print(f"pre-registration {d / prereg.NAME} verified (sha256 {doc['sha256']})")
     if v["baseline"] is not None:
         print(f"baseline  #{v['baseline']['number']} {v['baseline']['measured_tokens_per_s_per_gpu']:.1f} "
               f"tok/s/GPU  {doc['baseline']['plan']}")

@@ -5,10 +5,10 @@ scatter plot; install the fit for the cluster kind.
   moetune calibrate --measurements runs.csv [--cluster KIND] [--out DIR]
   moetune calibrate --study NAME [--storage URL | --study-dir DIR] [--out DIR]
       [--model M --cluster C --gpus N --gbs B --seq S]   (fill or override the workload)
-      [--tables DIR] [--no-install] [--json]
+      [--stack PROFILE] [--tables DIR] [--no-install] [--json]
 
-CSV columns: model, cluster, gpus, gbs, seq, plan (canonical), step_time_s (or
-measured_step_time_s); a `status` column other than ok skips the row. A study is read from
+CSV columns: model, cluster, gpus, gbs, seq, plan (canonical or partial, completed like every
+command's --plan), step_time_s (or measured_step_time_s); a `status` column other than ok skips the row. A study is read from
 `moetune tune`'s storage (default sqlite:///<study dir>/study.db, study dir studies/<NAME>).
 The fit is installed at $MOETUNE_HOME/calibration/<kind>.json with its provenance (measurements
 and their hash, the tables digest); the cost model uses it whenever it reads those same tables.
@@ -17,34 +17,44 @@ from __future__ import annotations
 
 import csv
 import datetime
+import io
 import json
-import os
 from pathlib import Path
 
 from specs.errors import UsageError
+from specs.fileio import write_atomic
+from tuner.commands.common import add_stack_arg
+
+DESCRIPTION = ("Fit the cost model's calibration term to measured runs, report the model's error before "
+               "and after as a table and a scatter plot, and install the fit for the cluster kind.")
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("calibrate", help="fit the cost model to measured runs and report its error",
-                              description=__doc__.splitlines()[0])
+    p = subparsers.add_parser("calibrate", help="Fit the cost model to measured runs and report its error.",
+                              description=DESCRIPTION)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--study", help="Optuna study name (from moetune tune)")
-    src.add_argument("--measurements", help="CSV of measured runs")
-    p.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///<study dir>/study.db)")
-    p.add_argument("--study-dir", default=None, help="study directory (default studies/<study>)")
-    p.add_argument("--model", default=None, help="model for rows that lack one (or to override)")
-    p.add_argument("--cluster", default=None, help="cluster kind: keep only its rows / fill rows lacking one")
-    p.add_argument("--gpus", type=int, default=None, help="devices for rows that lack them")
-    p.add_argument("--gbs", type=int, default=None, help="global batch for rows that lack it")
-    p.add_argument("--seq", type=int, default=None, help="sequence length for rows that lack it")
+    src.add_argument("--study", help="Name of an Optuna study made by `moetune tune` to read measured trials from.")
+    src.add_argument("--measurements", help="CSV file of measured runs (columns in the command's documentation).")
+    p.add_argument("--storage", default=None,
+                   help="Optuna storage of --study: an SQLAlchemy URL or journal:<path> "
+                        "(default: SQLite in the study folder).")
+    p.add_argument("--study-dir", default=None, help="Folder of --study (default: studies/<study>).")
+    p.add_argument("--model", default=None, help="Model for rows that lack one, or to override theirs.")
+    p.add_argument("--cluster", default=None,
+                   help="Cluster kind: only rows of this kind are used, and rows lacking one get it.")
+    p.add_argument("--gpus", type=int, default=None, help="Number of devices for rows that lack one.")
+    p.add_argument("--gbs", type=int, default=None, help="Global batch size for rows that lack one.")
+    p.add_argument("--seq", type=int, default=None, help="Sequence length for rows that lack one.")
     p.add_argument("--time-column", default=None,
-                   help="CSV column with the measured step time (default measured_step_time_s or step_time_s; "
-                        "e.g. min_step_time_s for the least-interfered iteration on a shared host)")
-    p.add_argument("--tables", default=None, help="table directory (default: the cost model's lookup rule)")
-    p.add_argument("--out", default=None, help="report directory (default runs/calibrate-<kind>-<time>)")
+                   help="CSV column holding the measured step time (default: measured_step_time_s or "
+                        "step_time_s); e.g. min_step_time_s for the least-interfered iteration on a shared host.")
+    add_stack_arg(p)
+    p.add_argument("--tables", default=None,
+                   help="Table directory to predict with (default: the cost model's lookup rule for the cluster kind).")
+    p.add_argument("--out", default=None, help="Folder for the report (default: runs/calibrate-<kind>-<time>).")
     p.add_argument("--no-install", action="store_true",
-                   help="do not install the fit as $MOETUNE_HOME/calibration/<kind>.json")
-    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+                   help="Do not install the fit as $MOETUNE_HOME/calibration/<kind>.json.")
+    p.add_argument("--json", action="store_true", help="Print the metrics as JSON instead of a table.")
     return p
 
 
@@ -68,6 +78,7 @@ def _fill(rows, args):
 def run(args) -> int:
     from cost_model.calibration import user_calibration_path
     from tuner import calibrate_runs as runs
+    from tuner import study as study_mod
     try:
         if args.measurements:
             if not Path(args.measurements).is_file():
@@ -78,34 +89,33 @@ def run(args) -> int:
         else:
             wl = {"model": args.model, "cluster": args.cluster, "gpus": args.gpus, "gbs": args.gbs, "seq": args.seq}
             rows = runs.load_study(args.study, args.storage, args.study_dir, wl)
-            source = {"study": args.study, "storage": args.storage or f"sqlite:///<{args.study_dir or 'studies/' + args.study}>/study.db",
+            study_dir = Path(args.study_dir) if args.study_dir else study_mod.default_study_dir(args.study)
+            source = {"study": args.study, "storage": args.storage or study_mod.default_storage_url(study_dir),
                       "trials": [r.get("trial") for r in rows]}
         rows = _fill(rows, args)
         if len(rows) < 2:
             raise UsageError(f"{len(rows)} usable measured run(s) (need >= 2 with plan and a step time"
                              + (f" on cluster {args.cluster}" if args.cluster else "") + ")")
-        cal, rep = runs.calibrate(rows, tables=args.tables, source=dict(source, n=len(rows)))
+        cal, rep = runs.calibrate(rows, tables=args.tables, stack=args.stack, source=dict(source, n=len(rows)))
     except runs.CalibrateError as e:
         raise UsageError(str(e)) from None
     kind = rep["tables"]["kind"]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"calibrate-{kind}-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
-    cal.save(out / "calibration.json")
-    with open(out / "calibration_rows.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rep["rows"][0]))
-        w.writeheader()
-        w.writerows(rep["rows"])
+    cal.save(out / "calibration.json")  # a fresh report folder: nobody reads it yet
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rep["rows"][0]))
+    w.writeheader()
+    w.writerows(rep["rows"])
+    write_atomic(out / "calibration_rows.csv", buf.getvalue())
     png = runs.scatter_png(rep, out / "scatter.png")
     m = rep["metrics"]
     table = runs.metrics_table(m)
     installed = None
     if not args.no_install:
-        installed = user_calibration_path(kind)
-        installed.parent.mkdir(parents=True, exist_ok=True)
-        tmp = installed.with_name(f".{installed.name}.tmp{os.getpid()}")
-        cal.save(tmp)
-        os.replace(tmp, installed)
+        # the cost model of another command may be reading the installed file: replace it atomically
+        installed = write_atomic(user_calibration_path(kind), (out / "calibration.json").read_text())
     t = rep["tables"]
     md = [f"# Calibration of the cost model on {kind}", "",
           f"- measurements: {json.dumps(source)[:300]}",
@@ -118,7 +128,7 @@ def run(args) -> int:
           "|---|---|---|---|---|"]
     md += [f"| `{r['plan']}` | {r['measured_s']:.4f} | {r['raw_pred_s']:.4f} | {r['calibrated_pred_s']:.4f} | "
            f"{r['loo_pred_s']:.4f} |" for r in rep["rows"]]
-    (out / "report.md").write_text("\n".join(md) + "\n")
+    write_atomic(out / "report.md", "\n".join(md) + "\n")
     if args.json:
         print(json.dumps({"metrics": m, "calibration_id": cal.id, "scale": cal.scale, "tables": t,
                           "installed": str(installed) if installed else None, "out": str(out),

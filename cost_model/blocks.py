@@ -1,0 +1,406 @@
+"""The cost model's blocks: one function per part of a training step, each returning a small
+struct of numpy arrays over the plans being evaluated (seconds per layer and microbatch unless a
+docstring says per step). `cost_model.model.evaluate` gathers the inputs (`Inputs`), calls these
+and assembles the step; what each block models is described in `cost_model.model`'s docstring.
+
+Every expression here is kept term for term as the model had it when `tests/test_regression.py`
+pinned its predictions: floating-point sums are written in the same order on purpose.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_model.constants import (
+    ADAM_STEP_BYTES_PER_PARAM,
+    CE_BWD_BYTES_PER_LOGIT,
+    CE_FWD_BYTES_PER_LOGIT,
+    DDP_BUCKET_MIN_PARAMS,
+    DDP_BUCKET_PARAMS_PER_DP_RANK,
+    FP32_ROUTER_GEMM_SLOWDOWN,
+    KERNELS_ATTENTION,
+    KERNELS_CP_PER_STEP,
+    KERNELS_DENSE_MLP,
+    KERNELS_MLA_EXTRA,
+    KERNELS_MOE,
+    KERNELS_PER_EXPERT_GEMMS,
+    KERNELS_SHARED_EXPERT,
+    KERNELS_TP_ATTENTION,
+    KERNELS_TP_DENSE_MLP,
+)
+from cost_model.ops import TableOps
+from cost_model.plans import MODULE_BIT, PlanArrays
+from specs.ranks import group_size_stride
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+@dataclass
+class Inputs:
+    """What every block reads, gathered once per evaluation. Arrays are [P] over plans (float
+    unless named *_i); scalars are the model's and the workload's."""
+    spec: object
+    pa: PlanArrays
+    ops: TableOps
+    world: int
+    seq: int
+    tp: np.ndarray
+    cp: np.ndarray
+    pp: np.ndarray
+    vpp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    dp: np.ndarray
+    edp: np.ndarray
+    microbatches: np.ndarray
+    fp8: np.ndarray  # bool: an fp8 recipe
+    tokens: np.ndarray  # T: tokens of one microbatch on this CP rank (rows of TP-gathered GEMMs)
+    tokens_sp: np.ndarray  # T / tp: sequence-parallel tokens per GPU
+    imbalance: float
+    zero: np.ndarray
+
+    @property
+    def ranks(self):
+        """Integer degrees (tp, cp, pp, ep, etp) as `specs.ranks.group_size_stride` takes them."""
+        pa = self.pa
+        return pa.tp, pa.cp, pa.pp, pa.ep, pa.etp
+
+    @property
+    def hidden(self) -> int:
+        return self.spec.hidden_size
+
+    @property
+    def mlp_matrices(self) -> int:
+        """2 for gated MLPs (gate and up projections fused into fc1), else 1."""
+        return 2 if self.spec.gated_linear_unit else 1
+
+    @property
+    def bw_elementwise(self) -> float:
+        return self.ops.bw["elementwise"]
+
+    def recomputes(self, module: str) -> np.ndarray:
+        """[P] bool: selective recompute of `module` (specs.plan.RECOMPUTE_MODULES)."""
+        pa = self.pa
+        return (pa.recompute == 1) & ((pa.recompute_modules & MODULE_BIT[module]) != 0)
+
+
+@dataclass
+class FwdBwd:
+    """Forward and backward seconds of one block, per layer and microbatch."""
+    f: np.ndarray
+    b: np.ndarray
+
+
+# ---- tensor and context parallelism ----------------------------------------------------------------
+@dataclass
+class TPComm:
+    """Sequence-parallel TP collectives around one block (all-gather before, reduce-scatter
+    after), seconds of one microbatch."""
+    all_gather: np.ndarray
+    reduce_scatter: np.ndarray
+    block: np.ndarray  # all_gather + reduce_scatter
+
+
+def tp_comm(x: Inputs) -> TPComm:
+    act_bytes = 2.0 * x.tokens * x.hidden  # full gathered activation of one microbatch
+    ag = x.ops.collective("all_gather", act_bytes, x.tp, 1)
+    rs = x.ops.collective("reduce_scatter", act_bytes, x.tp, 1)
+    return TPComm(ag, rs, ag + rs)
+
+
+# ---- attention -------------------------------------------------------------------------------------
+@dataclass
+class Attention:
+    proj_f: np.ndarray  # QKV (or MLA down/up) and output projections
+    proj_b: np.ndarray
+    core_f: np.ndarray  # flash attention
+    core_b: np.ndarray
+    elem_f: np.ndarray  # norms, residual adds, RoPE (memory-bound); bwd = 2x
+    norm_f: np.ndarray  # the two norms alone (selective recompute of "layernorm")
+    mla_up_f: np.ndarray  # MLA up projections (selective recompute of "mla_up_proj")
+    kv_bytes: np.ndarray  # K/V bytes one CP ring step exchanges
+
+
+def attention(x: Inputs) -> Attention:
+    spec, ops, T, Tsp, tp = x.spec, x.ops, x.tokens, x.tokens_sp, x.tp
+    h, nh = spec.hidden_size, spec.num_attention_heads
+    if spec.mla:
+        dq = spec.qk_head_dim + spec.qk_pos_emb_head_dim
+        dv = spec.v_head_dim
+        ql, kvl, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.qk_pos_emb_head_dim
+        parts = []
+        if ql:
+            parts.append(ops.gemm(T, ql, h))
+            qup = ops.gemm(T, nh * dq / tp, ql)
+        else:
+            qup = ops.gemm(T, nh * dq / tp, h)
+        parts.append(ops.gemm(T, kvl + rope, h))
+        kvup = ops.gemm(T, nh * (spec.qk_head_dim + dv) / tp, kvl)
+        parts += [qup, kvup, ops.gemm(T, h, nh * dv / tp)]
+        mla_up_f = qup[0] + kvup[0]
+        kv_bytes = 2.0 * T * nh * (dq + dv) / tp
+        head_dim_key = dq
+    else:
+        hd, ng = spec.head_dim, spec.query_groups
+        dq = dv = hd
+        parts = [ops.gemm(T, (nh + 2 * ng) * hd / tp, h), ops.gemm(T, h, nh * hd / tp)]
+        mla_up_f = x.zero
+        kv_bytes = 2.0 * 2.0 * T * ng * hd / tp
+        head_dim_key = hd
+    proj_f = sum(p[0] for p in parts)
+    proj_b = sum(p[1] for p in parts)
+    core_flops = T * x.seq * (nh / tp) * (dq + dv)  # causal: half of 2*(dq+dv)*Tq*Tk
+    core_f, core_b = ops.attention(core_flops, x.seq / x.cp, head_dim_key)
+    BWe = x.bw_elementwise
+    # norms (2 per layer), residual adds (2), rope on q/k: read+write
+    elem_f = (2 * 2 * 2.0 * Tsp * h + 2 * 3 * 2.0 * Tsp * h + 4.0 * T * nh * dq / tp) / BWe
+    norm_f = 2 * 2 * 2.0 * Tsp * h / BWe
+    return Attention(proj_f, proj_b, core_f, core_b, elem_f, norm_f, mla_up_f, kv_bytes)
+
+
+def cp_comm(x: Inputs, attn: Attention) -> FwdBwd:
+    """CP ring attention: (cp-1) K/V exchanges forward, twice that backward, exposed beyond the
+    core attention they overlap with."""
+    cp_size, cp_stride = group_size_stride("cp", *x.ranks, x.world)
+    step = x.ops.collective("send_recv", attn.kv_bytes, cp_size, cp_stride)
+    f = np.maximum(0.0, (x.cp - 1) * step - attn.core_f)
+    b = np.maximum(0.0, 2 * (x.cp - 1) * step - attn.core_b)
+    return FwdBwd(f, b)
+
+
+# ---- MLPs ------------------------------------------------------------------------------------------
+def dense_mlp(x: Inputs) -> FwdBwd:
+    """fc1 (gate+up when gated), activation (memory-bound), fc2; TP-sharded columns."""
+    ops, T, tp, h = x.ops, x.tokens, x.tp, x.hidden
+    fd = x.spec.ffn_hidden_size
+    fc1 = ops.gemm(T, x.mlp_matrices * fd / tp, h)
+    fc2 = ops.gemm(T, h, fd / tp)
+    BWe = x.bw_elementwise
+    return FwdBwd(fc1[0] + fc2[0] + 3 * 2.0 * T * fd / tp / BWe,
+                  fc1[1] + fc2[1] + 2 * 3 * 2.0 * T * fd / tp / BWe)
+
+
+@dataclass
+class RoutedExperts:
+    f: np.ndarray
+    b: np.ndarray
+    act_f: np.ndarray  # the expert activation alone (selective recompute of "moe_act")
+    rows: np.ndarray  # R: routed rows this GPU computes
+    m_expert: np.ndarray  # rows per expert GEMM
+    local_experts: np.ndarray
+
+
+def routed_experts(x: Inputs) -> RoutedExperts:
+    """Grouped (or per-expert) GEMMs of the E/ep local experts, M_expert rows each."""
+    spec, ops = x.spec, x.ops
+    E, K = max(spec.num_experts, 1), max(spec.moe_router_topk, 1)
+    fe, h, nmat = spec.moe_ffn_hidden_size, x.hidden, x.mlp_matrices
+    ep, etp, Tsp, imb = x.ep, x.etp, x.tokens_sp, x.imbalance
+    G = E / ep  # local experts
+    R = Tsp * K * imb * etp  # routed rows this GPU computes
+    Me = np.ceil(ep * etp * Tsp * K * imb / E)
+    grouped = x.pa.grouped_gemm.astype(bool)
+    e1 = ops.grouped(G, Me, nmat * fe / etp, h, grouped)
+    e2 = ops.grouped(G, Me, h, fe / etp, grouped)
+    act_f = 3 * 2.0 * R * fe / etp / x.bw_elementwise
+    return RoutedExperts(e1[0] + e2[0] + act_f, e1[1] + e2[1] + 2 * act_f, act_f, R, Me, G)
+
+
+def router_permutation(x: Inputs) -> FwdBwd:
+    """Router (fp32 logits GEMM, score, top-k, aux loss) and token permute/unpermute,
+    memory-bound except the router GEMM."""
+    spec, ops, Tsp, h = x.spec, x.ops, x.tokens_sp, x.hidden
+    E, K = max(spec.num_experts, 1), max(spec.moe_router_topk, 1)
+    router_f = (4.0 * Tsp * E * 6) / ops.bw["router"] + 2.0 * Tsp * E * h / (
+        ops.router_gemm_bf16_tflops(Tsp, E, h) * 1e12 / FP32_ROUTER_GEMM_SLOWDOWN)
+    # permute (read Tsp rows, write the routed copies) and unpermute (the reverse)
+    perm_f = 2 * 2.0 * (Tsp + Tsp * K * x.imbalance) * h / ops.bw["permute"]
+    return FwdBwd(router_f + perm_f, 2 * router_f + perm_f)
+
+
+def shared_experts(x: Inputs, tp: TPComm) -> FwdBwd:
+    """The shared expert: a dense MLP of moe_shared_expert_ffn columns, TP-sharded."""
+    fs = x.spec.moe_shared_expert_ffn
+    if not fs:
+        return FwdBwd(x.zero, x.zero)
+    ops, T, h, tpd = x.ops, x.tokens, x.hidden, x.tp
+    s1 = ops.gemm(T, x.mlp_matrices * fs / tpd, h)
+    s2 = ops.gemm(T, h, fs / tpd)
+    BWe = x.bw_elementwise
+    return FwdBwd(s1[0] + s2[0] + 3 * 2.0 * T * fs / tpd / BWe + tp.block,
+                  s1[1] + s2[1] + 2 * 3 * 2.0 * T * fs / tpd / BWe + tp.block)
+
+
+# ---- EP dispatch / combine ---------------------------------------------------------------------------
+def _p_not_hit(total, local, k):
+    """P(none of k draws without replacement from `total` items lands in a given `local` of
+    them) = C(total - local, k) / C(total, k) = prod_{i<k} (total - local - i) / (total - i)."""
+    p = np.ones_like(local)
+    for i in range(k):
+        p = p * np.clip((total - local - i) / (total - i), 0.0, None)
+    return p
+
+
+def distinct_ranks(E, topk, ep):
+    """Expected number of distinct EP ranks a token's top-k experts land on (uniform routing)."""
+    ep = np.asarray(ep, float)
+    return ep * (1.0 - _p_not_hit(E, E / ep, topk))
+
+
+def distinct_domains(spec, E, topk, ep, per):
+    """Expected number of OTHER scale-up domains a token's top-k experts land on (DeepEP/HybridEP
+    send a token once per remote domain over RDMA and fan it out over NVLink there; DeepEP README,
+    "NVLink and RDMA forwarding"). EP ranks are contiguous, so a domain hosts E*per/ep experts.
+    Group-limited routing (DeepSeek-V3: moe_router_num_groups / group_topk) picks experts only
+    from group_topk groups; when groups align with domains the hit probability is taken per group."""
+    ep = np.asarray(ep, float)
+    per = np.maximum(np.minimum(np.asarray(per, float), ep), 1.0)
+    nd = np.maximum(ep / per, 1.0)  # domains spanned by the EP group
+    p = _p_not_hit(E, E / nd, topk)  # E / nd: experts per domain
+    G, gk = int(spec.moe_router_num_groups or 0), int(spec.moe_router_group_topk or 0)
+    if G and gk and gk < G:
+        gpd = G / nd  # groups per domain
+        pg = _p_not_hit(G, gpd, gk)
+        aligned = (gpd >= 1) & (np.abs(gpd - np.round(gpd)) < 1e-9)
+        p = np.where(aligned, np.maximum(p, pg), p)
+    return (nd - 1.0) * (1.0 - p)
+
+
+def ep_dispatch_combine(x: Inputs, experts: RoutedExperts) -> FwdBwd:
+    """EP token dispatch + combine and the ETP gather/scatter of the routed rows, fwd seconds
+    (bwd moves the same bytes the other way), before any overlap."""
+    spec, ops, pa = x.spec, x.ops, x.pa
+    E, K = max(spec.num_experts, 1), max(spec.moe_router_topk, 1)
+    ep, Tsp, h, imb = x.ep, x.tokens_sp, x.hidden, x.imbalance
+    eti = pa.etp
+    disp = pa.dispatch
+    # copies of a token on the wire: topk (alltoall) or the distinct destination ranks (flex)
+    copies = np.where(disp >= 2, distinct_ranks(E, K, ep), float(K))
+    d_bytes = np.where((disp >= 2) & x.fp8, 1.0 + 4.0 / 128, 2.0) * Tsp * copies * h * imb
+    c_bytes = 2.0 * Tsp * copies * h * imb
+    # cross-domain share: alltoall (NCCL) sends every copy; flex sends once per remote domain
+    _, per_ep = ops.scope(ep, eti)
+    remote = distinct_domains(spec, E, K, ep, per_ep)
+    inter = np.where(disp >= 2, remote / np.maximum(copies, 1e-9),
+                     (ep - np.minimum(per_ep, ep)) / ep)
+    ep_d, ep_c = ops.ep_dispatch(disp, d_bytes, c_bytes, ep, eti, inter=inter)
+    # allgather dispatcher: every EP rank gathers all tokens of the group, reduce-scatters back
+    ag = ops.collective("all_gather", 2.0 * Tsp * h * ep, ep, eti)
+    rs = ops.collective("reduce_scatter", 2.0 * Tsp * h * ep, ep, eti)
+    ep_d = np.where(disp == 1, ag, ep_d)
+    ep_c = np.where(disp == 1, rs, ep_c)
+    # expert tensor parallelism: gather/scatter the routed rows over ETP
+    R = experts.rows
+    etp_comm = ops.collective("all_gather", 2.0 * R * h, x.etp, 1) + ops.collective(
+        "reduce_scatter", 2.0 * R * h, x.etp, 1)
+    total = ep_d + ep_c + etp_comm
+    return FwdBwd(total, total.copy())
+
+
+def ep_exposed(x: Inputs, ep: FwdBwd, shared: FwdBwd, window: FwdBwd) -> FwdBwd:
+    """What of dispatch/combine stays on the critical path: with shared-expert overlap the pair
+    costs the larger of the two; with EP a2a overlap (1F1B fwd/bwd of two microbatches
+    interleaved) the rest hides behind the other microbatch's compute (`window`)."""
+    seo = x.pa.shared_expert_overlap.astype(bool)
+    f = np.where(seo, np.maximum(ep.f, shared.f) - shared.f, ep.f)
+    b = np.where(seo, np.maximum(ep.b, shared.b) - shared.b, ep.b)
+    a2o = x.pa.a2a_overlap.astype(bool)
+    f2 = np.where(a2o, np.maximum(0.0, f - window.b), f)
+    b2 = np.where(a2o, np.maximum(0.0, b - window.f), b)
+    return FwdBwd(f2, b2)
+
+
+# ---- embedding and LM head -----------------------------------------------------------------------------
+def embedding(x: Inputs, tp: TPComm) -> FwdBwd:
+    Tsp, h, BWe = x.tokens_sp, x.hidden, x.bw_elementwise
+    return FwdBwd(2 * 2.0 * Tsp * h / BWe + tp.reduce_scatter, 2 * 2 * 2.0 * Tsp * h / BWe + tp.all_gather)
+
+
+def lm_head_loss(x: Inputs, tp: TPComm, attn: Attention) -> FwdBwd:
+    """Final norm, LM head GEMM and vocab-parallel cross-entropy (last stage)."""
+    ops, T, V, tpd = x.ops, x.tokens, x.spec.vocab_size, x.tp
+    head = ops.gemm(T, V / tpd, x.hidden)
+    ce_f = T * V / tpd * CE_FWD_BYTES_PER_LOGIT / ops.bw["cross_entropy"]
+    ce_b = T * V / tpd * CE_BWD_BYTES_PER_LOGIT / ops.bw["cross_entropy"]
+    return FwdBwd(head[0] + ce_f + tp.all_gather + attn.norm_f / 2, head[1] + ce_b + tp.reduce_scatter + attn.norm_f)
+
+
+# ---- CPU launch floor --------------------------------------------------------------------------------
+def structural_kernels(spec, tp=1, cp=1, grouped=False, local_experts=1):
+    """Forward kernels per (attention block, dense MLP, MoE MLP) of one layer and microbatch (the
+    CPU floor's structural counts, `cost_model.constants`; backward = 2x). Arrays broadcast."""
+    tp, cp = np.asarray(tp, float), np.asarray(cp, float)
+    k_attn = (KERNELS_ATTENTION + (KERNELS_MLA_EXTRA if spec.mla else 0) + KERNELS_TP_ATTENTION * (tp > 1)
+              + KERNELS_CP_PER_STEP * (cp > 1) * (cp - 1))
+    k_dense = KERNELS_DENSE_MLP + KERNELS_TP_DENSE_MLP * (tp > 1)
+    k_moe = KERNELS_MOE + np.where(np.asarray(grouped, bool), KERNELS_PER_EXPERT_GEMMS,
+                                   KERNELS_PER_EXPERT_GEMMS * np.asarray(local_experts, float)) + (
+        KERNELS_SHARED_EXPERT if spec.moe_shared_expert_ffn else 0)
+    return k_attn, k_dense, k_moe
+
+
+# ---- pipeline -----------------------------------------------------------------------------------------
+@dataclass
+class Pipeline:
+    """Per step: the 1F1B / interleaved bubble and the exposed stage-boundary p2p."""
+    bubble: np.ndarray
+    p2p: np.ndarray
+
+
+def pipeline(x: Inputs, slowest_stage_s: np.ndarray) -> Pipeline:
+    pp, vpp, m = x.pp, x.vpp, x.microbatches
+    bubble = (pp - 1) / vpp * slowest_stage_s
+    _, pp_stride = group_size_stride("pp", *x.ranks, x.world)
+    # one stage boundary: the sequence-parallel activation of one microbatch
+    p2p = x.ops.collective("send_recv", 2.0 * x.tokens_sp * x.hidden, np.full(x.pa.n, 2), pp_stride)
+    exposed = np.where(pp > 1, np.where(vpp > 1, 2 * (pp - 1) * vpp * p2p, 2 * (m + pp - 1) * p2p), 0.0)
+    return Pipeline(bubble, exposed)
+
+
+# ---- data-parallel collectives and optimizer ------------------------------------------------------------
+@dataclass
+class DPComm:
+    """Per step: exposed gradient reduce(-scatter) and parameter all-gather."""
+    grad: np.ndarray
+    param_gather: np.ndarray
+
+
+def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,
+                   stage_fwd_s: np.ndarray, stage_bwd_s: np.ndarray) -> DPComm:
+    """Grad reduce-scatter (fp32 main grads; all-reduce without the distributed optimizer) and
+    param all-gather (bf16, distributed optimizer) over the DP x CP group (dense parameters) and
+    the expert-DP group (experts) of the slowest stage; with overlap, exposed beyond the backward
+    resp. forward of one microbatch, at least the last bucket."""
+    ops, pa = x.ops, x.pa
+    Pd, Pe = dense_params, expert_params
+    dpc_size, dpc_stride = x.dp * x.cp, x.tp  # DP x CP group: tp-strided, contiguous over cp and dp
+    edp_size, edp_stride = group_size_stride("edp", *x.ranks, x.world)
+    dist = pa.dist_opt.astype(bool)
+    rs_t = ops.collective("reduce_scatter", 4.0 * Pd, dpc_size, dpc_stride) + ops.collective(
+        "reduce_scatter", 4.0 * Pe, edp_size, edp_stride)
+    ar_t = ops.collective("all_reduce", 4.0 * Pd, dpc_size, dpc_stride) + ops.collective(
+        "all_reduce", 4.0 * Pe, edp_size, edp_stride)
+    ag_t = ops.collective("all_gather", 2.0 * Pd, dpc_size, dpc_stride) + ops.collective(
+        "all_gather", 2.0 * Pe, edp_size, edp_stride)
+    grad_t = np.where(dist, rs_t, ar_t)
+    ag_t = np.where(dist, ag_t, 0.0)
+    bucket = np.maximum(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * x.dp)
+    last_bucket = np.minimum(1.0, bucket / np.maximum(Pd + Pe, 1.0))
+    ogr = pa.overlap_grad_reduce.astype(bool)
+    opg = pa.overlap_param_gather.astype(bool) & dist
+    grad = np.where(ogr, np.maximum(grad_t - stage_bwd_s, grad_t * last_bucket), grad_t)
+    gather = np.where(opg, np.maximum(ag_t - stage_fwd_s, ag_t * last_bucket), ag_t)
+    return DPComm(grad, gather)
+
+
+def optimizer_step(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,
+                   layers: np.ndarray) -> np.ndarray:
+    """Per step: Adam over the local (DP-sharded with the distributed optimizer) parameters of the
+    slowest stage, memory-bound, plus the CPU stack's per-layer step overhead when measured."""
+    ops = x.ops
+    dist = x.pa.dist_opt.astype(bool)
+    local = np.where(dist, dense_params / (x.dp * x.cp) + expert_params / x.edp, dense_params + expert_params)
+    t = local * ADAM_STEP_BYTES_PER_PARAM / ops.bw["optimizer"]
+    if ops.step_gap:
+        t = t + layers * ops.step_gap
+    return t

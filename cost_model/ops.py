@@ -1,0 +1,163 @@
+"""Table queries of the cost model (`TableOps`): every hardware number the model uses comes
+through here, from the lookup tables of `cost_model.tables`."""
+from __future__ import annotations
+
+import numpy as np
+
+from cost_model.constants import ATTN_BWD_FLOPS_FACTOR
+from specs.ranks import members_per_node, nodes_spanned
+
+
+class TableOps:
+    """Table queries of one evaluation: GEMM / grouped GEMM / attention seconds, collective and EP
+    dispatch seconds, memory-bound rates, the CPU dispatch gap. Queries that depend only on the
+    row key (`set_rowkey`) are interpolated once per distinct key."""
+
+    def __init__(self, tables, cluster, fp8mask):
+        self.t = tables
+        self.c = cluster
+        self.fp8 = fp8mask
+        self.any_fp8 = bool(fp8mask.any()) and tables["gemm"].has("fp8")
+        self.bw = {op: float(tables["membw"].lookup(op)) * 1e9 for op in
+                   ("elementwise", "permute", "router", "cross_entropy", "optimizer")}
+        # CPU devices execute ops on the dispatching thread: the floor adds to compute, and a
+        # measured per-kernel gap of the trial stack itself (mode "stack", `moetune profile`) is
+        # preferred over the bare-op chain ("eager") when the tables have it.
+        self.async_launch = bool(getattr(cluster, "is_gpu", True))
+        gaps = tables["dispatch_gap"]
+        mode = "stack" if (not self.async_launch and gaps.has("stack")) else "eager"
+        self.gap = float(gaps.lookup(mode)) * 1e-6
+        # per layer and step (outside the microbatch loop: optimizer over the layer's tensors,
+        # grad buffers) of the CPU trial stack, when measured; GPUs: in the optimizer bytes term
+        self.step_gap = float(gaps.lookup("stack_step")) * 1e-6 if (mode == "stack" and gaps.has("stack_step")) else 0.0
+        self.up = max(1, int(cluster.scaleup_size))
+        self.first = self.inv = None
+
+    def set_rowkey(self, first, inv):
+        """Plans sharing a row key (the plan columns that shape one layer) issue the same table
+        queries: `_q` then interpolates only the distinct rows and scatters the result back."""
+        self.first, self.inv = first, inv
+
+    def _q(self, fn, *arrays):
+        """fn(*arrays) evaluated once per distinct row key when every per-plan array is constant
+        within each key (checked, O(n)); otherwise on all rows."""
+        first, inv = self.first, self.inv
+        if first is not None and len(first) < 0.5 * len(inv):
+            n = len(inv)
+            arrs = [np.asarray(a, float) for a in arrays]
+            if all(a.ndim == 0 or (a.shape == (n,) and np.array_equal(a, a[first][inv])) for a in arrs):
+                sub = fn(*[a if a.ndim == 0 else a[first] for a in arrs])
+                return np.asarray(sub)[inv] if np.ndim(sub) else np.full(n, float(sub))
+        return fn(*arrays)
+
+    def _tf(self, fam, m, n, k, groups=None):
+        tab = self.t[fam]
+        if groups is None:
+            look = lambda key: self._q(lambda m_, n_, k_: tab.lookup(key, m=m_, n=n_, k=k_), m, n, k)  # noqa: E731
+        else:
+            look = lambda key: self._q(lambda g_, m_, n_, k_: tab.lookup(key, groups=g_, m=m_, n=n_, k=k_),  # noqa: E731
+                                       groups, m, n, k)
+        bf = look("bf16")
+        if not self.any_fp8:
+            return bf
+        f8 = look("fp8")
+        return np.where(self.fp8, f8, bf)
+
+    def gemm(self, m, n, k):
+        """fwd, bwd seconds of one linear layer y[m,n] = x[m,k] w[k,n] (bwd = dgrad + wgrad)."""
+        m, n, k = (np.maximum(np.asarray(x, float), 1.0) for x in (m, n, k))
+        fl = 2.0 * m * n * k
+        f = fl / (self._tf("gemm", m, n, k) * 1e12)
+        b = fl / (self._tf("gemm", m, k, n) * 1e12) + fl / (self._tf("gemm", k, n, m) * 1e12)
+        if self.any_fp8:  # quantise activations (fwd) and output grads (bwd): read 2 B, write 1 B
+            f = f + self.fp8 * 3.0 * m * k / self.bw["elementwise"]
+            b = b + self.fp8 * 3.0 * m * n / self.bw["elementwise"]
+        return f, b
+
+    def grouped(self, g, m, n, k, use_grouped):
+        """fwd, bwd seconds of `g` expert GEMMs of m rows each: one grouped GEMM where
+        `use_grouped`, else g dense GEMMs one after another."""
+        g, m, n, k = (np.maximum(np.asarray(x, float), 1.0) for x in (g, m, n, k))
+        fl = 2.0 * g * m * n * k
+        gf = fl / (self._tf("grouped_gemm", m, n, k, g) * 1e12)
+        gb = fl / (self._tf("grouped_gemm", m, k, n, g) * 1e12) + fl / (self._tf("grouped_gemm", k, n, m, g) * 1e12)
+        # without grouped GEMM: one dense GEMM per local expert, sequentially
+        sf, sb = self.gemm(m, n, k)
+        sf, sb = sf * g, sb * g
+        f = np.where(use_grouped, gf, sf)
+        b = np.where(use_grouped, gb, sb)
+        if self.any_fp8:
+            f = f + self.fp8 * 3.0 * g * m * k / self.bw["elementwise"]
+            b = b + self.fp8 * 3.0 * g * m * n / self.bw["elementwise"]
+        return f, b
+
+    def attention(self, flops_f, seq, head_dim):
+        """fwd, bwd seconds of flash attention doing `flops_f` forward (causal) FLOPs."""
+        tab = self.t["attention"]
+        f = flops_f / (self._q(lambda s_: tab.lookup(("bf16", "fwd"), seq=s_, head_dim=head_dim), seq) * 1e12)
+        b = ATTN_BWD_FLOPS_FACTOR * flops_f / (self._q(lambda s_: tab.lookup(("bf16", "bwd"), seq=s_, head_dim=head_dim), seq) * 1e12)
+        return f, b
+
+    def scope(self, size, stride):
+        """(crosses scale-up domain?, members per domain) for a group of `size` with `stride`."""
+        size = np.asarray(size)
+        stride = np.asarray(stride)
+        return nodes_spanned(size, stride, self.up) > 1, members_per_node(size, stride, self.up)
+
+    def collective(self, coll, nbytes, size, stride):
+        """Seconds of one collective whose full (gathered / reduced) buffer is `nbytes`."""
+        size = np.asarray(size, float)
+        nbytes = np.asarray(nbytes, float)
+        out, per = self.scope(size, stride)
+        tab = self.t["collectives"]
+        g = np.maximum(size, 2)
+        nb = np.maximum(nbytes, 1)
+        bw_up = self._q(lambda g_, b_: tab.lookup((coll, "scaleup"), group=g_, per_node=g_, bytes=b_), g, nb)
+        bw_out = self._q(lambda g_, p_, b_: tab.lookup((coll, "scaleout"), group=g_, per_node=p_, bytes=b_),
+                         g, np.maximum(per, 1), nb)
+        bw = np.where(out, bw_out, bw_up) * 1e9
+        if coll == "all_reduce":
+            vol = 2.0 * nbytes * (size - 1) / np.maximum(size, 1)
+        elif coll in ("reduce_scatter", "all_gather"):
+            vol = nbytes * (size - 1) / np.maximum(size, 1)
+        else:
+            vol = nbytes
+        return np.where(size > 1, vol / bw, 0.0)
+
+    def ep_dispatch(self, backend_code, nbytes_d, nbytes_c, ep, etp, inter=None):
+        """fwd seconds of (dispatch, combine) for per-GPU payloads (all copies). `inter`: the share of
+        the payload that crosses the scale-up domain (default: uniform, (ep - per)/ep); the share
+        that stays inside is (per - 1)/ep. Slower fabric sets the time."""
+        ep = np.asarray(ep, float)
+        out, per = self.scope(ep, etp)
+        per = np.minimum(per, ep)
+        intra = (per - 1) / ep
+        if inter is None:
+            inter = (ep - per) / ep
+        tab = self.t["ep_dispatch"]
+        names = ("alltoall", "alltoall", "deepep", "hybridep")
+        res_d = np.zeros_like(ep)
+        res_c = np.zeros_like(ep)
+        for code in np.unique(backend_code):
+            sel = backend_code == code
+            name = names[int(code)]
+            if not tab.has(name, "scaleup"):
+                name = "alltoall"
+
+            def lk(scope, v, name=name):
+                return self._q(lambda e_: tab.lookup((name, scope), v, ep=e_), ep)
+            du = lk("scaleup", "dispatch_gbps") * 1e9
+            cu = lk("scaleup", "combine_gbps") * 1e9
+            do = lk("scaleout", "dispatch_gbps") * 1e9
+            co = lk("scaleout", "combine_gbps") * 1e9
+            lat = np.where(out, lk("scaleout", "latency_us"), lk("scaleup", "latency_us")) * 1e-6
+            td = np.maximum(nbytes_d * intra / du, nbytes_d * inter / do) + lat
+            tc = np.maximum(nbytes_c * intra / cu, nbytes_c * inter / co) + lat
+            res_d = np.where(sel, td, res_d)
+            res_c = np.where(sel, tc, res_c)
+        return np.where(ep > 1, res_d, 0.0), np.where(ep > 1, res_c, 0.0)
+
+    def router_gemm_bf16_tflops(self, m, n, k):
+        """Achieved bf16 TFLOPS of the router GEMM [m, k] x [k, n] (only m varies per plan)."""
+        tab = self.t["gemm"]
+        return self._q(lambda m_: tab.lookup("bf16", m=m_, n=n, k=k), m)

@@ -1,0 +1,528 @@
+"""The run behind `moetune tune`: screening -> pre-registration -> trials -> report.
+
+`tune(options, workload, profile, tables=..., calibration=...)` runs one tuner process of a study:
+1. screening (`tuner.screen`): Ray actors score the realizable space with the vectorised cost model;
+2. pre-registration (`tuner.prereg`): the candidates and the baseline with their predictions,
+   written once, exclusively and self-hashed, before the first trial; a rerun verifies it instead;
+3. trials (`TrialLoop`): the baseline, the pre-registered plans, then the guided sampler's
+   proposals, each a Ray task holding the plan's devices (num_cpus = world on cpu-local, num_gpus =
+   world on GPUs) running a trial backend; results go to the Optuna study (`tuner.study`), and after
+   every measured trial the calibration is refitted and the rest re-ranked;
+4. the report (`tuner.report`) and the pre-registered verdict.
+
+Several tuner processes (on several hosts, with a shared RDB storage) may run one study: plans are
+claimed through the study (lowest trial number wins) and a tuner that dies is noticed by its
+trials' heartbeats going stale (see tuner/study.py). Progress goes to this module's logger.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from specs.errors import UsageError
+from tuner import prereg as prereg_mod
+from tuner import study as study_mod
+
+logger = logging.getLogger(__name__)
+
+MAX_CLAIMS_PER_ROUND = 50  # claims lost in a row before waiting for a running trial instead
+WAIT_S = 10.0  # longest wait for a trial result before re-checking timeouts and stale trials
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """How to run a study (the `moetune tune` flags).
+
+    Attributes:
+        study: study name. study_dir: its folder (pre-registration, report, default storage).
+        storage: Optuna storage URL or `journal:<path>`; None: SQLite in the study folder.
+        trials: searched trials to run (the baseline comes on top).
+        baseline: baseline plan text; None: the hand-tuning heuristic (tuner/baseline.py).
+        backend: a trial backend name (`trials.get_backend`) or "predict-only" (no trials).
+        precision: bf16 or an fp8 recipe name (see tuner.complete).
+        ray_address: an existing Ray cluster to join; None: start an embedded one.
+        dashboard: start the Ray dashboard and log its address.
+        trial_timeout_s: seconds after which the backend kills a trial.
+        memory_cap_gib: per-rank memory cap (OOM beyond it); None: the device's.
+        iters, warmup: timed and warm-up iterations per trial.
+        level: plan-space level to screen, "core" or "full".
+        screen_actors: Ray actors scoring the space.
+        preregister: plans to pre-register; None: min(trials, max(4, trials // 2 + 1)).
+        progress: show progress bars.
+        heartbeat_interval_s: seconds between heartbeats of running trials; a trial silent for
+            3 x that is failed and retried once (tuner/study.py).
+    """
+    study: str
+    study_dir: Path
+    storage: str | None = None
+    trials: int = 8
+    baseline: str | None = None
+    backend: str = "megatron"
+    precision: str = "bf16"
+    ray_address: str | None = None
+    dashboard: bool = False
+    trial_timeout_s: float = 300.0
+    memory_cap_gib: float | None = None
+    iters: int = 3
+    warmup: int = 1
+    level: str = "core"
+    screen_actors: int = 4
+    preregister: int | None = None
+    progress: bool = True
+    heartbeat_interval_s: int = study_mod.DEFAULT_HEARTBEAT_S
+
+    def __post_init__(self) -> None:
+        checks = (
+            (self.trials >= 1, f"--trials must be >= 1, got {self.trials}"),
+            (self.iters >= 1, f"--iters must be >= 1, got {self.iters}"),
+            (self.warmup >= 0, f"--warmup must be >= 0, got {self.warmup}"),
+            (self.trial_timeout_s > 0, f"--trial-timeout must be positive, got {self.trial_timeout_s:g}"),
+            (self.memory_cap_gib is None or self.memory_cap_gib > 0,
+             f"--memory-cap-gib must be positive, got {self.memory_cap_gib}"),
+            (self.screen_actors >= 1, f"--screen-actors must be >= 1, got {self.screen_actors}"),
+            (self.preregister is None or self.preregister >= 1,
+             f"--preregister must be >= 1, got {self.preregister}"),
+            (self.heartbeat_interval_s >= 1, f"--heartbeat-interval must be >= 1 s, got {self.heartbeat_interval_s}"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise UsageError(message)
+
+    @property
+    def n_preregister(self) -> int:
+        return self.preregister or min(self.trials, max(4, self.trials // 2 + 1))
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What a run leaves: the report's path and the adjudication line (None for predict-only)."""
+    report: Path
+    verdict_line: str | None
+
+
+# Ray --------------------------------------------------------------------------------------------
+
+def start_ray(workload, ray_address: str | None = None, dashboard: bool = False) -> bool:
+    """Join `ray_address` or start an embedded Ray with enough CPUs for one trial; returns whether
+    this call started Ray (and so must shut it down). A Ray already initialised is left as it is."""
+    import ray
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray_address:
+        ctx = ray.init(address=ray_address, log_to_driver=False, logging_level=logging.WARNING)
+    else:
+        ncpu = os.cpu_count() or 1
+        if not workload.cluster.is_gpu:
+            ncpu = max(ncpu, workload.world)  # a trial holds `world` cores
+        ctx = ray.init(address="local", include_dashboard=dashboard, _node_ip_address="127.0.0.1",
+                       num_cpus=ncpu, log_to_driver=False, logging_level=logging.WARNING)
+    if dashboard:
+        url = getattr(ctx, "dashboard_url", None)
+        logger.info("Ray dashboard: %s", f"http://{url}" if url else "not available")
+    return True
+
+
+def trial_slots(workload) -> int:
+    """How many trials of `workload` the Ray cluster can hold at once (each holds `world` devices)."""
+    import ray
+    res = ray.cluster_resources()
+    key = "GPU" if workload.cluster.is_gpu else "CPU"
+    return max(1, int(res.get(key, 1) // max(1, workload.world)))
+
+
+def _run_trial(backend: str, plan_text: str, workload, iters: int, warmup: int, timeout_s: float,
+               memory_cap_gib: float | None) -> dict:
+    """Body of a trial's Ray task: run the plan on the backend, return its result as a dict."""
+    from specs.plan import Plan
+    from trials import get_backend
+    from trials.base import Resources
+    res = get_backend(backend).run(Plan.parse(plan_text), workload,
+                                   Resources(devices=workload.world, timeout_s=timeout_s,
+                                             memory_cap_gib=memory_cap_gib),
+                                   iters=iters, warmup=warmup)
+    return res.to_dict()
+
+
+# the trial loop -----------------------------------------------------------------------------------
+
+@dataclass
+class _Running:
+    trial: object  # optuna.Trial
+    plan: str
+    roles: str
+    started: float  # time.monotonic()
+
+
+class TrialLoop:
+    """Runs a study's trials to its budget: claim the next plan, launch it on Ray, record results.
+
+    Order of plans: the baseline, then the pre-registered plans in rank order, then the guided
+    sampler's proposals; a queued retry of an interrupted trial is taken whenever Optuna hands one
+    out. The budget counts distinct searched plans measured or really failed, across all tuners of
+    the study; the baseline comes on top (unless it is itself a searched plan).
+
+    Use: `TrialLoop(...).run()`; afterwards `calibration` / `cal_report` hold the last refit.
+    """
+
+    def __init__(self, study, storage, *, workload, prereg: dict, sampler, options: TuneOptions,
+                 tables=None, calibration=None):
+        """
+        Args:
+            study, storage: the Optuna study and the storage it was opened on (for heartbeats).
+            workload: the Workload tuned. prereg: the verified pre-registration document.
+            sampler: a `tuner.sampler.GuidedSampler` over the screened pool.
+            options: run options (budget, backend, per-trial limits, progress).
+            tables, calibration: the cost model's inputs for plans outside the screened pool.
+        """
+        self.study, self.storage = study, storage
+        self.workload, self.prereg, self.sampler, self.options = workload, prereg, sampler, options
+        self.tables = tables
+        self.calibration, self.cal_report = calibration, None
+        self.base_plan = prereg["baseline"]["plan"]
+        self.pre_plans = [p["plan"] for p in prereg["plans"]]
+        self.hard_timeout_s = options.trial_timeout_s * 1.5 + 120  # the backend's own timeout failed
+        self.in_flight: dict = {}  # Ray object ref -> _Running
+        self.heartbeat = None
+        self._remote = None
+        self._slots = 1
+        self._bar = None
+
+    # stages -----------------------------------------------------------------------------------
+    def run(self) -> None:
+        """setup, then launch / observe until the budget is met; on any exception (Ctrl-C
+        included) the running trials are marked interrupted and their tasks cancelled."""
+        try:
+            self.setup()
+            while True:
+                self.launch_ready()
+                if not self.in_flight:
+                    break
+                self.observe_ready()
+        except BaseException:
+            self.abandon()
+            raise
+        finally:
+            self.finish()
+
+    def setup(self) -> None:
+        """Ray task options, the heartbeat, and what the study already knows (resumption)."""
+        import ray
+        from tqdm import tqdm
+        wl = self.workload
+        self._remote = ray.remote(_run_trial).options(
+            num_gpus=wl.world if wl.cluster.is_gpu else 0,
+            num_cpus=0 if wl.cluster.is_gpu else wl.world, max_retries=0)
+        self._slots = trial_slots(wl)
+        raw_of = {p["plan"]: p["predicted_raw_step_time_s"] for p in self.prereg["plans"]}
+        raw_of[self.base_plan] = self.prereg["baseline"]["predicted_raw_step_time_s"]
+        for p, raw in raw_of.items():
+            self.sampler.add(p, raw)
+        self.heartbeat = study_mod.Heartbeat(self.study, self.storage)
+        self.fail_stale()
+        for r in study_mod.trial_rows(self.study):
+            raw = r.get("predicted_raw_step_time_s")
+            if r["state"] == "COMPLETE":
+                self.sampler.observe(r["plan"], r["measured_step_time_s"], raw)
+            elif r["state"] == "FAIL" and study_mod.is_real_failure(r):
+                self.sampler.observe(r["plan"], None, raw)
+        if self.sampler.measured:
+            self.calibration, self.cal_report = self.sampler.refit()
+        self._bar = tqdm(total=self.options.trials + 1, desc="trials", unit="trial",
+                         disable=not self.options.progress,
+                         initial=min(self.options.trials + 1, self.searched_done()))
+
+    def fail_stale(self) -> None:
+        """Fail trials of dead tuners (stale heartbeats); Optuna queues their one retry."""
+        stale = study_mod.fail_stale(self.study)
+        if stale:
+            logger.info("marked %d interrupted trial(s) FAIL (no heartbeat): %s", len(stale), stale)
+
+    def roles_of(self, plan: str) -> str:
+        """`baseline`, `searched` and/or `preregistered`, comma-separated."""
+        if plan == self.base_plan:
+            return "baseline,searched" if plan in self.pre_plans else "baseline"
+        return "searched,preregistered" if plan in self.pre_plans else "searched"
+
+    def searched_done(self) -> int:
+        """Distinct searched plans measured or really failed, by any tuner of the study."""
+        plans = set()
+        for r in study_mod.trial_rows(self.study):
+            if "searched" not in str(r.get("roles", "")):
+                continue
+            if r["state"] == "COMPLETE" or (r["state"] == "FAIL" and study_mod.is_real_failure(r)):
+                plans.add(r["plan"])
+        return len(plans)
+
+    def need_more(self, status: dict, busy: set) -> bool:
+        """Whether another trial should start: the baseline is not settled, or searched plans
+        done plus searched plans running are below the budget."""
+        base = status.get(self.base_plan, {})
+        base_done = (base.get("complete") or base.get("failed")
+                     or not study_mod.eligible(status, self.base_plan) or self.base_plan in busy)
+        searched_busy = sum(1 for r in self.in_flight.values() if "searched" in r.roles)
+        return (not base_done) or self.searched_done() + searched_busy < self.options.trials
+
+    def next_plan(self, status: dict, busy: set) -> str | None:
+        """The baseline, else the first eligible pre-registered plan, else the sampler's proposal."""
+        if study_mod.eligible(status, self.base_plan) and self.base_plan not in busy:
+            return self.base_plan
+        for p in self.pre_plans:
+            if p not in busy and study_mod.eligible(status, p):
+                return p
+        skip = {p for p in status if not study_mod.eligible(status, p)} | busy
+        return self.sampler.propose(exclude=skip)
+
+    def launch_ready(self) -> None:
+        """Claim and launch plans while slots are free and the budget wants more."""
+        self.fail_stale()
+        status = study_mod.plan_status(self.study)
+        claims = 0
+        while len(self.in_flight) < self._slots and claims < MAX_CLAIMS_PER_ROUND:
+            busy = {r.plan for r in self.in_flight.values()}
+            if not self.need_more(status, busy):
+                break
+            plan = self.next_plan(status, busy)
+            if plan is None:
+                break
+            claims += 1
+            self.launch(plan)
+            status = study_mod.plan_status(self.study)
+
+    def launch(self, plan: str):
+        """Claim `plan` (or the queued retry Optuna hands out) and start its Ray task; returns the
+        owned trial, or None when another trial has the plan."""
+        trial = study_mod.claim(self.study, plan, self._attrs_for, heartbeat=self.heartbeat)
+        if trial is None:
+            return None
+        owned = trial.user_attrs["plan"]
+        o = self.options
+        ref = self._remote.remote(o.backend, owned, self.workload, o.iters, o.warmup, o.trial_timeout_s,
+                                  o.memory_cap_gib)
+        run = _Running(trial, owned, self.roles_of(owned), time.monotonic())
+        self.in_flight[ref] = run
+        self._bar.set_postfix_str(f"#{trial.number} {run.roles.split(',')[0]}")
+        return trial
+
+    def observe_ready(self, timeout_s: float = WAIT_S) -> None:
+        """Wait up to `timeout_s` for a result; record every finished or timed-out trial."""
+        import ray
+        ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=timeout_s)
+        now = time.monotonic()
+        for ref in list(self.in_flight):
+            run = self.in_flight[ref]
+            if ref in ready:
+                try:
+                    result = ray.get(ref)
+                except Exception as e:  # noqa: BLE001 - a dead task is a crashed trial
+                    result = {"ok": False, "kind": "crash", "message": f"ray task failed: {e}"}
+            elif now - run.started > self.hard_timeout_s:
+                ray.cancel(ref, force=True)
+                result = {"ok": False, "kind": "timeout", "message": f"no answer after {self.hard_timeout_s:.0f} s"}
+            else:
+                continue
+            del self.in_flight[ref]
+            self.observe(run, result)
+
+    def observe(self, run: _Running, result: dict) -> None:
+        """Record a trial's result, feed it to the sampler and refit the calibration."""
+        import optuna
+        self.heartbeat.discard(run.trial.number)
+        try:
+            study_mod.record(self.study, run.trial, result)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Its heartbeat went stale while it ran (the database was unreachable for longer than
+            # the grace period) and a tuner failed it; the queued retry will measure it again.
+            logger.warning("trial #%d was failed as stale while it ran; its result is dropped", run.trial.number)
+            return
+        self.sampler.observe(run.plan, result["step_time_s"] if result.get("ok") else None,
+                             self.sampler.rows.get(run.plan))
+        if self.sampler.measured:
+            self.calibration, self.cal_report = self.sampler.refit()
+        if self.sampler.cal is not None:
+            self.study.set_user_attr("calibration", self.sampler.cal.to_dict() | {"provenance": {}})
+        what = (f"{result['tokens_per_s_per_gpu']:.1f} tok/s/GPU" if result.get("ok")
+                else f"FAIL {result.get('kind')}")
+        self._bar.update(1)
+        logger.info("trial #%d [%s] %s  (calibration scale %.3g)", run.trial.number, run.roles, what,
+                    self.sampler.scale)
+
+    def abandon(self) -> None:
+        """Mark running trials interrupted (their plans stay eligible once) and cancel their tasks."""
+        import ray
+        for run in self.in_flight.values():
+            study_mod.mark_interrupted(self.study, run.trial)
+        for ref in self.in_flight:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception as e:  # noqa: BLE001 - best effort on the way out
+                logger.warning("could not cancel a trial task: %s", e)
+        self.in_flight.clear()
+
+    def finish(self) -> None:
+        """Stop the heartbeat and close the progress bar."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if self._bar is not None:
+            self._bar.close()
+
+    # helpers ----------------------------------------------------------------------------------
+    def _attrs_for(self, plan: str) -> dict:
+        """User attributes of a trial of `plan`, written once it is owned: roles and predictions
+        at the calibration of this moment."""
+        import cost_model
+        from specs.plan import Plan
+        pred = cost_model.predict(self.workload, Plan.parse(plan), tables=self.tables,
+                                  calibration=self.calibration)
+        raw = self.sampler.rows.get(plan)
+        if raw is None:
+            raw = pred.extra["raw_step_time_s"]
+            self.sampler.add(plan, raw)
+        mean, sigma = self.sampler.estimate(plan)
+        pred_step = self.sampler.scale * raw
+        peak = float(pred.peak_memory_gib)
+        return {"roles": self.roles_of(plan), "predicted_step_time_s": pred_step,
+                "predicted_raw_step_time_s": raw,
+                "predicted_tokens_per_s_per_gpu": self.workload.tokens_per_step / (pred_step * self.workload.world),
+                "predicted_peak_memory_gib": peak if math.isfinite(peak) else -1.0,
+                "calibration_scale": self.sampler.scale,
+                "calibration_id": self.sampler.cal.id if self.sampler.cal else self.prereg["hashes"]["calibration_id"],
+                "sampler_mean_step_time_s": mean, "sampler_sigma": sigma}
+
+
+# the run --------------------------------------------------------------------------------------------
+
+def existing_preregistration(study_dir: Path, study: str, workload) -> dict | None:
+    """The verified pre-registration in `study_dir`, None if there is none; UsageError if it does
+    not verify or belongs to another study or workload."""
+    if not (study_dir / prereg_mod.NAME).exists():
+        return None
+    try:
+        doc = prereg_mod.load(study_dir)
+    except prereg_mod.PreregistrationError as e:
+        raise UsageError(str(e)) from None
+    if doc["study"] != study or doc["hashes"]["model_spec_sha256"] != workload.model.digest() \
+            or doc["hashes"]["cluster_sha256"] != workload.cluster.digest():
+        raise UsageError(f"{study_dir} holds a different study/workload; use another --study-dir")
+    return doc
+
+
+def preregister(options: TuneOptions, workload, profile, pool: list, total: int, *, tables, calibration) -> dict:
+    """Choose the baseline and the candidates, and register them; returns the registered document
+    (another tuner's, if it registered first)."""
+    from tuner.baseline import given_baseline, hand_tuned_baseline
+    from tuner.screen import select_candidates
+    if options.baseline:
+        bplan, bpred = given_baseline(options.baseline, workload, profile, options.precision, calibration,
+                                      tables=tables)
+        bsrc = "--baseline"
+    else:
+        bplan, bpred = hand_tuned_baseline(workload, profile, options.precision, calibration, tables=tables)
+        bsrc = "hand-tuning heuristic (tuner/baseline.py)"
+    cands = select_candidates(pool, options.n_preregister)
+    doc = prereg_mod.build(
+        study=options.study, workload=workload, precision=options.precision,
+        plans=[{"rank": i + 1, "plan": s.plan, "predicted_step_time_s": s.step_time_s,
+                "predicted_raw_step_time_s": s.raw_step_time_s,
+                "predicted_tokens_per_s_per_gpu": s.tokens_per_s_per_gpu,
+                "predicted_peak_memory_gib": s.peak_memory_gib} for i, s in enumerate(cands)],
+        baseline={"plan": bplan.canonical(), "predicted_step_time_s": bpred.step_time_s,
+                  "predicted_raw_step_time_s": bpred.extra["raw_step_time_s"],
+                  "predicted_tokens_per_s_per_gpu": bpred.tokens_per_s_per_gpu,
+                  "predicted_peak_memory_gib": bpred.peak_memory_gib},
+        baseline_source=bsrc, tables_digest=tables.digest, calibration=calibration,
+        trials_budget=options.trials, sampler="guided-ucb",
+        space={"level": options.level, "realizable_plans": total, "screened_kept": len(pool)})
+    try:
+        prereg_mod.write(options.study_dir, doc)
+    except prereg_mod.PreregistrationError:  # another tuner process registered first
+        return prereg_mod.load(options.study_dir)
+    logger.info("pre-registered %d plans + baseline: %s (sha256 %s...)", len(cands),
+                options.study_dir / prereg_mod.NAME, doc["sha256"][:16])
+    return doc
+
+
+def _screen(options: TuneOptions, workload, profile, *, tables, calibration):
+    from tuner.screen import screen
+    kwargs = {}
+    # Screening honours --tables where tuner.screen takes them (a parallel change adds `tables=`);
+    # until then it resolves the tables by the cost model's lookup rule.
+    if "tables" in inspect.signature(screen).parameters:
+        kwargs["tables"] = tables
+    elif tables is not None and tables.directory.resolve() != _default_tables(workload).directory.resolve():
+        logger.warning("screening uses the default tables: this tuner.screen takes no tables argument")
+    return screen(workload, profile, options.precision, level=options.level, calibration=calibration,
+                  num_actors=options.screen_actors, progress=options.progress, **kwargs)
+
+
+def _default_tables(workload):
+    import cost_model
+    return cost_model.resolve_tables(workload)
+
+
+def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> TuneResult:
+    """Run (or resume) the study of `options` for `workload` on the stack `profile`.
+
+    Args:
+        options: the run options (TuneOptions, validated when built).
+        workload: the Workload (model, cluster, batch, sequence).
+        profile: the StackProfile plans are completed and checked against.
+        tables: the cost model's performance tables (`cost_model.resolve_tables`).
+        calibration: the calibration to start from (`cost_model.resolve_calibration`); refitted on
+            every measured trial.
+
+    Returns:
+        TuneResult with the report's path and the verdict line. Raises UsageError (an InputError)
+        for a study folder holding another study, or when no plan fits.
+    """
+    from tuner.report import adjudicate, write_report
+    from tuner.sampler import GuidedSampler
+    t0 = time.monotonic()
+    study_dir = Path(options.study_dir)
+    study_dir.mkdir(parents=True, exist_ok=True)
+    storage_url = options.storage or study_mod.default_storage_url(study_dir)
+    existing = existing_preregistration(study_dir, options.study, workload)
+
+    import ray
+    started = start_ray(workload, options.ray_address, options.dashboard)
+    try:
+        total, pool = _screen(options, workload, profile, tables=tables, calibration=calibration)
+        if not pool:
+            raise UsageError("no realizable plan fits in memory by the cost model")
+        logger.info("screened %d realizable plans; %d kept (%d parallel layouts)", total, len(pool),
+                    len({s.layout for s in pool}))
+        if existing is None:
+            prereg = preregister(options, workload, profile, pool, total, tables=tables, calibration=calibration)
+        else:
+            prereg = existing
+            logger.info("resuming: pre-registration %s verified (sha256 %s...)", study_dir / prereg_mod.NAME,
+                        prereg["sha256"][:16])
+
+        storage = study_mod.open_storage(options.storage, study_dir, heartbeat_interval=options.heartbeat_interval_s)
+        if storage_url.startswith("journal:"):
+            logger.warning("journal storage has no heartbeats: a trial whose tuner dies stays RUNNING "
+                           "and its plan is not retried (use an SQL storage for that)")
+        study = study_mod.open_study(options.study, storage)
+        study.set_user_attr("preregistration_sha256", prereg["sha256"])
+        report_args = dict(workload=workload, profile=profile, prereg=prereg, tables=tables, storage_url=storage_url)
+        if options.backend == "predict-only":
+            path = write_report(study_dir, rows=study_mod.trial_rows(study), backend="predict-only",
+                                calibration=calibration, predict_only_pool=pool,
+                                wall_s=time.monotonic() - t0, **report_args)
+            return TuneResult(path, None)
+
+        loop = TrialLoop(study, storage, workload=workload, prereg=prereg, sampler=GuidedSampler(pool),
+                         options=options, tables=tables, calibration=calibration)
+        loop.run()
+        rows = study_mod.trial_rows(study)
+        path = write_report(study_dir, rows=rows, backend=options.backend, calibration=loop.calibration,
+                            cal_report=loop.cal_report, wall_s=time.monotonic() - t0, **report_args)
+        return TuneResult(path, adjudicate(rows, prereg)["line"])
+    finally:
+        if started:
+            ray.shutdown()
