@@ -78,26 +78,23 @@ def _sentence(text) -> bool:
 
 
 def test_every_description_and_flag_help_is_a_whole_sentence():
-    """Every command's description and summary and every argument's help: non-empty, starts with a
-    capital, ends with a full stop. (tune, adjudicate and calibrate are kept by another change.)"""
+    """Every command's (and sub-subcommand's) description and summary and every argument's help:
+    non-empty, starts with a capital, ends with a full stop."""
     import argparse
 
-    from tuner.cli import build_parser
-    parser = build_parser()
+    from tuner.cli import _parsers, build_parser
     bad = []
-    if not _sentence(parser.description):
-        bad.append(("moetune", "description", parser.description))
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    summaries = {c.dest: c.help for c in sub._choices_actions}
-    for name, p in sub.choices.items():
-        for what, text in (("description", p.description), ("summary", summaries.get(name))):
-            if not _sentence(text):
-                bad.append((name, what, text))
+    for p in _parsers(build_parser()):
+        if not _sentence(p.description):
+            bad.append((p.prog, "description", p.description))
         for action in p._actions:
-            if action.help == argparse.SUPPRESS:
+            if isinstance(action, argparse._SubParsersAction):
+                for choice in action._choices_actions:  # the one-line summaries of the command list
+                    if not _sentence(choice.help):
+                        bad.append((p.prog, f"{choice.dest} summary", choice.help))
                 continue
-            if not _sentence(action.help):
-                bad.append((name, "/".join(action.option_strings) or action.dest, action.help))
+            if action.help != argparse.SUPPRESS and not _sentence(action.help):
+                bad.append((p.prog, "/".join(action.option_strings) or action.dest, action.help))
     assert not bad, "\n".join(map(str, bad))
 
 
