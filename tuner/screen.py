@@ -265,8 +265,10 @@ def _prune(pool: list[Scored], keep: int, model=None, *, per_layout: bool = True
     best_layout: dict = {}
     for s in ranked:
         best_layout.setdefault(s.layout, s)
-    have = {s.plan for s in out}
-    out += [s for s in best_layout.values() if s.plan not in have]
+    # a layout whose best plan is already listed, or is a configuration already listed (then of the
+    # same layout), is represented
+    have = {s.plan for s in out} | {s.effective for s in out if s.effective}
+    out += [s for s in best_layout.values() if s.plan not in have and (not s.effective or s.effective not in have)]
     return out
 
 
