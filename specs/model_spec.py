@@ -46,6 +46,11 @@ class ModelSpec:
     attention_bias: bool = False
     seq_length: int = 4096
     max_position_embeddings: int = 0
+    # Architecture details that change the cost or the emitted flags (0 / False = absent).
+    mtp_num_layers: int = 0  # multi-token-prediction layers (DeepSeek-V3 num_nextn_predict_layers; Megatron --mtp-num-layers)
+    window_size: int = 0  # sliding-window attention width in tokens (Megatron --window-size); 0 = full attention
+    window_attn_skip_freq: int = 0  # every N-th layer keeps full attention (Megatron --window-attn-skip-freq); 0 = none
+    attention_sinks: bool = False  # learned per-head softmax sinks (GPT-OSS)
     source: str = ""  # where the numbers come from
 
     def __post_init__(self) -> None:
