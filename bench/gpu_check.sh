@@ -186,8 +186,17 @@ fi
 
 # ---- step 5 (placeholder): serving checks -- the serving-backend issue adds them here (SGLang /
 #      vLLM one-GPU launch of a tiny MoE, decode step time vs prediction), under step_limit.
-# ---- step 6 (placeholder): kernel checks -- the kernels issue adds them here (Triton kernels in
-#      kernels/ against their torch references, on the GPU), under step_limit.
+# ---- step 6: kernels -- the Triton kernels of kernels/ in bf16/fp16 against their torch references,
+#      an SGLang-format block-config sweep and a (c, K) grid of the Weave-style kernel (EP 1)
+if [ "$HAVE_CUDA" != 1 ]; then say "SKIP step6: $NO_CUDA"
+else
+  lim=$(step_limit 270)
+  if [ "$lim" -lt 60 ]; then say "SKIP step6: whole-run limit ${TOTAL_S}s leaves ${lim}s"; else
+    rc=$(run_cmd step6_kernels "$lim" "$PY" bench/kernels_gpu_sweep.py --out "$OUTDIR/kernels" \
+         --budget-s $((lim - 20)))
+    say "RAN step6 kernels: rc=$rc (kernels/kernels_gpu_sweep.json) $(tail -1 "$OUTDIR/step6_kernels.log" 2>/dev/null)"
+  fi
+fi
 
 say "done in $(elapsed) s; results under $OUTDIR"
 exit 0

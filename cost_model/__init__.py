@@ -136,6 +136,8 @@ def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=
             extra={"microbatches": int(r["microbatches"][i]), "dp": int(r["dp"][i]),
                    "raw_step_time_s": float(r["raw_step_time_s"][i]),
                    "slowest_stage": int(r["slowest_stage"][i]), "m_expert": float(r["m_expert"][i]),
+                   "moe_dispatch_experts_fwd_s": float(r["moe_dispatch_experts_fwd_s"][i]),
+                   "moe_layers_slowest_stage": int(r["moe_layers_slowest_stage"][i]),
                    "plan": p.canonical()}))
     return preds
 

@@ -88,7 +88,7 @@ def default_calibration(cluster) -> Calibration:
 
 def user_calibration_path(kind: str) -> Path:
     """Where `moetune calibrate` installs a fit for a cluster kind: $MOETUNE_HOME/calibration/<kind>.json."""
-    from cost_model.tables import moetune_home
+    from specs.home import moetune_home
     return moetune_home() / "calibration" / f"{kind}.json"
 
 

@@ -456,5 +456,9 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
         # shared expert), per microbatch: what Megatron's moe_perf tests time
         out["moe_block_fwd_s"] = attn.norm_f / 2 + router.f + ep.f + expert_t.f + shared.f
         out["moe_block_bwd_s"] = attn.norm_f + router.b + ep.b + expert_t.b + shared.b
+        # what a fused dispatch + experts + combine kernel would replace (forward, per microbatch
+        # and MoE layer), and how many MoE layers the slowest stage runs: the megakernel what-if
+        out["moe_dispatch_experts_fwd_s"] = np.broadcast_to(ep.f + expert_t.f, (pa.n,))
+        out["moe_layers_slowest_stage"] = nm[rows, slow]
         out["notes"] = st.notes
     return out

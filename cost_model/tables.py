@@ -43,6 +43,7 @@ import numpy as np
 
 from clusters import TABLES_ROOT as TABLE_ROOT  # the shipped tables, clusters/tables/<kind>/
 from specs.errors import InputError
+from specs.home import moetune_home
 
 FORMAT_VERSION = 1
 
@@ -251,12 +252,6 @@ class Tables:
                     raise TableError(f"{p}: {e}") from None
                 raise TableError(f"{p}: not a {fam} table ({e})") from None
         return cls(meta.get("kind", directory.name), directory, fams, meta)
-
-
-def moetune_home() -> Path:
-    """User state: measured tables and fitted calibrations ($MOETUNE_HOME, default ~/.moetune)."""
-    import os
-    return Path(os.environ.get("MOETUNE_HOME") or "~/.moetune").expanduser()
 
 
 def measured_tables_dir(kind: str) -> Path:

@@ -1,23 +1,17 @@
 """Where kernels/ keeps user state: measured (c, K) grids with provenance, fitted curves and
 regenerated tables, under $MOETUNE_HOME/kernels/<kind>/.
 
-The home folder rule ($MOETUNE_HOME, default ~/.moetune) duplicates `cost_model.tables.moetune_home`
-on purpose: kernels sits beside cost_model in the layers and may not import it.
+The home folder rule is `specs.home.moetune_home`, shared by every layer.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
 from specs.fileio import write_atomic as _write_atomic
-
-
-def moetune_home() -> Path:
-    """User state root ($MOETUNE_HOME, default ~/.moetune); same rule as cost_model.tables."""
-    return Path(os.environ.get("MOETUNE_HOME") or "~/.moetune").expanduser()
+from specs.home import moetune_home
 
 
 def kind_dir(kind: str) -> Path:

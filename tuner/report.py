@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from specs.fileio import write_atomic
+from tuner.whatif import describe, megakernel_training
 
 CSV_COLS = ("number", "state", "plan", "roles", "predicted_step_time_s", "predicted_raw_step_time_s",
             "measured_step_time_s", "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
@@ -139,6 +140,8 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
     L += ["## Winner", "", f"{winner_src}:", "", f"`{winner_plan}`", ""]
     L += [f"Predicted (calibration {pred.calibration_id}): step {pred.step_time_s:.4f} s, "
           f"{pred.tokens_per_s_per_gpu:.1f} tok/s/GPU, peak memory {pred.peak_memory_gib:.2f} GiB.", ""]
+    L += ["What-if (kernel tier, not runnable on the pinned stacks): "
+          + describe(megakernel_training(workload, plan, pred)) + ".", ""]
     if "winner_breakdown.png" in pngs:
         L += ["![winner breakdown](winner_breakdown.png)", ""]
     if verdict:

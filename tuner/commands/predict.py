@@ -41,6 +41,9 @@ def add_parser(subparsers):
     p.add_argument("--json", action="store_true", help="Print the prediction as one JSON object.")
     p.add_argument("--hbm-reserve", type=float, default=0.1,
                    help="Fraction of device memory kept free when judging whether the plan fits (default 0.1).")
+    p.add_argument("--what-if", dest="what_if", choices=["megakernel"], default=None,
+                   help="Also price a kernel the pinned stacks do not have: megakernel = Weave's fused "
+                        "dispatch + experts + combine kernel with a per-layer (c, K) SM split (a what-if, never a plan to run).")
     p.add_argument("--imbalance", type=float, default=1.0,
                    help="Routing imbalance factor: tokens of the busiest expert over the mean (default 1.0, balanced).")
     return p
@@ -74,8 +77,14 @@ def run(args) -> int:
     tables, cal = cost_model_inputs(args, w)
     pred = cost_model.predict(w, plan, tables=tables, calibration=cal,
                               hbm_reserve=args.hbm_reserve, imbalance=args.imbalance)
+    what_if = None
+    if args.what_if == "megakernel":
+        from tuner.whatif import megakernel_training
+        what_if = megakernel_training(w, plan, pred, imbalance=args.imbalance)
     if args.json:
         d = pred.to_dict()
+        if what_if is not None:
+            d["what_if"] = what_if
         d["plan"] = plan.canonical()
         d["realizable"] = not realize_reasons
         d["realize_reasons"] = realize_reasons
@@ -103,6 +112,9 @@ def run(args) -> int:
           (" (fits)" if pred.feasible else " (does not fit)"))
     for r in pred.reasons:
         print(f"note           {r}")
+    if what_if is not None:
+        from tuner.whatif import describe
+        print(f"what-if        {describe(what_if)}")
     cal_src, cal_name = _calibration_source(args, w, cal)
     if abs(cal.scale - 1.0) > LARGE_CALIBRATION and pred.step_time_s > 0:
         share = pred.breakdown_s.get("calibration", pred.step_time_s * (1 - 1 / cal.scale)) / pred.step_time_s
