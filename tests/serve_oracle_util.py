@@ -5,7 +5,7 @@ from clusters import load_cluster
 from specs.hf_export import write_model_dir
 from specs.models import load_model
 from tuner.emit_sglang import server_argv
-from tuner.serve_realize import gpu_mem_mib, realize, server_nodes
+from tuner.serve_realize import realize, server_nodes
 
 MODELS = ("deepseek-v3", "qwen3-235b-a22b", "qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b")
 
@@ -27,7 +27,7 @@ def cases(plans_by_model: dict, tmp_path, cluster_kind="h200-sxm", gpus=16):
 def mismatches(results, cases_) -> list[str]:
     """Our sglang-sourced verdict and effective plan vs the resolver's; one line per disagreement."""
     bad = []
-    for r, (name, p, v, argv) in zip(results, cases_):
+    for r, (name, p, v, _argv) in zip(results, cases_):
         ours = v.sglang_ok()
         if ours != r["ok"]:
             bad.append(f"{name} {p}: ours={v.codes} sglang={r['error'] or 'ok'}")

@@ -26,9 +26,14 @@ RULES: dict[str, tuple[str, str]] = {
     "eplb-needs-ep": ("sglang", "EPLB needs the resolved ep > 1 (SG/arg_groups/parallel_hook.py:791)"),
     "chunk-page": ("sglang", "the per-rank chunked-prefill size must be a multiple of page_size (SG/arg_groups/validation_hook.py:241)"),
     "multinode-dp": ("sglang", "--dp-size replicas must fit one node; use attention DP across nodes (SG/arg_groups/validation_hook.py:199)"),
-    "instance-whole-nodes": ("sglang", "an instance spanning nodes must fill whole nodes: (tp*pp) % nnodes == 0 (SG/arg_groups/validation_hook.py:179)"),
+    "instance-whole-nodes": ("sglang", "an instance spanning nodes must split evenly: (tp*pp) % nnodes == 0 "
+                             "(SG/arg_groups/validation_hook.py:179)"),
     "flashinfer-a2a-attn-dp": ("sglang", "the flashinfer a2a backend needs attn_dp == tp (SG/arg_groups/moe_hook.py:471)"),
     "pplx-needs-attn-dp": ("sglang", "the pplx a2a backend needs attn_dp >= 2 (SG/arg_groups/moe_hook.py:578)"),
+    "pplx-dispatch-tokens": ("sglang", "pplx dispatches at most 128 tokens per rank: per-rank chunk and decode graph batch <= 128 "
+                             "(SG/arg_groups/moe_hook.py:611)"),
+    "flashinfer-a2a-runner": ("sglang", "the flashinfer a2a backend needs a flashinfer or deep_gemm MoE runner; a plan leaves it at auto "
+                              "(SG/arg_groups/moe_hook.py:526)"),
     "ep-divides-tp": ("model", "ep must divide tp: SGLang's MoE TP width is tp // ep (SG/runtime_context.py:154)"),
     "heads-attn-tp": ("model", "attention heads must split evenly over the attention TP ranks (tp / attn_dp)"),
     "kv-heads-attn-tp": ("model", "KV heads must split over, or replicate evenly onto, the attention TP ranks"),
@@ -155,6 +160,8 @@ def realize(plan: ServePlan, model, cluster, *, gpus: int | None = None) -> Serv
         rs.append(_r("flashinfer-a2a-attn-dp", f"attn_dp={p.attn_dp}, tp={p.tp}"))
     if p.a2a == "pplx" and p.attn_dp < 2:
         rs.append(_r("pplx-needs-attn-dp", f"attn_dp={p.attn_dp}"))
+    if p.a2a == "flashinfer":
+        rs.append(_r("flashinfer-a2a-runner", "a2a=flashinfer with the auto MoE runner"))
     if p.dp > 1 and nnodes > 1 and not p.pd:
         rs.append(_r("multinode-dp", f"dp={p.dp} x {p.instance_gpus} GPUs spans {nnodes} nodes of {gpn}"))
     if nnodes > 1 and p.instance_gpus % nnodes:
@@ -164,6 +171,8 @@ def realize(plan: ServePlan, model, cluster, *, gpus: int | None = None) -> Serv
     chunk = (p.chunked_prefill or default_chunk) // p.attn_dp
     if chunk > 0 and chunk % p.page_size:
         rs.append(_r("chunk-page", f"chunked prefill {chunk} per rank, page_size={p.page_size}"))
+    if p.a2a == "pplx" and max(chunk, p.cuda_graph_max_bs) > 128:
+        rs.append(_r("pplx-dispatch-tokens", f"chunk {chunk} per rank, decode graph batch {p.cuda_graph_max_bs}"))
 
     # --- model-load rules (the resolver cannot see them) ---
     m = model

@@ -107,7 +107,7 @@ def summarize(space: ServeSpace, model, cluster, *, max_examples: int = 5, keep_
               stride: int = 997) -> ServeSummary:
     from tuner.serve_realize import realize
     s = ServeSummary()
-    for i, p in enumerate(space):
+    for _i, p in enumerate(space):
         s.total += 1
         v = realize(p, model, cluster, gpus=space.gpus)
         if v.ok:
