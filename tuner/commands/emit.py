@@ -43,12 +43,12 @@ def add_parser(subparsers):
     p.add_argument("--train-iters", type=positive_int, default=50,
                    help="Training iterations the script runs (default 50).")
     p.add_argument("--nnodes", type=positive_int, default=None,
-                   help="sglang: nodes per server (default: as many as the plan's instance needs).")
+                   help="For sglang, nodes per server (default: as many as the plan's instance needs).")
     p.add_argument("--pd", action="store_true",
-                   help="sglang: a prefill/decode-disaggregated deployment (the plan's pd ratio, 1:1 if none) "
+                   help="For sglang, a prefill/decode-disaggregated deployment (the plan's pd ratio, 1:1 if none) "
                         "with the router.")
     p.add_argument("--model-path", default=None,
-                   help="sglang: the model directory in the commands (default: a config-only directory "
+                   help="For sglang, the model directory in the commands (default: a config-only directory "
                         "written from the model spec under the --out folder or ./<model>-config).")
     return p
 

@@ -29,7 +29,7 @@ DESCRIPTION = ("Enumerate the plan space of a workload (parallelism x schedule x
 def add_parser(subparsers):
     p = subparsers.add_parser("plans", help=SUMMARY, description=DESCRIPTION)
     p.add_argument("--mode", choices=["train", "serve"], default="train",
-                   help="train: Megatron training plans (default); serve: SGLang serving plans (--gbs not used).")
+                   help="Which plans: train (Megatron training plans, the default) or serve (SGLang serving plans; --gbs not used).")
     add_workload_args(p)
     for a in p._actions:  # serving plans have no global batch; train mode checks it itself
         if a.dest == "gbs":
