@@ -1,4 +1,6 @@
-"""`moetune emit megatron`: write the Megatron-LM launch script that reproduces a plan.
+"""`moetune emit megatron|sglang`: the launch script of a training plan (Megatron-LM) or the launch
+commands of a serving plan (SGLang 0.5.23: one node, several nodes, or a prefill/decode pair with
+the router).
 
 Refuses an unrealizable plan with its reasons (exit 2), writing nothing.
 """
@@ -7,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
+from specs.errors import UsageError
 from specs.fileio import write_atomic
 from tuner.commands.common import (
     add_plan_args,
@@ -19,25 +22,42 @@ from tuner.commands.common import (
     workload_from_args,
 )
 
-SUMMARY = "Write the launch script that runs a plan with Megatron-LM."
+SUMMARY = "Write the launch script of a training plan (Megatron-LM) or a serving plan (SGLang)."
 DESCRIPTION = ("Complete a partial plan with the documented defaults and write the torchrun launch script for "
                "Megatron-LM's pretrain_gpt.py that reproduces it; a plan the target stack cannot run is refused "
-               "with its reasons (exit code 2) and nothing is written.")
+               "with its reasons (exit code 2) and nothing is written. `emit sglang` prints the SGLang 0.5.23 launch "
+               "commands of a serving plan (--gbs is not used).")
 
 
 def add_parser(subparsers):
     p = subparsers.add_parser("emit", help=SUMMARY, description=DESCRIPTION)
-    p.add_argument("target", choices=["megatron"], help="Which launcher to write the script for (megatron).")
+    p.add_argument("target", choices=["megatron", "sglang"],
+                   help="Which launcher: megatron (a training plan) or sglang (a serving plan).")
     add_workload_args(p)
+    for a in p._actions:  # a serving plan has no global batch; `megatron` checks it itself
+        if a.dest == "gbs":
+            a.required = False
     add_stack_arg(p)
     add_plan_args(p, required=True)
     p.add_argument("--out", default=None, help="Path of the script to write; by default it is printed to stdout.")
     p.add_argument("--train-iters", type=positive_int, default=50,
                    help="Training iterations the script runs (default 50).")
+    p.add_argument("--nnodes", type=positive_int, default=None,
+                   help="For sglang, nodes per server (default: as many as the plan's instance needs).")
+    p.add_argument("--pd", action="store_true",
+                   help="For sglang, a prefill/decode-disaggregated deployment (the plan's pd ratio, 1:1 if none) "
+                        "with the router.")
+    p.add_argument("--model-path", default=None,
+                   help="For sglang, the model directory in the commands (default: a config-only directory "
+                        "written from the model spec under the --out folder or ./<model>-config).")
     return p
 
 
 def run(args) -> int:
+    if args.target == "sglang":
+        return _run_sglang(args)
+    if args.gbs is None:
+        raise UsageError("emit megatron: --gbs is required")
     from tuner.emit import megatron_script
     w = workload_from_args(args)
     plan, profile = completed_plan(args, w)
@@ -48,6 +68,42 @@ def run(args) -> int:
         write_atomic(args.out, text)
         os.chmod(args.out, 0o755)
         print(f"wrote {args.out}  ({plan_text(plan, w, profile, args.canonical)})", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _run_sglang(args) -> int:
+    from clusters import load_cluster
+    from specs.hf_export import write_model_dir
+    from specs.models import load_model
+    from specs.serve_plan import ServePlan
+    from tuner.emit_sglang import launch_commands, render
+    from tuner.serve_realize import realize, server_nodes
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster, args.gpus)
+    plan = ServePlan.parse(args.plan)
+    if args.pd and not plan.pd:
+        plan = plan.replace(pd="1:1")
+    if plan.pd and not args.pd:
+        raise UsageError(f"plan has pd={plan.pd}: pass --pd to emit the prefill/decode deployment")
+    v = realize(plan, model, cluster)
+    if not v.ok:
+        raise UsageError("unrealizable serving plan: " + "; ".join(str(r) for r in v.reasons))
+    need = server_nodes(plan.replace(dp=1, pd="") if plan.pd else plan, cluster.devices_per_node)
+    if args.nnodes is not None and args.nnodes != need:
+        raise UsageError(f"--nnodes {args.nnodes}: this plan's server spans {need} node(s) of "
+                         f"{cluster.devices_per_node} GPUs")
+    path = args.model_path
+    if path is None:
+        base = os.path.dirname(os.path.abspath(args.out)) if args.out else os.getcwd()
+        path = str(write_model_dir(model, os.path.join(base, f"{model.name}-config")))
+    text = render(launch_commands(plan, path, model, cluster, nnodes=need, pd=bool(plan.pd)))
+    if v.effective.rewrites:
+        text = "# SGLang rewrites: " + ", ".join(v.effective.rewrites) + "\n" + text
+    if args.out:
+        write_atomic(args.out, text)
+        print(f"wrote {args.out}  ({plan.canonical()})", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0

@@ -28,7 +28,12 @@ DESCRIPTION = ("Enumerate the plan space of a workload (parallelism x schedule x
 
 def add_parser(subparsers):
     p = subparsers.add_parser("plans", help=SUMMARY, description=DESCRIPTION)
+    p.add_argument("--mode", choices=["train", "serve"], default="train",
+                   help="Which plans: train (Megatron training plans, the default) or serve (SGLang serving plans; --gbs not used).")
     add_workload_args(p)
+    for a in p._actions:  # serving plans have no global batch; train mode checks it itself
+        if a.dest == "gbs":
+            a.required = False
     add_stack_arg(p)
     add_cost_model_args(p)
     p.add_argument("--level", choices=["full", "core"], default="full",
@@ -77,6 +82,10 @@ class _Progress:
 
 
 def run(args) -> int:
+    if args.mode == "serve":
+        return _run_serve(args)
+    if args.gbs is None:
+        raise UsageError("plans --mode train: --gbs is required")
     from clusters import precision_recipe
     from specs.plan import Plan
     from specs.stack import profile_for
@@ -149,3 +158,48 @@ def _rank(w, space, profile, shard, nshards, top, tables, calibration) -> dict:
              "peak_memory_gib": s.peak_memory_gib, "mfu": s.mfu} for s in r.pool[:top]]
     return {"plans": rows, "scored": r.seen, "memory_infeasible": r.memory_infeasible,
             "infeasible_reasons": {"memory": r.memory_infeasible} if r.memory_infeasible else {}}
+
+
+def rank_serve_plans(effective_plans: list, model, cluster, top: int) -> list[dict]:
+    """Hook for `plans --mode serve --rank`: rank EffectivePlans (what SGLang runs) by the serving
+    cost model's predicted throughput. The serving cost model (cost_model/serving/) is not wired
+    in yet, so this refuses rather than pretend."""
+    raise UsageError("plans --mode serve --rank needs the serving cost model, which is not wired in yet")
+
+
+def _run_serve(args) -> int:
+    from clusters import load_cluster
+    from specs.models import load_model
+    from tuner.serve_space import default_serve_space, summarize
+    if args.examples < 0:
+        raise UsageError(f"--examples must be 0 or more, got {args.examples}")
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster, args.gpus)
+    space = default_serve_space(cluster.num_devices)
+    t0 = time.time()
+    s = summarize(space, model, cluster, max_examples=args.examples, keep_effective=args.rank)
+    elapsed = time.time() - t0
+    ranked = rank_serve_plans(s.effective, model, cluster, args.top) if args.rank else None
+    if args.json:
+        print(json.dumps({
+            "mode": "serve", "model": model.name, "cluster": cluster.kind, "gpus": cluster.num_devices,
+            "space_size": s.total, "realizable": s.realizable,
+            "rejections": dict(s.rejections.most_common()),
+            "rejection_examples": {k: {"plan": p, "reason": r} for k, (p, r) in s.rejected_examples.items()},
+            "examples": [p.canonical() for p in s.examples], "ranked": ranked,
+            "elapsed_s": round(elapsed, 3)}, indent=1))
+        return 0
+    print(f"{model.name} served on {cluster.num_devices} x {cluster.kind} (SGLang 0.5.23 rules)")
+    pct = 100.0 * s.realizable / s.total if s.total else 0.0
+    print(f"serving plan space: {s.total:,} plans; realizable: {s.realizable:,} ({pct:.2f}%)   [{elapsed:.1f} s]")
+    if s.rejections:
+        print("rejections by reason (a plan may have several):")
+        width = max(s.rejections.values())
+        for code, n in s.rejections.most_common():
+            print(f"  {code:26s} {n:>10,}  {'#' * max(1, round(30 * n / width))}")
+            print(f"  {'':26s} e.g. {s.rejected_examples[code][1]}")
+    if s.examples:
+        print("realizable examples:")
+        for p in s.examples:
+            print(f"  {p.canonical()}")
+    return 0

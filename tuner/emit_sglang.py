@@ -1,0 +1,113 @@
+"""SGLang 0.5.23 launch commands for a serving plan.
+
+The 0.5.23 spelling: `--attn-dp-size` (not `--dp-size N --enable-dp-attention`), `--moe-a2a-backend`,
+`--cuda-graph-max-bs-decode` (the undecorated `--cuda-graph-max-bs` is an ambiguous prefix there and
+argparse rejects it). Options SGLang probes from the platform (attention backend, device) are passed
+explicitly, so the command means the same on the GPU host as in the offline resolver.
+"""
+from __future__ import annotations
+
+import shlex
+
+from specs.serve_plan import ServePlan
+from tuner.serve_realize import server_nodes
+
+ROUTER_PORT = 8000
+BOOTSTRAP_PORT = 8998
+
+
+def attention_backend(model, cluster) -> str:
+    """The backend SGLang would probe on the target GPU (a CPU host probes wrongly, so we name it)."""
+    if cluster.device_name.upper().startswith(("B200", "GB200", "B300", "GB300")) or "blackwell" in cluster.device_name.lower():
+        return "trtllm_mla" if model.mla else "triton"
+    return "fa3"  # Hopper: SGLang's default for MLA and GQA models alike
+
+
+def plan_args(plan: ServePlan) -> list[str]:
+    """The flags that carry one instance's plan (no model path, no node layout)."""
+    p = plan
+    a = ["--tp-size", str(p.tp)]
+    if p.pp > 1:
+        a += ["--pp-size", str(p.pp)]
+    if p.dp > 1 and not p.pd:
+        a += ["--dp-size", str(p.dp)]
+    if p.attn_dp > 1:
+        a += ["--attn-dp-size", str(p.attn_dp)]
+    if p.ep > 1:
+        a += ["--ep-size", str(p.ep)]
+    if p.a2a != "none":
+        a += ["--moe-a2a-backend", p.a2a]
+        if p.a2a == "deepep":
+            a += ["--deepep-mode", p.deepep_mode]
+    if p.tbo:
+        a += ["--enable-two-batch-overlap"]
+    if p.eplb_redundant:
+        a += ["--enable-eplb", "--ep-num-redundant-experts", str(p.eplb_redundant)]
+    if p.chunked_prefill:
+        a += ["--chunked-prefill-size", str(p.chunked_prefill)]
+    if p.max_running:
+        a += ["--max-running-requests", str(p.max_running)]
+    if p.cuda_graph_max_bs == -1:
+        a += ["--disable-decode-cuda-graph"]
+    elif p.cuda_graph_max_bs:
+        a += ["--cuda-graph-max-bs-decode", str(p.cuda_graph_max_bs)]
+    if p.mem_frac:
+        a += ["--mem-fraction-static", f"{p.mem_frac:g}"]
+    if p.page_size != 1:
+        a += ["--page-size", str(p.page_size)]
+    return a
+
+
+def server_argv(plan: ServePlan, model_path: str, model, cluster, *, nnodes: int = 1, node_rank: int = 0,
+                dist_init_addr: str = "", mode: str = "", port: int = 30000) -> list[str]:
+    """Arguments of `python -m sglang.launch_server` for one node of one server."""
+    a = ["--model-path", model_path, "--load-format", "dummy", "--device", "cuda",
+         "--attention-backend", attention_backend(model, cluster), "--host", "0.0.0.0", "--port", str(port)]
+    a += plan_args(plan)
+    if nnodes > 1:
+        a += ["--dist-init-addr", dist_init_addr or "NODE0_IP:5000", "--nnodes", str(nnodes), "--node-rank", str(node_rank)]
+    if mode:
+        a += ["--disaggregation-mode", mode, "--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
+    return a
+
+
+def _line(argv: list[str], head: str = "python -m sglang.launch_server") -> str:
+    return head + " " + " ".join(shlex.quote(x) for x in argv)
+
+
+def launch_commands(plan: ServePlan, model_path: str, model, cluster, *, nnodes: int | None = None,
+                    pd: bool = False) -> list[tuple[str, list[str]]]:
+    """(title, argv) per process to start, in order; the router, if any, last.
+
+    Aggregated: one server over `nnodes` nodes (default: as many as the plan needs).
+    pd: the plan's prefill:decode ratio of servers (1:1 if none), each the plan's instance on its
+    own nodes, then the router that joins them (`python -m sglang_router.launch_router --pd-disaggregation`).
+    """
+    gpn = cluster.devices_per_node
+    n = nnodes or server_nodes(plan, gpn)
+    if not pd:
+        return [(f"node {r} of {n}", server_argv(plan, model_path, model, cluster, nnodes=n, node_rank=r,
+                                                 dist_init_addr="NODE0_IP:5000"))
+                for r in range(n)]
+    inst = plan.replace(dp=1, pd="")
+    n = nnodes or server_nodes(inst, gpn)
+    n_prefill, n_decode = plan.pd_ratio or (1, 1)
+    out, router = [], ["--pd-disaggregation"]
+    for mode, count, base in (("prefill", n_prefill, 30000), ("decode", n_decode, 31000)):
+        for i in range(count):
+            host = f"{mode.upper()}{i}_NODE0_IP"
+            for r in range(n):
+                out.append((f"{mode} server {i}, node {r} of {n}",
+                            server_argv(inst, model_path, model, cluster, nnodes=n, node_rank=r,
+                                        dist_init_addr=f"{host}:5000", mode=mode, port=base + i)))
+            router += [f"--{mode}", f"http://{host}:{base + i}"] + ([str(BOOTSTRAP_PORT)] if mode == "prefill" else [])
+    out.append(("router", router + ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]))
+    return out
+
+
+def render(commands: list[tuple[str, list[str]]]) -> str:
+    lines = []
+    for title, argv in commands:
+        head = "python -m sglang_router.launch_router" if title == "router" else "python -m sglang.launch_server"
+        lines += [f"# {title}", _line(argv, head)]
+    return "\n".join(lines) + "\n"
