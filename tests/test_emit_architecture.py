@@ -31,7 +31,7 @@ MODEL_LEVEL = {"--seq-length", "--max-position-embeddings", "--vocab-size", "--p
                "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--window-size",
                "--window-attn-skip-freq", "--moe-layer-freq", "--cross-entropy-fusion-impl",
                "--cross-entropy-loss-fusion", "--moe-router-load-balancing-type", "--moe-aux-loss-coeff",
-               "--multi-latent-attention"}
+               "--multi-latent-attention", "--no-bias-swiglu-fusion", "--no-bias-gelu-fusion"}
 PLAN_FROM = "--tensor-model-parallel-size"  # model_args come first in the script, plan_args after
 
 
@@ -87,8 +87,17 @@ def config_from_flags(flags: dict):
         assert flag in table, f"{flag} is neither a TransformerConfig field flag nor mapped here"
         field, conv = table[flag]
         kw[field] = conv if isinstance(conv, bool) else conv(vals[0])
-    if "--swiglu" in flags or "--quick-geglu" in flags:
-        kw["gated_linear_unit"] = True
+    # arguments.py: --swiglu -> silu, gated, bias_activation_fusion = bias_swiglu_fusion (default
+    # on); otherwise bias_gelu_fusion (default on); --quick-geglu -> quick_gelu, gated
+    import torch.nn.functional as F
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+    if "--swiglu" in flags:
+        kw.update(activation_func=F.silu, gated_linear_unit=True,
+                  bias_activation_fusion="--no-bias-swiglu-fusion" not in flags)
+    else:
+        kw["bias_activation_fusion"] = "--no-bias-gelu-fusion" not in flags
+    if "--quick-geglu" in flags:
+        kw.update(activation_func=quick_gelu, gated_linear_unit=True)
     if "--group-query-attention" in flags:
         kw["num_query_groups"] = int(flags["--num-query-groups"][0])
     if "--num-experts" in flags:
@@ -203,9 +212,12 @@ def test_emitted_architecture_equals_hf_config(name):
 
 
 def test_gpt_oss_activation_and_sinks():
-    from megatron.core.fusions.fused_bias_geglu import quick_gelu  # noqa: F401 - exists in 0.16.1
+    import torch.nn.functional as F
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
     flags = script_flags(_script("gpt-oss-20b"))
     cfg, _ = config_from_flags(flags)
+    assert cfg.activation_func is quick_gelu and cfg.gated_linear_unit
+    assert config_from_flags(script_flags(_script("mixtral-8x7b")))[0].activation_func is F.silu
     assert "--quick-geglu" in flags and cfg.glu_linear_offset == 1.0 and cfg.activation_func_clamp_value == 7.0
     assert cfg.softmax_type == "learnable" and cfg.add_bias_linear
 

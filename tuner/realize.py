@@ -46,6 +46,7 @@ RULES = {
     "experts-div-ep": ("--expert-model-parallel-size", "arguments.py: num_experts % expert_model_parallel_size"),
     "heads-div-tp": ("--tensor-model-parallel-size", "transformer_config.py: num_attention_heads % tp"),
     "groups-vs-tp": ("--num-query-groups", "transformer_config.py: num_query_groups multiple or divisor of tp"),
+    "vocab-div-tp": ("--padded-vocab-size", "tensor_parallel/layers.py VocabParallelEmbedding: vocab divided over tp"),
     "ffn-div-tp": ("--ffn-hidden-size", "tensor_parallel/layers.py: ColumnParallelLinear divides output by tp"),
     "moe-bias-etp": ("--expert-tensor-parallel-size", "transformer_config.py: bias in MoE only with ETP == 1"),
     "moe-ffn-div-etp": ("--expert-tensor-parallel-size", "experts: moe_ffn_hidden_size split over expert TP"),
@@ -58,7 +59,7 @@ RULES = {
     "layout-conflict": ("--pipeline-model-parallel-layout", "transformer_config.py: layout excludes first/last stage flags"),
     "interleave-microbatches": ("--num-virtual-stages-per-pipeline-rank", "schedules.py: microbatches >= pp and M % pp == 0 for interleaving"),
     "recompute-args": ("--recompute-granularity", "transformer_config.py: recompute method/num_layers rules"),
-    "recompute-layers": ("--recompute-num-layers", "transformer_block.py _checkpointed_forward: uniform steps recompute_num_layers through each chunk"),
+    "recompute-layers": ("--recompute-num-layers", "transformer_block.py _checkpointed_forward: uniform steps n layers per chunk"),
     "recompute-module": ("--recompute-modules", "transformer_config.py: module preconditions"),
     "opg-needs-dist-opt": ("--overlap-param-gather", "arguments.py: needs --use-distributed-optimizer"),
     "opg-needs-ogr": ("--overlap-param-gather", "arguments.py: needs --overlap-grad-reduce"),
@@ -66,7 +67,7 @@ RULES = {
     "flex-needs-tp-ep": ("--moe-token-dispatcher-type", "token_dispatcher.py: flex requires expert TP x EP > 1"),
     "shared-overlap": ("--moe-shared-expert-overlap", "transformer_config.py: shared experts + alltoall dispatcher"),
     "a2a-overlap": ("--overlap-moe-expert-parallel-comm", "transformer_config.py: EP A2A overlap preconditions"),
-    "fp8-hardware": ("--fp8-recipe", "TE quantization.py check_recipe_support: fp8 needs cc >= 8.9, blockwise cc >= 9.0 (CUDA >= 12.9), mxfp8 cc 10.x"),
+    "fp8-hardware": ("--fp8-recipe", "TE check_recipe_support: fp8 cc >= 8.9, blockwise cc >= 9.0 (CUDA >= 12.9), mxfp8 cc 10.x"),
     "fp8-delayed-recompute": ("--recompute-modules", "transformer_config.py: delayed scaling forbids moe_act/layernorm recompute"),
     "dispatcher-needs-moe": ("--moe-token-dispatcher-type", "plan hygiene: dispatcher/grouped GEMM options only apply to MoE models"),
     "shared-expert-bias": ("--disable-bias-linear", "shared_experts.py: bias is not supported in the shared experts (add_bias_linear must be False)"),
@@ -104,6 +105,8 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
     g = m.query_groups
     if not m.mla and g % p.tp and p.tp % g:
         out.append(_r("groups-vs-tp", f"{g} query groups are neither a multiple nor a divisor of tp={p.tp}"))
+    if m.vocab_size % p.tp:  # the script pins the padded vocab to the model's own (tuner/emit.py)
+        out.append(_r("vocab-div-tp", f"vocabulary {m.vocab_size} is not divisible by tp={p.tp}"))
     if m.num_dense_layers and m.ffn_hidden_size % p.tp:
         out.append(_r("ffn-div-tp", f"dense ffn {m.ffn_hidden_size} is not divisible by tp={p.tp}"))
     if m.moe_shared_expert_ffn and m.moe_shared_expert_ffn % p.tp:
