@@ -9,8 +9,12 @@ Normalisations (shared with the YAML presets so both load to equal specs):
 - num_query_groups = num_key_value_heads, or 0 when it equals the head count (MHA) or for MLA.
 - kv_channels = head_dim only when it differs from hidden_size // num_attention_heads.
 - tie_word_embeddings defaults to false (the default of every supported config class).
-- MTP layers (num_nextn_predict_layers) are not part of the spec.
-- Sliding-window layers (gpt-oss layer_types) are treated as full attention.
+- mtp_num_layers = num_nextn_predict_layers (DeepSeek-V3: 1).
+- Sliding window: window_size = sliding_window (tokens a query sees, itself included) when some
+  layers use it (gpt-oss layer_types); window_attn_skip_freq = the period of full-attention layers.
+- Numerics read for the emitted script: rope_theta, rms_norm_eps, QK norm (Qwen3, OLMoE; MLA's
+  latent norms), YaRN rope_scaling, routed_scaling_factor, norm_topk_prob (-> pre-softmax),
+  noaux_tc (-> expert bias), seq_aux / aux_loss_alpha / router_aux_loss_coef.
 """
 from __future__ import annotations
 
@@ -168,7 +172,58 @@ def hf_dict_to_spec(cfg: dict, name: str, where: str = "config.json") -> ModelSp
                  mla=True, q_lora_rank=int(q_lora or 0), kv_lora_rank=c.int("kv_lora_rank"),
                  qk_head_dim=c.int("qk_nope_head_dim"), qk_pos_emb_head_dim=c.int("qk_rope_head_dim"),
                  v_head_dim=c.int("v_head_dim"))
+    d.update(_numerics(c, arch, is_mla, L))
     try:
         return from_dict(d)
     except SpecError as e:
         raise SpecError(f"{where}: {e}") from None
+
+
+# DeepSeek-V3 technical report (arXiv 2412.19437) section 2.1.2: sequence-wise balance loss
+# alpha = 0.0001 alongside the bias update; config.json carries no value for it (Megatron-LM's
+# own DeepSeek-R1 recipe, examples/post_training/modelopt/conf/deepseek-ai/DeepSeek-R1.sh, uses
+# --moe-aux-loss-coeff 1e-4 --moe-router-load-balancing-type seq_aux_loss).
+NOAUX_SEQ_AUX_COEFF = 1e-4
+
+
+def _numerics(c: _Cfg, arch: str, is_mla: bool, num_layers: int) -> dict:
+    """The config.json fields that change numerics, not shapes (see the module docstring)."""
+    d = {"rotary_base": float(c.get("rope_theta", 10000.0)),
+         "norm_epsilon": float(c.get("rms_norm_eps", c.get("layer_norm_eps", 1e-5))),
+         "qk_layernorm": is_mla or arch in ("Qwen3MoeForCausalLM", "OlmoeForCausalLM")}
+    if arch == "PhiMoEForCausalLM":  # PhiMoEDecoderLayer: nn.LayerNorm(eps=rms_norm_eps)
+        d["normalization"] = "LayerNorm"
+    rs = c.get("rope_scaling") or {}
+    if (rs.get("type") or rs.get("rope_type")) == "yarn":
+        d.update(rope_scaling_factor=float(rs.get("factor", 1.0)),
+                 yarn_mscale=float(rs.get("mscale", 1.0)), yarn_mscale_all_dim=float(rs.get("mscale_all_dim", 0.0)),
+                 yarn_original_max_position=int(rs.get("original_max_position_embeddings", 0)),
+                 yarn_beta_fast=float(rs.get("beta_fast", 32.0)), yarn_beta_slow=float(rs.get("beta_slow", 1.0)))
+    if arch == "GptOssForCausalLM":  # GptOssExperts: (up + 1) * gate * sigmoid(1.702 gate), clamped
+        d.update(activation="quick-geglu", glu_linear_offset=1.0,
+                 activation_clamp=float(c.get("swiglu_limit", 7.0)), attention_sinks=True)
+    types = c.get("layer_types") or []
+    if c.get("sliding_window") and "sliding_attention" in types and len(types) == num_layers:
+        full = [i + 1 for i, t in enumerate(types) if t != "sliding_attention"]  # 1-indexed
+        freq = full[0] if full else 0
+        if full != list(range(freq, num_layers + 1, freq)):
+            raise SpecError(f"{c.where}: layer_types is not a periodic sliding/full pattern")
+        d.update(window_size=int(c.get("sliding_window")), window_attn_skip_freq=freq)
+    d["mtp_num_layers"] = int(c.get("num_nextn_predict_layers", 0) or 0)
+    # routing numerics
+    if is_mla:
+        d["moe_router_topk_scaling_factor"] = float(c.get("routed_scaling_factor", 1.0))
+        if c.get("topk_method") == "noaux_tc":
+            d.update(moe_router_enable_expert_bias=True, moe_router_load_balancing_type="seq_aux_loss",
+                     moe_aux_loss_coeff=float(c.get("aux_loss_alpha", NOAUX_SEQ_AUX_COEFF)))
+        else:
+            d.update(moe_router_load_balancing_type="seq_aux_loss" if c.get("seq_aux") else "aux_loss",
+                     moe_aux_loss_coeff=float(c.get("aux_loss_alpha", 0.0)))
+    else:
+        d["moe_aux_loss_coeff"] = float(c.get("router_aux_loss_coef", 0.0))
+    if c.get("scoring_func", "softmax") == "softmax":
+        # HF norm_topk_prob false: softmax over all experts, top-k probabilities not renormalised
+        # (Megatron's pre-softmax). Mixtral, PhiMoE and gpt-oss renormalise over the top-k.
+        default_norm = arch in ("MixtralForCausalLM", "PhiMoEForCausalLM", "GptOssForCausalLM")
+        d["moe_router_pre_softmax"] = not bool(c.get("norm_topk_prob", default_norm))
+    return d

@@ -51,6 +51,26 @@ class ModelSpec:
     window_size: int = 0  # sliding-window attention width in tokens (Megatron --window-size); 0 = full attention
     window_attn_skip_freq: int = 0  # every N-th layer keeps full attention (Megatron --window-attn-skip-freq); 0 = none
     attention_sinks: bool = False  # learned per-head softmax sinks (GPT-OSS)
+    # Numerics that do not change the cost but must reach the emitted script (defaults are
+    # Megatron-core 0.16.1's; values come from each model's config.json, see specs/hf_config.py).
+    normalization: str = "RMSNorm"  # or LayerNorm (Phi-3.5-MoE)
+    norm_epsilon: float = 1e-5  # rms_norm_eps
+    rotary_base: float = 10000.0  # rope_theta
+    qk_layernorm: bool = False  # Qwen3 q_norm/k_norm, OLMoE q/k norm, MLA's latent norms
+    activation: str = "swiglu"  # swiglu | quick-geglu (GPT-OSS: sigmoid(1.702 x) gate)
+    glu_linear_offset: float = 0.0  # GPT-OSS: (up + 1) * act(gate)
+    activation_clamp: float = 0.0  # GPT-OSS swiglu_limit; 0 = no clamp
+    rope_scaling_factor: float = 1.0  # YaRN factor; 1 = no scaling
+    yarn_mscale: float = 1.0
+    yarn_mscale_all_dim: float = 0.0
+    yarn_original_max_position: int = 0  # 0 = no YaRN
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    moe_router_pre_softmax: bool = False  # softmax over all experts before top-k (HF norm_topk_prob false)
+    moe_router_topk_scaling_factor: float = 1.0  # routed_scaling_factor
+    moe_router_enable_expert_bias: bool = False  # aux-loss-free balancing (DeepSeek-V3 noaux_tc)
+    moe_router_load_balancing_type: str = "aux_loss"  # aux_loss | seq_aux_loss | none
+    moe_aux_loss_coeff: float = 0.0
     source: str = ""  # where the numbers come from
 
     def __post_init__(self) -> None:
@@ -67,6 +87,12 @@ class ModelSpec:
             problems.append(f"moe_layers has {len(self.moe_layers)} entries for {self.num_layers} layers")
         if self.num_query_groups and self.num_attention_heads % self.num_query_groups:
             problems.append("num_attention_heads must be a multiple of num_query_groups")
+        if self.normalization not in ("RMSNorm", "LayerNorm"):
+            problems.append("normalization must be RMSNorm or LayerNorm")
+        if self.activation not in ("swiglu", "quick-geglu"):
+            problems.append("activation must be swiglu or quick-geglu")
+        if self.moe_router_load_balancing_type not in ("aux_loss", "seq_aux_loss", "global_aux_loss", "none"):
+            problems.append("moe_router_load_balancing_type must be aux_loss, seq_aux_loss, global_aux_loss or none")
         if self.moe_router_score_function not in ("softmax", "sigmoid"):
             problems.append("moe_router_score_function must be softmax or sigmoid")
         if problems:

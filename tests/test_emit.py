@@ -11,7 +11,7 @@ from specs.stack import GPU_FULL
 from specs.workload import Workload
 from tuner.cli import main
 from tuner.complete import complete_plan
-from tuner.emit import megatron_script
+from tuner.emit import layout_with_mtp, megatron_script
 
 FLAGS = {line.strip() for line in (Path(__file__).parent / "fixtures" / "megatron_lm_core_v0.16.1_flags.txt")
          .read_text().splitlines() if line.startswith("--")}
@@ -52,7 +52,7 @@ def test_emitted_flags_exist_and_reproduce_the_plan(model, gpus, gbs, plan, prec
     assert args["--expert-model-parallel-size"] == [str(p.ep)]
     assert args["--global-batch-size"] == [str(gbs)]
     if p.pp_layout:
-        assert args["--pipeline-model-parallel-layout"] == [p.pp_layout]
+        assert args["--pipeline-model-parallel-layout"] == [layout_with_mtp(p.pp_layout, w.model.mtp_num_layers)]
         assert "--num-virtual-stages-per-pipeline-rank" not in args  # implied by the layout
     elif p.vpp > 1:
         assert args["--num-virtual-stages-per-pipeline-rank"] == [str(p.vpp)]

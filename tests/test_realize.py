@@ -35,20 +35,22 @@ CASES = {
     "experts-div-ep": ({}, "ep=8", "ep=16"),
     "heads-div-tp": ({"num_attention_heads": 24, "num_query_groups": 8}, "tp=8", "tp=16"),
     "groups-vs-tp": ({"num_attention_heads": 48, "num_query_groups": 12}, "tp=4", "tp=8"),
+    "vocab-div-tp": ({"vocab_size": 32001}, "tp=1", "tp=2"),
     "ffn-div-tp": ({"model": "deepseek-v2-lite", "gpus": 16, "ffn_hidden_size": 10940}, "tp=1", "tp=8"),
     "moe-bias-etp": ({"attention_bias": True}, "etp=1", "etp=2"),
     "moe-ffn-div-etp": ({"moe_ffn_hidden_size": 14340}, "etp=4", "etp=8"),
     "seq-div-2cp": ({"seq": 4100}, "cp=2", "cp=4"),
     "seq-div-tp-sp": ({"seq": 4100}, "tp=2", "tp=8"),
-    "seq-le-max-pos": ({"seq": 4096, "max_position_embeddings": 4096}, "tp=1", None),
+    "policy-seq-le-max-pos": ({"seq": 4096, "max_position_embeddings": 4096}, "tp=1", None),
     "gbs-div-mbs-dp": ({"gbs": 192}, "mbs=1", "mbs=2"),
     "pp-layers": ({}, "pp=4", "pp=4,pp_first=7"),
     "vpp-needs-pp": ({}, "pp=2,vpp=2", "vpp=2"),
     "layout-conflict": ({}, "pp=2,pp_layout=Et*16|t*16L", "pp=2,pp_layout=Et*16|t*16L,pp_first=16"),
     "interleave-microbatches": ({"gbs": 256}, "pp=4,vpp=2,mbs=1", "pp=4,vpp=2,mbs=8"),
     "recompute-args": ({}, "recompute=selective", "recompute=selective,recompute_method=uniform"),
-    "recompute-layers": ({}, "recompute=full,recompute_method=block,recompute_layers=8,pp=4",
-                         "recompute=full,recompute_method=block,recompute_layers=9,pp=4"),
+    # uniform steps n layers through each 8-layer chunk: n must divide 8 (transformer_block.py)
+    "recompute-layers": ({}, "recompute=full,recompute_method=uniform,recompute_layers=4,pp=4",
+                         "recompute=full,recompute_method=uniform,recompute_layers=3,pp=4"),
     "recompute-module": ({}, "recompute=selective,recompute_modules=moe_act",
                          "recompute=selective,recompute_modules=mla_up_proj"),
     "opg-needs-dist-opt": ({}, "dist_opt=1,overlap_param_gather=1", "dist_opt=0,overlap_param_gather=1"),
@@ -59,6 +61,11 @@ CASES = {
                        "ep=8,shared_expert_overlap=1", "ep=8,shared_expert_overlap=1,dispatcher=allgather"),
     "a2a-overlap": ({}, "ep=8,a2a_overlap=1", "ep=1,a2a_overlap=1"),
     "fp8-hardware": ({}, "precision=fp8-blockwise", "precision=mxfp8"),
+    # TE assert_dim_for_fp8_exec: 4100 tokens per GEMM is not a multiple of 8; mbs=2 gives 8200
+    "fp8-gemm-dims": ({"seq": 4100}, "precision=fp8-tensorwise,mbs=2", "precision=fp8-tensorwise,mbs=1"),
+    # GPT-OSS hidden 2880 is not a multiple of 128: blockwise fp8 cannot all-gather it under SP
+    "fp8-blockwise-sp": ({"model": "gpt-oss-20b", "gpus": 16}, "tp=1,precision=fp8-blockwise",
+                         "tp=2,precision=fp8-blockwise"),
     "fp8-delayed-recompute": ({}, "precision=fp8-tensorwise,recompute=selective,recompute_modules=layernorm",
                               "precision=fp8-delayed,recompute=selective,recompute_modules=layernorm"),
     "dispatcher-needs-moe": ({"num_experts": 0, "moe_layers": (False,) * 32, "moe_router_topk": 0},
@@ -74,13 +81,13 @@ def _plan(text):
 
 
 # the two profile rules (stack-missing, stack-cpu) have their cases in test_stack_rules
-@pytest.mark.parametrize("code", sorted(set(RULES) - {"stack-missing", "stack-cpu"}))
+@pytest.mark.parametrize("code", sorted(set(RULES) - {"stack-missing", "stack-cpu", "shared-expert-bias"}))
 def test_every_rule_has_an_accepting_and_a_rejecting_case(code):
     kwargs, ok, bad = CASES[code]
     kwargs = dict(kwargs)
     w = wl(**{k: kwargs.pop(k) for k in ("model", "kind", "gpus", "gbs", "seq") if k in kwargs}, **kwargs)
     assert code not in codes(w, _plan(ok)), check(w, _plan(ok), GPU_FULL)
-    if code == "seq-le-max-pos":
+    if code == "policy-seq-le-max-pos":
         w = dataclasses.replace(w, seq=8192)
         bad = "tp=1"
     reasons = check(w, _plan(bad), GPU_FULL)
@@ -176,3 +183,70 @@ def test_tp_on_cpu_is_a_parallel_tier_rejection():
     assert [r.code for r in check_parallel(w, p, cpu_profile())] == ["stack-cpu"]
     assert check_schedule_kernels(w, p, cpu_profile()) == []
     assert check(w, Plan(**CLEAN_CPU), cpu_profile()) == []
+
+
+# ---- findings against megatron-core 0.16.1 / TransformerEngine 2.9 ------------------------------------
+def test_block_recompute_accepts_more_layers_than_a_chunk():
+    """block recomputes min(n, chunk) layers of each chunk (transformer_block.py), so n > chunk runs."""
+    w = wl()
+    assert "recompute-layers" not in codes(w, _plan("recompute=full,recompute_method=block,recompute_layers=9,pp=4"))
+    assert "recompute-layers" not in codes(w, _plan("recompute=full,recompute_method=block,recompute_layers=32,pp=4"))
+    assert "recompute-layers" in codes(w, _plan("recompute=full,recompute_method=uniform,recompute_layers=9,pp=4"))
+
+
+def test_uniform_recompute_reads_every_chunk():
+    # 61 layers on pp=8 by the balanced layout: chunks of 7 and 8 layers; n must divide both
+    w = wl(model="deepseek-v3", gpus=1024, gbs=8192)
+    p = complete_plan("tp=2,pp=8,ep=64,mbs=1,recompute=full,recompute_method=uniform,recompute_layers=1",
+                      w, GPU_FULL, "bf16")
+    assert "recompute-layers" not in codes(w, p)
+    assert "recompute-layers" in codes(w, p.replace(recompute_layers=2))
+    assert "recompute-layers" not in codes(w, p.replace(recompute_method="block", recompute_layers=2))
+
+
+def test_shared_experts_need_unbiased_linears():
+    ok = wl(model="qwen3-30b-a3b", gpus=16, moe_shared_expert_ffn=1024)
+    bad = wl(model="qwen3-30b-a3b", gpus=16, moe_shared_expert_ffn=1024, attention_bias=True)
+    assert "shared-expert-bias" not in codes(ok, _plan("ep=8"))
+    assert "shared-expert-bias" in codes(bad, _plan("ep=8"))
+    assert "shared-expert-bias" not in codes(wl(model="gpt-oss-20b", gpus=16), _plan("ep=8"))  # biased, no shared
+
+
+def test_fp8_dims_dense_ffn_of_deepseek_v2_lite():
+    """10944 / tp 8 = 1368 is not a multiple of 16 (fc2 input); / tp 4 = 2736 is."""
+    w = wl(model="deepseek-v2-lite", gpus=16, gbs=64)
+    assert "fp8-gemm-dims" in codes(w, _plan("tp=8,ep=2,precision=fp8-blockwise"))
+    assert "fp8-gemm-dims" not in codes(w, _plan("tp=4,ep=2,precision=fp8-blockwise"))
+    assert "fp8-gemm-dims" not in codes(w, _plan("tp=8,ep=2"))  # bf16 has no such constraint
+
+
+def test_fp8_blockwise_runs_on_blackwell_not_on_ada():
+    """TE 2.9 check_fp8_block_scaling_support: compute capability >= 9.0 and CUDA >= 12.9."""
+    b200 = wl(kind="b200", gpus=64)
+    assert "fp8-hardware" not in codes(b200, _plan("precision=fp8-blockwise"))
+    ada = wl(kind="rtx4090", gpus=64)
+    assert "fp8-hardware" in codes(ada, _plan("precision=fp8-blockwise"))
+    assert "fp8-hardware" not in codes(ada, _plan("precision=fp8-tensorwise"))
+
+
+def test_seq_over_max_positions_is_labelled_a_policy():
+    w = wl(seq=65536)
+    r = next(r for r in check(w, _plan("tp=1"), GPU_FULL) if "max_position" in r.sentence)
+    assert r.code.startswith("policy-") and "policy" in r.sentence and "Megatron would run it" in r.sentence
+    assert "not a Megatron rule" in RULES[r.code][1]
+
+
+@pytest.mark.parametrize("kwargs,plan,code", [
+    ({}, "ep=8,shared_expert_overlap=1", "shared-overlap"),  # Mixtral: no shared experts
+    ({}, "ep=8,dispatcher=alltoall,flex_backend=deepep", "flex-backend"),
+    ({"num_experts": 0, "moe_layers": (False,) * 32, "moe_router_topk": 0}, "grouped_gemm=0,dispatcher=allgather",
+     "dispatcher-needs-moe"),
+])
+def test_options_megatron_ignores_are_plan_hygiene(kwargs, plan, code):
+    reasons = [r for r in check(wl(**kwargs), _plan(plan), GPU_FULL) if r.code == code]
+    assert reasons and all(r.sentence.startswith("plan hygiene:") and "same run" in r.sentence for r in reasons)
+    # the genuine rule of the same code is not called hygiene
+    shared = wl(model="qwen3-30b-a3b", gpus=16, moe_shared_expert_ffn=1024)
+    real = [r for r in check(shared, _plan("ep=8,shared_expert_overlap=1,dispatcher=allgather"), GPU_FULL)
+            if r.code == "shared-overlap"]
+    assert real and not real[0].sentence.startswith("plan hygiene")

@@ -24,43 +24,89 @@ DP_SWITCHES = (("dist_opt", "--use-distributed-optimizer"),
                ("overlap_param_gather", "--overlap-param-gather"))
 
 
-def model_args(w: Workload) -> list[str]:
+def _num(x: float) -> str:
+    """A float flag value as Megatron's argparse reads it back exactly (1e-06, 1000000, 2.5)."""
+    return repr(int(x)) if float(x).is_integer() and abs(x) >= 1 else repr(float(x))
+
+
+def model_args(w: Workload, profile: StackProfile | None = None) -> list[str]:
+    """The architecture flags: what `core_transformer_config_from_args` turns into the model's
+    TransformerConfig (tests/test_emit_architecture.py compares it with each HF config.json)."""
     m = w.model
+    te = profile is None or bool(profile.transformer_engine)
+    # Null tokenizer: vocab = --vocab-size + 1 (its EOD token); --padded-vocab-size pins the
+    # embedding to exactly the model's vocabulary instead of rounding up to 128 * tp.
     a = ["--num-layers", m.num_layers, "--hidden-size", m.hidden_size,
          "--num-attention-heads", m.num_attention_heads, "--ffn-hidden-size", m.ffn_hidden_size,
          "--seq-length", w.seq, "--max-position-embeddings", max(m.max_position_embeddings, w.seq),
-         "--vocab-size", m.vocab_size, "--tokenizer-type", "NullTokenizer",
-         "--normalization", "RMSNorm", "--position-embedding-type", "rope"]
-    if m.gated_linear_unit:
+         "--vocab-size", m.vocab_size - 1, "--padded-vocab-size", m.vocab_size,
+         "--tokenizer-type", "NullTokenizer",
+         "--normalization", m.normalization, "--norm-epsilon", _num(m.norm_epsilon),
+         "--position-embedding-type", "rope", "--rotary-base", int(m.rotary_base)]
+    if m.activation == "quick-geglu":
+        a += ["--quick-geglu"]
+    elif m.gated_linear_unit:
         a += ["--swiglu"]
+    if m.glu_linear_offset:
+        a += ["--glu-linear-offset", _num(m.glu_linear_offset)]
+    if m.activation_clamp:
+        a += ["--activation-func-clamp-value", _num(m.activation_clamp)]
     if not m.attention_bias:
         a += ["--disable-bias-linear"]
     if not m.tie_embeddings:
         a += ["--untie-embeddings-and-output-weights"]
+    if m.qk_layernorm:
+        a += ["--qk-layernorm"]  # per-head q/k norms; under MLA the q and kv latent norms
     if m.mla:
         a += ["--multi-latent-attention", "--kv-lora-rank", m.kv_lora_rank,
               "--qk-head-dim", m.qk_head_dim, "--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim,
               "--v-head-dim", m.v_head_dim]
         if m.q_lora_rank:
             a += ["--q-lora-rank", m.q_lora_rank]
+        if m.yarn_original_max_position:  # MLATransformerConfig's rope_type defaults to yarn
+            a += ["--rotary-scaling-factor", _num(m.rope_scaling_factor), "--mscale", _num(m.yarn_mscale),
+                  "--mscale-all-dim", _num(m.yarn_mscale_all_dim)]
     else:
         if m.query_groups != m.num_attention_heads:
             a += ["--group-query-attention", "--num-query-groups", m.query_groups]
         if m.kv_channels:
             a += ["--kv-channels", m.kv_channels]
+    if m.window_size:
+        # HF sliding_window counts the query itself; TE's (left, right) window does not
+        a += ["--window-size", f"({m.window_size - 1},0)"]
+        if m.window_attn_skip_freq:
+            a += ["--window-attn-skip-freq", m.window_attn_skip_freq]
+    if m.attention_sinks:
+        a += ["--softmax-type", "learnable"]
+    if m.mtp_num_layers:
+        a += ["--mtp-num-layers", m.mtp_num_layers]
+    if not te:
+        a += ["--no-rope-fusion"]  # fused RoPE is TE's kernel: TransformerConfig raises without TE
     if m.is_moe:
         pattern = "[" + ",".join("1" if x else "0" for x in m.moe_layers) + "]"
         a += ["--num-experts", m.num_experts, "--moe-router-topk", m.moe_router_topk,
               "--moe-ffn-hidden-size", m.moe_ffn_hidden_size, "--moe-layer-freq", pattern,
               "--moe-router-score-function", m.moe_router_score_function,
-              "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-3"]
+              "--moe-router-load-balancing-type", m.moe_router_load_balancing_type,
+              "--moe-aux-loss-coeff", _num(m.moe_aux_loss_coeff),
+              # router logits in fp32, as every Megatron-Bridge MoE recipe sets
+              "--moe-router-dtype", "fp32"]
         if m.moe_shared_expert_ffn:
             a += ["--moe-shared-expert-intermediate-size", m.moe_shared_expert_ffn]
         if m.moe_router_num_groups:
             a += ["--moe-router-num-groups", m.moe_router_num_groups,
                   "--moe-router-group-topk", m.moe_router_group_topk]
-        if m.moe_router_topk == 1 and m.moe_router_score_function == "softmax":
-            a += ["--moe-router-pre-softmax"]  # TransformerConfig requires it for top-1 softmax
+        if m.moe_router_pre_softmax or (m.moe_router_topk == 1 and m.moe_router_score_function == "softmax"):
+            a += ["--moe-router-pre-softmax"]  # (TransformerConfig also requires it for top-1 softmax)
+        if m.moe_router_topk_scaling_factor != 1.0:
+            a += ["--moe-router-topk-scaling-factor", _num(m.moe_router_topk_scaling_factor)]
+        if m.moe_router_enable_expert_bias:
+            # DeepSeek-V3 report: bias update speed 0.001 (Megatron's default, stated for the record)
+            a += ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "1e-3"]
+        if te:
+            a += ["--moe-permute-fusion"]  # TE's fused permute/unpermute (Megatron-Bridge MoE recipes)
+    if te:
+        a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     return [str(x) for x in a]
 
 
@@ -76,7 +122,7 @@ def plan_args(w: Workload, p: Plan, profile: StackProfile) -> list[str]:
     if p.tp > 1:
         a += ["--sequence-parallel"]  # required for MoE with TP > 1 (moe_layer.py), faster for dense
     if p.pp_layout:
-        a += ["--pipeline-model-parallel-layout", p.pp_layout]
+        a += ["--pipeline-model-parallel-layout", layout_with_mtp(p.pp_layout, w.model.mtp_num_layers)]
     else:
         if p.vpp > 1:
             a += ["--num-virtual-stages-per-pipeline-rank", p.vpp]
@@ -102,9 +148,28 @@ def plan_args(w: Workload, p: Plan, profile: StackProfile) -> list[str]:
     return [str(x) for x in a]
 
 
+def layout_with_mtp(layout: str, mtp_layers: int) -> str:
+    """Megatron's layout must place the MTP layers (`m`) in the last stage, before the loss
+    (pipeline_parallel_layer_layout.py validate_layer_layout); plans omit them."""
+    if not mtp_layers or "m" in layout:
+        return layout
+    return layout[:-1] + "m" * mtp_layers + "L" if layout.endswith("L") else layout
+
+
 def env_vars(w: Workload, p: Plan) -> dict:
     """The launch environment of `p` (`specs.stack.launch_env`, which the GPU trial sets too)."""
     return launch_env(p, w.cluster)
+
+
+def not_expressible(m) -> list[str]:
+    """Architecture details of `m` that Megatron-LM core_v0.16.1's flags cannot set."""
+    out = []
+    if m.yarn_original_max_position and not m.mla:
+        out.append(f"yarn (factor {m.rope_scaling_factor:g}): arguments.py allows rope_type yarn only with MLA")
+    if m.mla and (m.yarn_beta_fast, m.yarn_beta_slow) != (32.0, 1.0):
+        out.append(f"beta_fast {m.yarn_beta_fast:g} / beta_slow {m.yarn_beta_slow:g}: MLATransformerConfig "
+                   "fields without a flag (the run uses 32 / 1)")
+    return out
 
 
 def megatron_script(w: Workload, p: Plan, profile: StackProfile, train_iters: int = 50) -> str:
@@ -112,7 +177,7 @@ def megatron_script(w: Workload, p: Plan, profile: StackProfile, train_iters: in
     c = w.cluster
     per_node = c.devices_per_node
     nodes = max(1, w.world // per_node)
-    args = model_args(w) + plan_args(w, p, profile) + [
+    args = model_args(w, profile) + plan_args(w, p, profile) + [
         "--train-iters", str(train_iters), "--lr", "1e-4", "--min-lr", "1e-5",
         "--lr-decay-style", "cosine", "--weight-decay", "0.1", "--clip-grad", "1.0",
         "--mock-data", "--split", "99,1,0", "--log-interval", "1", "--eval-iters", "0",
@@ -124,6 +189,7 @@ def megatron_script(w: Workload, p: Plan, profile: StackProfile, train_iters: in
              "# Run on every node with NODE_RANK and MASTER_ADDR set; MEGATRON_LM points at a",
              "# Megatron-LM checkout matching megatron-core " + profile.megatron_core + ".",
              "set -euo pipefail"]
+    lines[-1:-1] = [f"# not expressible: {x}" for x in not_expressible(w.model)]
     for k, v in env_vars(w, p).items():
         lines.append(f"export {k}={shlex.quote(v)}")
     lines += [": \"${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}\"",

@@ -46,19 +46,20 @@ RULES = {
     "experts-div-ep": ("--expert-model-parallel-size", "arguments.py: num_experts % expert_model_parallel_size"),
     "heads-div-tp": ("--tensor-model-parallel-size", "transformer_config.py: num_attention_heads % tp"),
     "groups-vs-tp": ("--num-query-groups", "transformer_config.py: num_query_groups multiple or divisor of tp"),
+    "vocab-div-tp": ("--padded-vocab-size", "tensor_parallel/layers.py VocabParallelEmbedding: vocab divided over tp"),
     "ffn-div-tp": ("--ffn-hidden-size", "tensor_parallel/layers.py: ColumnParallelLinear divides output by tp"),
     "moe-bias-etp": ("--expert-tensor-parallel-size", "transformer_config.py: bias in MoE only with ETP == 1"),
     "moe-ffn-div-etp": ("--expert-tensor-parallel-size", "experts: moe_ffn_hidden_size split over expert TP"),
     "seq-div-2cp": ("--context-parallel-size", "arguments.py: seq_length % (2 * cp)"),
     "seq-div-tp-sp": ("--sequence-parallel", "sequence parallel splits seq/cp over tp"),
-    "seq-le-max-pos": ("--max-position-embeddings", "arguments.py: max_position_embeddings >= seq_length"),
+    "policy-seq-le-max-pos": ("--max-position-embeddings", "moetune policy, not a Megatron rule: train within the model's context"),
     "gbs-div-mbs-dp": ("--global-batch-size", "num_microbatches_calculator: gbs % (mbs * dp)"),
     "pp-layers": ("--pipeline-model-parallel-size", "arguments.py / transformer_config.py: layer split over pipeline stages"),
     "vpp-needs-pp": ("--num-virtual-stages-per-pipeline-rank", "parallel_state: pp > 1 with interleaved schedule"),
     "layout-conflict": ("--pipeline-model-parallel-layout", "transformer_config.py: layout excludes first/last stage flags"),
     "interleave-microbatches": ("--num-virtual-stages-per-pipeline-rank", "schedules.py: microbatches >= pp and M % pp == 0 for interleaving"),
     "recompute-args": ("--recompute-granularity", "transformer_config.py: recompute method/num_layers rules"),
-    "recompute-layers": ("--recompute-num-layers", "transformer_config.py: 1 <= recompute_num_layers <= layers per stage"),
+    "recompute-layers": ("--recompute-num-layers", "transformer_block.py _checkpointed_forward: uniform steps n layers per chunk"),
     "recompute-module": ("--recompute-modules", "transformer_config.py: module preconditions"),
     "opg-needs-dist-opt": ("--overlap-param-gather", "arguments.py: needs --use-distributed-optimizer"),
     "opg-needs-ogr": ("--overlap-param-gather", "arguments.py: needs --overlap-grad-reduce"),
@@ -66,9 +67,12 @@ RULES = {
     "flex-needs-tp-ep": ("--moe-token-dispatcher-type", "token_dispatcher.py: flex requires expert TP x EP > 1"),
     "shared-overlap": ("--moe-shared-expert-overlap", "transformer_config.py: shared experts + alltoall dispatcher"),
     "a2a-overlap": ("--overlap-moe-expert-parallel-comm", "transformer_config.py: EP A2A overlap preconditions"),
-    "fp8-hardware": ("--fp8-recipe", "TE recipes: fp8 needs Hopper/Ada+, mxfp8 needs Blackwell"),
+    "fp8-hardware": ("--fp8-recipe", "TE check_recipe_support: fp8 cc >= 8.9, blockwise cc >= 9.0 (CUDA >= 12.9), mxfp8 cc 10.x"),
     "fp8-delayed-recompute": ("--recompute-modules", "transformer_config.py: delayed scaling forbids moe_act/layernorm recompute"),
-    "dispatcher-needs-moe": ("--moe-token-dispatcher-type", "dispatcher/grouped GEMM options only apply to MoE models"),
+    "dispatcher-needs-moe": ("--moe-token-dispatcher-type", "plan hygiene: dispatcher/grouped GEMM options only apply to MoE models"),
+    "shared-expert-bias": ("--disable-bias-linear", "shared_experts.py: bias is not supported in the shared experts (add_bias_linear must be False)"),
+    "fp8-gemm-dims": ("--fp8-recipe", "TE pytorch/utils.py assert_dim_for_fp8_exec: fp8 GEMM inputs need prod(leading dims) % 8, last dim % 16"),
+    "fp8-blockwise-sp": ("--fp8-recipe", "TE float8_blockwise_tensor.py is_quantizable: the all-gathered input needs dims % 128"),
     "stack-missing": ("(stack)", "the target stack lacks a library this plan needs"),
     "stack-cpu": ("(stack)", "megatron-core on CPU (gloo) cannot run this feature"),
 }
@@ -101,6 +105,8 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
     g = m.query_groups
     if not m.mla and g % p.tp and p.tp % g:
         out.append(_r("groups-vs-tp", f"{g} query groups are neither a multiple nor a divisor of tp={p.tp}"))
+    if m.vocab_size % p.tp:  # the script pins the padded vocab to the model's own (tuner/emit.py)
+        out.append(_r("vocab-div-tp", f"vocabulary {m.vocab_size} is not divisible by tp={p.tp}"))
     if m.num_dense_layers and m.ffn_hidden_size % p.tp:
         out.append(_r("ffn-div-tp", f"dense ffn {m.ffn_hidden_size} is not divisible by tp={p.tp}"))
     if m.moe_shared_expert_ffn and m.moe_shared_expert_ffn % p.tp:
@@ -114,7 +120,12 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
     if p.tp > 1 and (w.seq // p.cp) % p.tp:
         out.append(_r("seq-div-tp-sp", f"seq/cp = {w.seq // p.cp} is not divisible by tp={p.tp} under sequence parallel"))
     if m.max_position_embeddings and w.seq > m.max_position_embeddings:
-        out.append(_r("seq-le-max-pos", f"seq {w.seq} exceeds max_position_embeddings {m.max_position_embeddings}"))
+        out.append(_r("policy-seq-le-max-pos",
+                      f"moetune policy (Megatron would run it): seq {w.seq} exceeds the model's "
+                      f"max_position_embeddings {m.max_position_embeddings}"))
+    if m.moe_shared_expert_ffn and m.attention_bias:
+        out.append(_r("shared-expert-bias", f"{m.name} has shared experts and biased linears; Megatron's "
+                                            "shared experts need add_bias_linear=False"))
     dp = world // mp if world % mp == 0 else 0
     num_mb = 0
     if dp:
@@ -194,11 +205,15 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
             out.append(_r("recompute-args", "full recompute needs recompute_method uniform or block"))
         if p.recompute_layers < 1:
             out.append(_r("recompute-layers", "full recompute needs recompute_layers >= 1"))
-        else:
-            chunk = _min_chunk_layers(w, p)
-            if chunk is not None and p.recompute_layers > chunk:
+        elif p.recompute_method == "uniform":
+            # uniform checkpoints layers [i, i + n) for i = 0, n, 2n, ... < chunk: a chunk whose
+            # size n does not divide indexes past its last layer. `block` recomputes
+            # min(n, chunk) layers, so any n >= 1 runs there.
+            bad = [c for c in _chunk_sizes(w, p) if c % p.recompute_layers]
+            if bad:
                 out.append(_r("recompute-layers",
-                              f"recompute_layers={p.recompute_layers} exceeds the {chunk} layers of a pipeline chunk"))
+                              f"uniform recompute of {p.recompute_layers} layers needs it to divide every "
+                              f"pipeline chunk's layer count ({', '.join(map(str, bad))} is not a multiple)"))
     # --- optimizer and DP overlap (arguments.py) ---
     if p.overlap_param_gather and not p.dist_opt:
         out.append(_r("opg-needs-dist-opt", "overlap_param_gather needs the distributed optimizer"))
@@ -206,16 +221,19 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
         out.append(_r("opg-needs-ogr", "overlap_param_gather needs overlap_grad_reduce"))
     # --- MoE kernels and dispatch ---
     if not m.is_moe and (p.dispatcher != "alltoall" or p.flex_backend or p.shared_expert_overlap or p.a2a_overlap):
-        out.append(_r("dispatcher-needs-moe", f"{m.name} is dense: dispatcher and MoE overlap options do not apply"))
+        out.append(_r("dispatcher-needs-moe", f"plan hygiene: {m.name} is dense, so Megatron ignores dispatcher "
+                                              "and MoE overlap options; the plan without them is the same run"))
     if p.dispatcher == "flex" and not p.flex_backend:
         out.append(_r("flex-backend", "the flex dispatcher needs flex_backend deepep or hybridep"))
     if p.flex_backend and p.dispatcher != "flex":
-        out.append(_r("flex-backend", f"flex_backend={p.flex_backend} only works with dispatcher=flex"))
+        out.append(_r("flex-backend", f"plan hygiene: Megatron ignores flex_backend={p.flex_backend} with "
+                                      f"dispatcher={p.dispatcher}; the plan without it is the same run"))
     if p.dispatcher == "flex" and p.etp * p.ep <= 1:
         out.append(_r("flex-needs-tp-ep", "the flex dispatcher requires expert TP x EP > 1"))
     if p.shared_expert_overlap:
         if not m.moe_shared_expert_ffn:
-            out.append(_r("shared-overlap", f"shared-expert overlap needs shared experts; {m.name} has none"))
+            out.append(_r("shared-overlap", f"plan hygiene: {m.name} has no shared experts, so Megatron ignores "
+                                            "shared-expert overlap; the plan without it is the same run"))
         elif p.dispatcher != "alltoall":
             out.append(_r("shared-overlap", "shared-expert overlap only works with the alltoall dispatcher"))
     if p.a2a_overlap:
@@ -236,8 +254,18 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
     hw = w.cluster
     if p.precision in ("fp8-tensorwise", "fp8-delayed", "fp8-blockwise") and not hw.fp8:
         out.append(_r("fp8-hardware", f"{p.precision} needs fp8 tensor cores; {hw.device_name} has none"))
-    if p.precision == "fp8-blockwise" and hw.fp8 and not is_hopper(hw):
-        out.append(_r("fp8-hardware", f"fp8-blockwise is TransformerEngine's Hopper recipe; {hw.device_name} is not Hopper"))
+    if p.precision == "fp8-blockwise" and hw.fp8 and not (is_hopper(hw) or hw.mxfp8):
+        # TE 2.9 check_fp8_block_scaling_support: cc >= 9.0 and CUDA >= 12.9 (Hopper and Blackwell;
+        # the gpu-full container ships CUDA 12.9+), so only Ada (cc 8.9) is out
+        out.append(_r("fp8-hardware", f"fp8-blockwise needs compute capability >= 9.0; {hw.device_name} is below"))
+    if p.fp8:
+        dims, block_sp = _fp8_dim_problems(w, p)
+        if dims:
+            out.append(_r("fp8-gemm-dims", f"{p.precision}: TE fp8 GEMMs need leading dims % 8 and last dim % 16; "
+                                           + "; ".join(dims)))
+        if block_sp and p.precision == "fp8-blockwise":
+            out.append(_r("fp8-blockwise-sp", "fp8-blockwise with sequence parallel all-gathers fp8 inputs in "
+                                              "128-blocks; " + "; ".join(block_sp)))
     if p.precision == "mxfp8" and not hw.mxfp8:
         out.append(_r("fp8-hardware", f"mxfp8 needs Blackwell microscaling; {hw.device_name} lacks it"))
     # --- what the stack has ---
@@ -271,19 +299,64 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
     return out
 
 
-def _min_chunk_layers(w: Workload, p: Plan) -> int | None:
+def _chunk_sizes(w: Workload, p: Plan) -> tuple[int, ...]:
+    """The distinct decoder-layer counts of the non-empty pipeline chunks (() if the split fails)."""
     try:
         split = split_layers(w.model.num_layers, p.pp, p.vpp, p.pp_first, p.pp_last, p.pp_layout)
     except LayoutError:
-        return None
-    sizes = [len(c) for rank in split.chunks for c in rank if len(c)]
-    return min(sizes) if sizes else None
+        return ()
+    return tuple(sorted({len(c) for rank in split.chunks for c in rank if len(c)}))
+
+
+def _fp8_dim_problems(w: Workload, p: Plan) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(fp8 GEMM shapes that break TE's assert_dim_for_fp8_exec, shapes that break blockwise
+    all-gather under sequence parallel). Reads seq, mbs, tp, cp and the model only.
+
+    TE Linear / LayerNormLinear / LayerNormMLP assert on each fp8 GEMM's input and weight:
+    prod(shape[:-1]) % 8 and shape[-1] % 16. Megatron passes them [tokens, in] inputs and
+    [out/tp, in] or [out, in/tp] weights. Column-parallel inputs are the sequence-parallel shard
+    (seq/cp/tp * mbs tokens), row-parallel inputs the full seq/cp * mbs. The grouped expert GEMMs
+    (TE GroupedLinear) do not assert, and the output layer is not an fp8 module."""
+    m, tp = w.model, p.tp
+    tok_col = w.seq * p.mbs // (p.cp * tp)
+    tok_row = w.seq * p.mbs // p.cp
+    gemms = []  # (name, in_features per rank, out_features per rank)
+    if m.mla:
+        q_out = m.num_attention_heads * (m.qk_head_dim + m.qk_pos_emb_head_dim)
+        if m.q_lora_rank:
+            gemms += [("linear_q_down_proj", m.hidden_size, m.q_lora_rank),
+                      ("linear_q_up_proj", m.q_lora_rank, q_out // tp)]
+        else:
+            gemms.append(("linear_q_proj", m.hidden_size, q_out // tp))
+        gemms += [("linear_kv_down_proj", m.hidden_size, m.kv_lora_rank + m.qk_pos_emb_head_dim),
+                  ("linear_kv_up_proj", m.kv_lora_rank,
+                   m.num_attention_heads * (m.qk_head_dim + m.v_head_dim) // tp),
+                  ("linear_proj", m.num_attention_heads * m.v_head_dim // tp, m.hidden_size)]
+    else:
+        qkv = (m.num_attention_heads + 2 * m.query_groups) * m.head_dim
+        gemms += [("linear_qkv", m.hidden_size, qkv // tp),
+                  ("linear_proj", m.num_attention_heads * m.head_dim // tp, m.hidden_size)]
+    glu = 2 if m.gated_linear_unit else 1
+    for name, width, present in (("dense fc", m.ffn_hidden_size, m.num_dense_layers),
+                                 ("shared-expert fc", m.moe_shared_expert_ffn, m.moe_shared_expert_ffn)):
+        if present and width:
+            gemms += [(f"{name}1", m.hidden_size, glu * width // tp), (f"{name}2", width // tp, m.hidden_size)]
+    bad = []
+    for name, k, n in gemms:
+        row = name in ("linear_proj", "dense fc2", "shared-expert fc2")
+        tokens = tok_row if row else tok_col
+        if tokens % 8 or k % 16 or n % 8:
+            bad.append(f"{name} input [{tokens}, {k}] x weight [{n}, {k}]")
+    block = []
+    if tp > 1 and (m.hidden_size % 128 or tok_col % 128):
+        block.append(f"sequence-parallel input [{tok_col}, {m.hidden_size}] is not a multiple of 128 in both dims")
+    return tuple(bad), tuple(block)
 
 
 def schedule_context(w: Workload, p: Plan) -> tuple:
     """Everything check_schedule_kernels reads from the parallel tier: plans that agree on this
     key and on the schedule/kernel fields get the same verdict (the enumerator caches on it)."""
-    return (p.pp > 1, p.vpp > 1, p.ep > 1, p.etp * p.ep > 1, _min_chunk_layers(w, p))
+    return (p.pp > 1, p.vpp > 1, p.ep > 1, p.etp * p.ep > 1, _chunk_sizes(w, p), _fp8_dim_problems(w, p))
 
 
 def is_realizable(workload: Workload, plan: Plan, profile: StackProfile) -> bool:
