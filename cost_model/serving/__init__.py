@@ -182,9 +182,13 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     per_gpu = a / gpus_inst / max(window, 1e-12)
     out.input_tokens_per_s_per_gpu = float(in_t * per_gpu)
     out.output_tokens_per_s_per_gpu = float(out_t * per_gpu) if w.phase != "prefill" else 0.0
-    out.ttft_p90_s = float(np.percentile(r["ttft"], 90))
+    # closed loop: the first K requests all arrive at t=0 (a warm-up burst); percentiles are taken
+    # over the requests after them (FIFO: the first K prefills and, mostly, the first K completions)
+    skip = 0 if burst else min(K, max(len(r["ttft"]) - K, 0))
+    out.ttft_p90_s = float(np.percentile(r["ttft"][skip:], 90))
     if w.phase != "prefill":
-        tp = r["tpot"][r["tpot"] > 0]
+        tp = r["tpot"][skip:]
+        tp = tp[tp > 0]
         out.tpot_p90_s = float(np.percentile(tp, 90)) if len(tp) else None
     out.extra.update({"method": "simulation", "sim_steps": int(r["steps"]), "sim_requests": len(r["ttft"]),
                       "steady_state_output_tokens_per_s_per_gpu": float(est["output_tokens_per_s_per_gpu"][0])})
