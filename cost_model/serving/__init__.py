@@ -42,8 +42,20 @@ class ServePrediction:
         return asdict(self)
 
 
+_TABLES: dict = {}
+
+
+def _default_tables(kind: str):
+    """The tables of a kind by the shared lookup rule, read once per process (screening calls
+    `rank_arrays` many times)."""
+    d = tables_dir_for(kind)
+    if d not in _TABLES:
+        _TABLES[d] = load_tables(d)
+    return _TABLES[d]
+
+
 def _setup(model, cluster, plans, precision, tables, imbalance, routing_skew):
-    tables = tables if tables is not None else load_tables(tables_dir_for(cluster.kind))
+    tables = tables if tables is not None else _default_tables(cluster.kind)
     c = to_cols(list(plans), cluster.hbm_gib)
     fp8 = precision in FP8_PRECISIONS
     sm = StepModel(model, cluster, tables, c, fp8=fp8, imbalance=imbalance, routing_skew=routing_skew)
@@ -171,14 +183,19 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     else:
         K = max(int(round(max(w.concurrency, 1) / (replicas * a))), 1)
         total = n_requests or max(4 * K, 64)
+        life = (np.ceil(w.isl / chunk) * pre(min(chunk, w.isl), 0.0)
+                + (osl - 1) * dec(min(K, max_b), w.isl + osl / 2)) if osl > 1 else pre(min(chunk, w.isl), 0.0)
         r = simulate(pre, dec, [(0.0, w.isl, osl)], chunk=chunk, max_batch=max_b,
-                     kv_tokens=est["kv_pool_tokens"][0], closed_loop=K, total=total)
-        # throughput over the completions after the first K (warm-up) and before the drain
-        done = np.sort(r["done_t"])
-        lo, hi = min(K, len(done) - 2), max(len(done) - K, min(K, len(done) - 2) + 1)
-        window = done[hi - 1] - done[lo] if hi - 1 > lo else r["makespan_s"]
-        nreq = (hi - 1 - lo) if hi - 1 > lo else len(done)
-        in_t, out_t = nreq * w.isl, nreq * osl
+                     kv_tokens=est["kv_pool_tokens"][0], closed_loop=K, total=total, stagger_s=float(life))
+        # throughput: tokens made between the first completion (warm-up over) and the last time a
+        # request was issued (the loop still at full concurrency)
+        tr, done = r["trace"], np.sort(r["done_t"])
+        t_a, t_b = (done[0] if len(done) else 0.0), r["last_issue_s"]
+        if t_b <= t_a or len(tr) < 2:
+            t_a, t_b = 0.0, r["makespan_s"]
+        ia, ib = np.searchsorted(tr[:, 0], t_a), min(np.searchsorted(tr[:, 0], t_b), len(tr) - 1)
+        window = tr[ib, 0] - tr[ia, 0] if ib > ia else r["makespan_s"]
+        in_t, out_t = (tr[ib, 1] - tr[ia, 1], tr[ib, 2] - tr[ia, 2]) if ib > ia else (r["in_tokens"], r["out_tokens"])
     per_gpu = a / gpus_inst / max(window, 1e-12)
     out.input_tokens_per_s_per_gpu = float(in_t * per_gpu)
     out.output_tokens_per_s_per_gpu = float(out_t * per_gpu) if w.phase != "prefill" else 0.0

@@ -15,7 +15,7 @@ import numpy as np
 
 
 def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_tokens: float,
-             closed_loop: int = 0, total: int = 0) -> dict:
+             closed_loop: int = 0, total: int = 0, stagger_s: float = 0.0) -> dict:
     """Run the simulation.
 
     Args:
@@ -24,6 +24,9 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
             used at t=0 and each completion starts the next one (isl/osl cycling through the list)
             until `total` requests have been issued.
         chunk: prefill tokens per step; max_batch: running requests at most; kv_tokens: KV pool.
+        stagger_s: closed loop only: the first K requests arrive spread evenly over this span
+            rather than all at t=0, so that fixed lengths do not lock the loop into waves of
+            simultaneous completions (real length spreads break such waves).
 
     Returns dict: ttft (array, s), tpot (array, s), makespan_s, in_tokens, out_tokens, steps,
     window (s, the span the throughputs are measured over), in_tps, out_tps (per rank).
@@ -32,16 +35,19 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
     pending = deque(sorted(reqs, key=lambda r: r[0])) if not closed_loop else deque()
     waiting: deque = deque()
     if closed_loop:
-        for i in range(min(closed_loop, total)):
+        n0 = min(closed_loop, total)
+        for i in range(n0):
             _, a, b = reqs[i % len(reqs)]
-            waiting.append([0.0, a, b, 0])  # arrival, isl, osl, prefilled
-        issued = len(waiting)
+            pending.append((stagger_s * i / n0, a, b))  # arrival, isl, osl
+        issued = n0
     t = 0.0
     run_ctx: list = []  # running requests: [context, remaining, first_token_t, arrival, kv, decode tokens]
     ttft, tpot = [], []
     in_tok = out_tok = steps = 0
     kv_used = 0.0
     done_t = []
+    trace = []  # (time, input tokens so far, output tokens so far) after every step
+    last_issue = 0.0
     while pending or waiting or run_ctx:
         while pending and pending[0][0] <= t:
             a, i_, o_ = pending.popleft()
@@ -69,6 +75,7 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
             t += dt
             steps += 1
             in_tok += toks
+            trace.append((t, in_tok, out_tok + len(batch)))
             for r in batch:
                 ttft.append(t - r[0])
                 out_tok += 1
@@ -85,6 +92,7 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
             t += dt
             steps += 1
             out_tok += len(run_ctx)
+            trace.append((t, in_tok, out_tok))
             keep = []
             for r in run_ctx:
                 r[0] += 1
@@ -103,10 +111,12 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
                         _, a, b = reqs[issued % len(reqs)]
                         waiting.append([t, a, b, 0])
                         issued += 1
+                        last_issue = t
             continue
         if pending:
             t = max(t, pending[0][0])
             continue
         break  # waiting requests that can never fit
     return {"ttft": np.array(ttft), "tpot": np.array(tpot), "makespan_s": t, "in_tokens": in_tok,
-            "out_tokens": out_tok, "steps": steps, "done_t": np.array(done_t)}
+            "out_tokens": out_tok, "steps": steps, "done_t": np.array(done_t),
+            "trace": np.array(trace).reshape(-1, 3), "last_issue_s": last_issue}
