@@ -174,7 +174,8 @@ def main(argv=None) -> int:
         o = r["ours"]
         if o:
             lines.append(f"| {r['case']} | moetune best agg | {o['plan']} | {o['concurrency']} | {o['tok_s_gpu']:.0f} | "
-                         f"{o['ttft_p90_s'] * 1e3:.0f} ms | {o['tpot_p90_s'] * 1e3:.1f} ms |")
+                         f"{o['ttft_p90_s'] * 1e3:.0f} ms | {o['tpot_p90_s'] * 1e3:.1f} ms |"
+                         + ("" if o["meets_slo_in_sim"] else " (misses the SLO in the simulation)"))
         q = r.get("ours_on_aic_agg")
         if q:
             lines.append(f"| {r['case']} | moetune on aic's agg config | {q['plan']} | {q['concurrency']} | "
