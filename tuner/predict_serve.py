@@ -16,12 +16,12 @@ SERVE_FIELDS = ("feasible", "reasons", "input_tokens_per_s_per_gpu", "output_tok
 def add_serve_args(p) -> None:
     g = p.add_argument_group("serving (--mode serve)")
     g.add_argument("--phase", default="both", choices=("both", "prefill", "decode"),
-                   help="both = aggregated serving; prefill or decode = one pool of a disaggregated deployment.")
+                   help="Serving phase: both (aggregated), or prefill or decode (one pool of a disaggregated deployment).")
     g.add_argument("--isl", type=int, default=None, help="Input tokens per request.")
     g.add_argument("--osl", type=int, default=None, help="Output tokens per request.")
     g.add_argument("--concurrency", type=int, default=None,
-                   help="Requests in flight over the deployment (default 64 per GPU... see --phase); "
-                        "for --phase decode, the decode batch per GPU.")
+                   help="Requests in flight over the whole deployment (default 8 per GPU); with --phase decode, "
+                        "the decode batch per GPU (default 16).")
     g.add_argument("--routing-skew", type=float, default=0.0,
                    help="Zipf exponent of expert popularity for the distinct-experts term (0 = uniform).")
 

@@ -34,7 +34,7 @@ LARGE_CALIBRATION = 0.15
 def add_parser(subparsers):
     p = subparsers.add_parser("predict", help=SUMMARY, description=DESCRIPTION)
     p.add_argument("--mode", default="train", choices=("train", "serve"),
-                   help="train (a Megatron training plan; default) or serve (an SGLang serving plan).")
+                   help="What the plan is: train (a Megatron training plan; default) or serve (an SGLang serving plan).")
     add_workload_args(p)
     for a in p._actions:  # --gbs is a training flag; required only with --mode train (checked in run)
         if a.dest == "gbs":
