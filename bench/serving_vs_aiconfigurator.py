@@ -146,14 +146,16 @@ def main(argv=None) -> int:
             else:
                 res["aic_run"] = run_aic(a.aic, hf, gpus, isl, osl, ttft, tpot, save)
         aic = read_aic(save) if save.exists() else {}
-        res["aic"] = {k: {c: v.get(c) for c in ("parallel", "bs", "tokens/s/gpu", "tokens/s/user", "ttft", "tpot",
+        res["aic"] = {k: {c: v.get(c) for c in ("parallel", "bs", "concurrency", "tokens/s/gpu", "tokens/s/user", "ttft", "tpot",
                                                 "(p)parallel", "(d)parallel", "(d)bs", "num_total_gpus")}
                       for k, v in aic.items()}
         if "agg" in aic:
             p = aic_plan_to_ours(aic["agg"], gpus)
             if p is not None:
-                bs = float(aic["agg"].get("bs") or 1)
-                conc = int(bs * p.dp)
+                try:  # its CSV concurrency is per replica (bs: per attention-DP rank of one replica)
+                    conc = int(float(aic["agg"]["concurrency"])) * p.dp
+                except (KeyError, TypeError, ValueError):
+                    conc = int(float(aic["agg"].get("bs") or 1) * p.attn_dp * p.dp)
                 pr = predict_serve(model, cl, p, ServeWorkload(isl=isl, osl=osl, concurrency=conc), precision=prec)
                 res["ours_on_aic_agg"] = {"plan": _short(p), "concurrency": conc,
                                           "tok_s_gpu": pr.output_tokens_per_s_per_gpu, "ttft_p90_s": pr.ttft_p90_s,
