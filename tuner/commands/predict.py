@@ -18,6 +18,7 @@ from tuner.commands.common import (
     unrealizable,
     workload_from_args,
 )
+from tuner.predict_serve import add_serve_args, run_serve
 from tuner.realize import check
 
 SUMMARY = "Predict the step time, throughput, MFU and memory of one plan with the cost model."
@@ -32,7 +33,14 @@ LARGE_CALIBRATION = 0.15
 
 def add_parser(subparsers):
     p = subparsers.add_parser("predict", help=SUMMARY, description=DESCRIPTION)
+    p.add_argument("--mode", default="train", choices=("train", "serve"),
+                   help="What the plan is: train (a Megatron training plan; default) or serve (an SGLang serving plan).")
     add_workload_args(p)
+    for a in p._actions:  # --gbs is a training flag; required only with --mode train (checked in run)
+        if a.dest == "gbs":
+            a.required = False
+            a.default = None
+    add_serve_args(p)
     add_stack_arg(p)
     add_plan_args(p)
     add_cost_model_args(p)
@@ -63,6 +71,10 @@ def _calibration_source(args, w, cal) -> tuple[str, str]:
 
 
 def run(args) -> int:
+    if args.mode == "serve":
+        return run_serve(args)
+    if args.gbs is None:
+        raise UsageError("--gbs is required with --mode train")
     import cost_model
     if not 0.0 <= args.hbm_reserve < 1.0:
         raise UsageError(f"--hbm-reserve must be a fraction in [0, 1), got {args.hbm_reserve}")

@@ -1,0 +1,215 @@
+"""Serving cost model (SGLang 0.5.23): price an effective `ServePlan` for a `ServeWorkload`.
+
+- `rank_arrays(...)`: the analytic steady-state estimate over many plans at once (screening).
+- `predict_serve(...)`: one plan; memory, then the discrete-event simulation (`sim`) for
+  throughput and TTFT / TPOT p90 (phase both or prefill), or the steady decode step (phase decode).
+
+Pieces: `plans` (SGLang's cost-relevant rewrites, columns), `memory` (weights, KV, max batch),
+`step` (prefill / decode step seconds from the shared tables), `sim`, `calibration` (the one
+labelled term, fitted on cost_model/data/published_serving_reference.csv).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from cost_model.serving.calibration import ServeCalibration, load_default
+from cost_model.serving.memory import capacity
+from cost_model.serving.plans import effective, to_cols
+from cost_model.serving.sim import simulate
+from cost_model.serving.step import StepModel
+from cost_model.tables import load_tables, tables_dir_for
+
+FP8_PRECISIONS = ("fp8", "fp8-blockwise", "fp8-tensorwise", "fp8-delayed", "mxfp8")
+
+
+@dataclass
+class ServePrediction:
+    feasible: bool
+    reasons: list
+    input_tokens_per_s_per_gpu: float
+    output_tokens_per_s_per_gpu: float
+    ttft_p90_s: float | None
+    tpot_p90_s: float | None
+    max_batch: float  # decode requests per GPU the KV pool holds at full context (isl + osl)
+    memory_gib: float
+    plan: str = ""
+    effective_plan: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_TABLES: dict = {}
+
+
+def _default_tables(kind: str):
+    """The tables of a kind by the shared lookup rule, read once per process (screening calls
+    `rank_arrays` many times)."""
+    d = tables_dir_for(kind)
+    if d not in _TABLES:
+        _TABLES[d] = load_tables(d)
+    return _TABLES[d]
+
+
+def _setup(model, cluster, plans, precision, tables, imbalance, routing_skew):
+    tables = tables if tables is not None else _default_tables(cluster.kind)
+    c = to_cols(list(plans), cluster.hbm_gib)
+    fp8 = precision in FP8_PRECISIONS
+    sm = StepModel(model, cluster, tables, c, fp8=fp8, imbalance=imbalance, routing_skew=routing_skew)
+    return c, sm, fp8
+
+
+def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=None, calibration=None,
+                imbalance=1.0, routing_skew=0.0) -> dict:
+    """Analytic steady state of every plan (arrays). Closed loop at `workload.concurrency`
+    requests per instance... per deployment of `cluster.num_devices` GPUs (decode phase: per GPU).
+
+    Steady state of one attention-DP rank with B running requests: each output token costs
+    decode_step(B)/B plus its share of prefill, isl/osl tokens at prefill_step(chunk)/chunk;
+    TPOT is a decode step plus the prefill steps that interrupt it; TTFT is the prefill of one
+    prompt plus the wait for a free slot when concurrency exceeds the batch."""
+    cal = calibration or load_default()
+    c, sm, fp8 = _setup(model, cluster, plans, precision, tables, imbalance, routing_skew)
+    w = workload
+    isl, osl = float(w.isl), float(w.osl)
+    cap = capacity(model, cluster, c, isl, osl, sm.wbytes)
+    gpus_inst = c.tp * c.pp
+    replicas = np.maximum(cluster.num_devices // gpus_inst, 1)
+    s = cal.scale
+    if w.phase == "decode":
+        B = np.full(len(c), float(max(w.concurrency, 1))) * gpus_inst / c.attn_dp
+        over = B > cap["max_batch_rank"]
+        t_dec = s * sm.decode(B, isl + osl / 2)[0]
+        out = B * c.attn_dp / gpus_inst / t_dec
+        res = {"output_tokens_per_s_per_gpu": out, "input_tokens_per_s_per_gpu": np.zeros(len(c)),
+               "tpot_s": t_dec, "ttft_s": np.full(len(c), np.nan), "batch_rank": B}
+        reason = np.where(over & cap["fits"], "decode_batch_exceeds_kv_pool", cap["reason"])
+    else:
+        conc = max(w.concurrency, 1)
+        K = np.maximum(conc / replicas / c.attn_dp, 1.0)
+        C = np.minimum(c.chunk, isl * K).astype(float)
+        t_pre = s * sm.prefill(C, isl / 2 if w.phase != "prefill" else 0.0)[0]
+        per_in = t_pre / C  # seconds per prompt token
+        if w.phase == "prefill":
+            in_rank = 1.0 / per_in
+            ttft = np.ceil(isl / C) * t_pre + np.maximum(K - 1, 0) * isl * per_in
+            res = {"input_tokens_per_s_per_gpu": in_rank * c.attn_dp / gpus_inst,
+                   "output_tokens_per_s_per_gpu": np.zeros(len(c)), "ttft_s": ttft,
+                   "tpot_s": np.full(len(c), np.nan), "batch_rank": K}
+        else:
+            B = np.minimum(K, cap["max_batch_rank"])
+            B = np.maximum(B, 1.0)
+            t_dec = s * sm.decode(B, isl + osl / 2)[0]
+            per_out = t_dec / B + isl / osl * per_in
+            out_rank = 1.0 / per_out
+            tpot = t_dec + B / osl * isl * per_in
+            req_rate = out_rank / osl
+            ttft = np.ceil(isl / C) * t_pre + np.maximum(K - B, 0) / req_rate
+            res = {"output_tokens_per_s_per_gpu": out_rank * c.attn_dp / gpus_inst,
+                   "input_tokens_per_s_per_gpu": out_rank * c.attn_dp / gpus_inst * isl / osl,
+                   "ttft_s": ttft, "tpot_s": tpot, "batch_rank": B}
+        reason = cap["reason"]
+    res.update({"fits": reason == "", "reason": reason, "max_batch_per_gpu": cap["max_batch_instance"] / gpus_inst,
+                "memory_gib": cap["memory_gib"], "weights_gib": cap["weights_gib"], "mem_frac": cap["mem_frac"],
+                "kv_pool_tokens": cap["kv_pool_tokens"], "replicas": replicas})
+    return res
+
+
+def _grid_fn(fn, xs, ys):
+    """fn evaluated on a (log x, y) grid once, then bilinear interpolation (scalar callable)."""
+    X, Y = np.meshgrid(xs, ys, indexing="ij")
+    Z = np.asarray(fn(X.ravel(), Y.ravel()), float).reshape(X.shape)
+    lx = np.log(xs)
+
+    def f(x, y):
+        i = np.clip(np.searchsorted(lx, np.log(max(x, xs[0])), side="right") - 1, 0, len(xs) - 2)
+        j = np.clip(np.searchsorted(ys, y, side="right") - 1, 0, len(ys) - 2)
+        wx = np.clip((np.log(max(x, xs[0])) - lx[i]) / (lx[i + 1] - lx[i]), 0, 1)
+        wy = np.clip((y - ys[j]) / max(ys[j + 1] - ys[j], 1e-9), 0, 1)
+        return ((1 - wx) * (1 - wy) * Z[i, j] + wx * (1 - wy) * Z[i + 1, j]
+                + (1 - wx) * wy * Z[i, j + 1] + wx * wy * Z[i + 1, j + 1])
+    return f
+
+
+def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=None, calibration=None,
+                  imbalance=1.0, routing_skew=0.0, extra_reasons=(), n_requests: int = 0,
+                  burst: bool = False) -> ServePrediction:
+    """One plan: memory, then the simulation (phase both / prefill) or the steady decode step.
+    `burst`: all `n_requests` arrive at t=0 and are not replaced (how "N prompts sent at once"
+    benchmarks run); otherwise a closed loop at `workload.concurrency` until `n_requests`
+    (default 4 x concurrency, at least 64) have been issued, measured after the first concurrency."""
+    cal = calibration or load_default()
+    w = workload
+    est = rank_arrays(model, cluster, [plan], w, precision=precision, tables=tables, calibration=cal,
+                      imbalance=imbalance, routing_skew=routing_skew)
+    reasons = [r for r in extra_reasons] + ([str(est["reason"][0])] if est["reason"][0] else [])
+    c, sm, fp8 = _setup(model, cluster, [plan], precision, tables, imbalance, routing_skew)
+    gpus_inst = int(c.tp[0] * c.pp[0])
+    a = int(c.attn_dp[0])
+    eff = effective(plan, cluster.hbm_gib)
+    out = ServePrediction(
+        feasible=not reasons, reasons=reasons,
+        input_tokens_per_s_per_gpu=float(est["input_tokens_per_s_per_gpu"][0]),
+        output_tokens_per_s_per_gpu=float(est["output_tokens_per_s_per_gpu"][0]),
+        ttft_p90_s=None if np.isnan(est["ttft_s"][0]) else float(est["ttft_s"][0]),
+        tpot_p90_s=None if np.isnan(est["tpot_s"][0]) else float(est["tpot_s"][0]),
+        max_batch=float(est["max_batch_per_gpu"][0]), memory_gib=float(est["memory_gib"][0]),
+        plan=plan.canonical(), effective_plan=eff.canonical(),
+        extra={"method": "steady-state", "weights_gib": float(est["weights_gib"][0]),
+               "mem_frac": float(est["mem_frac"][0]), "kv_pool_tokens_per_gpu": float(est["kv_pool_tokens"][0]),
+               "replicas": int(est["replicas"][0]), "calibration_scale": cal.scale, "calibration_id": cal.id,
+               "cuda_graphs_decode": bool(c.graph_bs[0] > 0)})
+    if w.phase == "decode" or est["reason"][0] in ("weights_exceed_hbm", "weights_exceed_mem_fraction",
+                                                     "kv_pool_below_one_request"):
+        return out
+    s = cal.scale
+    max_b = int(max(est["max_batch_per_gpu"][0] * gpus_inst / a, 1))
+    chunk = int(c.chunk[0])
+    ctx_max = float(w.isl + w.osl)
+    bs = np.unique(np.geomspace(1, max(max_b, 2), 24).round())
+    dec = _grid_fn(lambda b, x: s * sm.decode(b, x)[0], bs, np.linspace(1, ctx_max, 6))
+    cs = np.unique(np.geomspace(1, max(chunk, 2), 16).round())
+    pre = _grid_fn(lambda t, p: s * sm.prefill(t, p)[0], cs, np.linspace(0, max(w.isl, 1), 5))
+    replicas = int(est["replicas"][0])
+    osl = 1 if w.phase == "prefill" else w.osl
+    if burst:
+        n = max(n_requests // (replicas * a), 1)
+        reqs = [(0.0, w.isl, osl)] * n
+        r = simulate(pre, dec, reqs, chunk=chunk, max_batch=max_b, kv_tokens=est["kv_pool_tokens"][0])
+        window, in_t, out_t = r["makespan_s"], r["in_tokens"], r["out_tokens"]
+    else:
+        K = max(int(round(max(w.concurrency, 1) / (replicas * a))), 1)
+        total = n_requests or max(4 * K, 64)
+        life = (np.ceil(w.isl / chunk) * pre(min(chunk, w.isl), 0.0)
+                + (osl - 1) * dec(min(K, max_b), w.isl + osl / 2)) if osl > 1 else pre(min(chunk, w.isl), 0.0)
+        r = simulate(pre, dec, [(0.0, w.isl, osl)], chunk=chunk, max_batch=max_b,
+                     kv_tokens=est["kv_pool_tokens"][0], closed_loop=K, total=total, stagger_s=float(life))
+        # throughput: tokens made between the first completion (warm-up over) and the last time a
+        # request was issued (the loop still at full concurrency)
+        tr, done = r["trace"], np.sort(r["done_t"])
+        t_a, t_b = (done[0] if len(done) else 0.0), r["last_issue_s"]
+        if t_b <= t_a or len(tr) < 2:
+            t_a, t_b = 0.0, r["makespan_s"]
+        ia, ib = np.searchsorted(tr[:, 0], t_a), min(np.searchsorted(tr[:, 0], t_b), len(tr) - 1)
+        window = tr[ib, 0] - tr[ia, 0] if ib > ia else r["makespan_s"]
+        in_t, out_t = (tr[ib, 1] - tr[ia, 1], tr[ib, 2] - tr[ia, 2]) if ib > ia else (r["in_tokens"], r["out_tokens"])
+    per_gpu = a / gpus_inst / max(window, 1e-12)
+    out.input_tokens_per_s_per_gpu = float(in_t * per_gpu)
+    out.output_tokens_per_s_per_gpu = float(out_t * per_gpu) if w.phase != "prefill" else 0.0
+    # closed loop: the first K requests all arrive at t=0 (a warm-up burst); percentiles are taken
+    # over the requests after them (FIFO: the first K prefills and, mostly, the first K completions)
+    skip = 0 if burst else min(K, max(len(r["ttft"]) - K, 0))
+    out.ttft_p90_s = float(np.percentile(r["ttft"][skip:], 90))
+    if w.phase != "prefill":
+        tp = r["tpot"][skip:]
+        tp = tp[tp > 0]
+        out.tpot_p90_s = float(np.percentile(tp, 90)) if len(tp) else None
+    out.extra.update({"method": "simulation", "sim_steps": int(r["steps"]), "sim_requests": len(r["ttft"]),
+                      "steady_state_output_tokens_per_s_per_gpu": float(est["output_tokens_per_s_per_gpu"][0])})
+    return out
+
+
+__all__ = ["ServePrediction", "ServeCalibration", "predict_serve", "rank_arrays", "effective"]

@@ -1,0 +1,37 @@
+"""Assumed constants of the serving cost model, each with why it has this value. Every hardware
+rate comes from the shared tables (`cost_model.tables`); these are the few software facts the
+tables do not hold."""
+
+# Kernels one decoder layer launches in one forward pass (attention: norm, qkv/MLA projections,
+# rope, KV write, attention, o-proj; MoE: norm, router, top-k, dispatch/permute, 2 grouped GEMMs,
+# activation, combine/unpermute, shared expert). Assumed from the op list of SGLang's DeepSeek /
+# Qwen3-MoE forward; prices the eager CPU-launch floor and the GPU gap between kernels.
+KERNELS_PER_LAYER = 22
+
+# GPU idle time between two kernels that are already queued (or captured in a CUDA graph):
+# assumed 1.5 us, the usual figure for back-to-back launches on Hopper.
+GPU_KERNEL_GAP_S = 1.5e-6
+
+# CPU cost of scheduling one step when the overlap scheduler cannot hide it (SGLang disables it
+# with pp > 1): assumed 2 ms (Python batch assembly per step).
+SCHED_OVERHEAD_S = 2e-3
+
+# Share of HBM bandwidth a memory-bound decode GEMM or attention kernel reaches is the table's
+# membw "elementwise" rate (clusters/tables/<kind>/membw.csv); nothing assumed here.
+
+# Activation bytes per prefill token per GPU, in units of hidden_size * 2 B: residual, normed
+# input, attention output, gathered MoE input, routed copies (topk) and GEMM outputs of one layer
+# at a time. Assumed; it only decides feasibility of very large chunks.
+ACT_HIDDEN_MULT = 12
+
+# CUDA-graph memory SGLang reserves when decode graphs are captured, MiB (memory_hook.py's graph
+# reserve; ~1 GiB at the default max batch on Hopper, resolver output for tp8 on H200:
+# mem_frac 0.897 with chunk 8192 -> reserve 14808 MiB = 512 + 1.5*8192 + 1024 + ~984).
+GRAPH_RESERVE_MIB = 984
+
+# DeepEP buffers SGLang reserves on top (resolver output for tp8 attn_dp8 deepep on H200:
+# mem_frac 0.754 -> 35368 MiB reserved, of which 10240 is the floor).
+DEEPEP_RESERVE_MIB = 25128
+
+# SGLang caps max_running_requests per instance when not given (scheduler default).
+DEFAULT_MAX_RUNNING = 4096

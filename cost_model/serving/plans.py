@@ -1,0 +1,97 @@
+"""Serving plans as columns, priced as SGLang 0.5.23 runs them.
+
+`effective` applies SGLang's silent rewrites that change cost (any all-to-all backend forces
+ep = tp; deepep_mode normal turns CUDA graphs off; attention-DP divides the chunked-prefill size;
+pp > 1 turns the overlap scheduler off) and fills SGLang's memory-tier defaults
+(memory_hook.py: chunk and decode graph max batch by GPU memory). The realizability rules
+(rejections with reason codes) live in the tuner; this module only decides what is priced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specs.serve_plan import ServePlan
+
+A2A_CODE = {"none": 0, "deepep": 2, "mooncake": 2, "nixl": 2, "mori": 2, "flashinfer": 2, "pplx": 2}
+
+
+def default_chunk_and_graph_bs(gpu_gib: float, tp: int) -> tuple[int, int]:
+    """SGLang's (chunked_prefill_size, cuda_graph_max_bs) by GPU memory tier (memory_hook.py)."""
+    gb = gpu_gib * 1.0737  # GiB -> GB, the tiers are in GB
+    if gb < 20:
+        return 2048, 8
+    if gb < 35:
+        return 4096, 48 if tp < 4 else 160
+    if gb < 60:
+        return 4096, 32 if tp < 4 else 160
+    if gb < 160:
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
+
+
+@dataclass
+class ServeCols:
+    """Effective plan fields as arrays of one length (one entry per plan)."""
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    attn_dp: np.ndarray
+    ep: np.ndarray
+    a2a: np.ndarray  # 0 none, 2 deepep-like
+    low_latency_decode: np.ndarray  # decode dispatch uses DeepEP low-latency kernels
+    tbo: np.ndarray
+    redundant: np.ndarray
+    chunk: np.ndarray  # per attention-DP rank, after SGLang's division
+    max_running: np.ndarray  # 0 = SGLang picks
+    graph_bs: np.ndarray  # 0 = no decode CUDA graphs
+    mem_frac: np.ndarray  # 0 = SGLang's formula
+    overlap_sched: np.ndarray
+
+    def __len__(self):
+        return len(self.tp)
+
+    @property
+    def attn_tp(self):
+        return self.tp // self.attn_dp
+
+    @property
+    def moe_tp(self):
+        return np.maximum(self.tp // self.ep, 1)
+
+
+def effective(plan: ServePlan, gpu_gib: float) -> ServePlan:
+    """The plan SGLang actually runs (the rewrites that change cost)."""
+    p = plan
+    if p.a2a != "none":
+        p = p.replace(ep=p.tp)
+    chunk, gbs = default_chunk_and_graph_bs(gpu_gib, p.tp)
+    if p.chunked_prefill == 0:
+        p = p.replace(chunked_prefill=chunk)
+    if p.cuda_graph_max_bs == 0:
+        p = p.replace(cuda_graph_max_bs=gbs)
+    if p.a2a == "deepep" and p.deepep_mode == "normal":
+        p = p.replace(cuda_graph_max_bs=-1)  # moe_hook.py: normal mode disables CUDA graphs
+    return p
+
+
+def to_cols(plans: list[ServePlan], gpu_gib: float) -> ServeCols:
+    eff = [effective(p, gpu_gib) for p in plans]
+
+    def col(f, dtype=np.int64):
+        return np.array([f(p) for p in eff], dtype=dtype)
+
+    return ServeCols(
+        tp=col(lambda p: p.tp), pp=col(lambda p: p.pp), dp=col(lambda p: p.dp),
+        attn_dp=col(lambda p: p.attn_dp), ep=col(lambda p: p.ep),
+        a2a=col(lambda p: A2A_CODE.get(p.a2a, 2)),
+        # auto: normal kernels for prefill, low-latency for decode (SGLang's DeepEP auto mode)
+        low_latency_decode=col(lambda p: p.a2a != "none" and p.deepep_mode != "normal", bool),
+        tbo=col(lambda p: p.tbo, bool), redundant=col(lambda p: p.eplb_redundant),
+        chunk=col(lambda p: max(p.chunked_prefill // p.attn_dp, 1)),
+        max_running=col(lambda p: p.max_running),
+        graph_bs=col(lambda p: max(p.cuda_graph_max_bs, 0)),
+        mem_frac=col(lambda p: p.mem_frac, float),
+        overlap_sched=col(lambda p: p.pp == 1, bool),
+    )

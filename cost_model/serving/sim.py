@@ -1,0 +1,122 @@
+"""A small discrete-event simulation of SGLang's continuous batching with chunked prefill, for one
+attention-DP rank of one instance (the ranks run in lock step; replicas are independent).
+
+Scheduling follows SGLang's default (no mixed chunk): when requests wait and the batch has room,
+the next step is a prefill (extend) step packing up to `chunk` new tokens from the head of the
+queue (a long prompt spans several steps); otherwise every running request decodes one token.
+A request's first token comes at the end of its last prefill chunk. Step times come from
+callables (interpolated on a grid of the step model), so a run of thousands of steps is cheap.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+
+def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_tokens: float,
+             closed_loop: int = 0, total: int = 0, stagger_s: float = 0.0) -> dict:
+    """Run the simulation.
+
+    Args:
+        prefill_t(tokens, mean_prefix) / decode_t(batch, mean_context): step seconds.
+        requests: (arrival_s, isl, osl) tuples; with `closed_loop` = K, only the first K are
+            used at t=0 and each completion starts the next one (isl/osl cycling through the list)
+            until `total` requests have been issued.
+        chunk: prefill tokens per step; max_batch: running requests at most; kv_tokens: KV pool.
+        stagger_s: closed loop only: the first K requests arrive spread evenly over this span
+            rather than all at t=0, so that fixed lengths do not lock the loop into waves of
+            simultaneous completions (real length spreads break such waves).
+
+    Returns dict: ttft (array, s), tpot (array, s), makespan_s, in_tokens, out_tokens, steps,
+    window (s, the span the throughputs are measured over), in_tps, out_tps (per rank).
+    """
+    reqs = list(requests)
+    pending = deque(sorted(reqs, key=lambda r: r[0])) if not closed_loop else deque()
+    waiting: deque = deque()
+    if closed_loop:
+        n0 = min(closed_loop, total)
+        for i in range(n0):
+            _, a, b = reqs[i % len(reqs)]
+            pending.append((stagger_s * i / n0, a, b))  # arrival, isl, osl
+        issued = n0
+    t = 0.0
+    run_ctx: list = []  # running requests: [context, remaining, first_token_t, arrival, kv, decode tokens]
+    ttft, tpot = [], []
+    in_tok = out_tok = steps = 0
+    kv_used = 0.0
+    done_t = []
+    trace = []  # (time, input tokens so far, output tokens so far) after every step
+    last_issue = 0.0
+    while pending or waiting or run_ctx:
+        while pending and pending[0][0] <= t:
+            a, i_, o_ = pending.popleft()
+            waiting.append([a, i_, o_, 0])
+        room = len(run_ctx) < max_batch
+        head_fits = bool(waiting) and (waiting[0][3] > 0 or kv_used + waiting[0][1] + waiting[0][2] <= kv_tokens)
+        if waiting and room and (head_fits or not run_ctx):
+            budget, batch, prefix_sum, toks = chunk, [], 0.0, 0
+            while waiting and budget > 0 and len(run_ctx) + len(batch) < max_batch:
+                r = waiting[0]
+                if r[3] == 0 and kv_used + r[1] + r[2] > kv_tokens and (run_ctx or batch):
+                    break
+                take = min(budget, r[1] - r[3])
+                if r[3] == 0:  # its first chunk reserves the request's whole KV (isl + osl)
+                    kv_used += r[1] + r[2]
+                prefix_sum += r[3] * take
+                r[3] += take
+                budget -= take
+                toks += take
+                if r[3] >= r[1]:
+                    batch.append(waiting.popleft())
+                else:
+                    break  # a partially prefilled request stays at the head
+            dt = float(prefill_t(toks, prefix_sum / max(toks, 1)))
+            t += dt
+            steps += 1
+            in_tok += toks
+            trace.append((t, in_tok, out_tok + len(batch)))
+            for r in batch:
+                ttft.append(t - r[0])
+                out_tok += 1
+                if r[2] <= 1:
+                    kv_used -= r[1] + r[2]
+                    done_t.append(t)
+                    tpot.append(0.0)
+                else:
+                    run_ctx.append([r[1] + 1, r[2] - 1, t, r[0], r[1] + r[2], r[2] - 1])
+            continue
+        if run_ctx:
+            ctx = np.array([r[0] for r in run_ctx], float)
+            dt = float(decode_t(len(run_ctx), float(ctx.mean())))
+            t += dt
+            steps += 1
+            out_tok += len(run_ctx)
+            trace.append((t, in_tok, out_tok))
+            keep = []
+            for r in run_ctx:
+                r[0] += 1
+                r[1] -= 1
+                if r[1] <= 0:  # r = [context, remaining, first_token_t, arrival, kv, decode tokens]
+                    tpot.append((t - r[2]) / r[5])
+                    kv_used -= r[4]
+                    done_t.append(t)
+                else:
+                    keep.append(r)
+            finished = len(run_ctx) - len(keep)
+            run_ctx = keep
+            if closed_loop:
+                for _ in range(finished):
+                    if issued < total:
+                        _, a, b = reqs[issued % len(reqs)]
+                        waiting.append([t, a, b, 0])
+                        issued += 1
+                        last_issue = t
+            continue
+        if pending:
+            t = max(t, pending[0][0])
+            continue
+        break  # waiting requests that can never fit
+    return {"ttft": np.array(ttft), "tpot": np.array(tpot), "makespan_s": t, "in_tokens": in_tok,
+            "out_tokens": out_tok, "steps": steps, "done_t": np.array(done_t),
+            "trace": np.array(trace).reshape(-1, 3), "last_issue_s": last_issue}

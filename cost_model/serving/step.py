@@ -1,0 +1,162 @@
+"""Seconds of one SGLang forward step, vectorised over plans: a prefill (extend) step of a chunk
+and a decode step of a batch. Every rate comes from the shared tables through `TableOps`
+(GEMM, grouped GEMM, attention, collectives, EP dispatch, memory bandwidth, launch gap).
+
+Conventions: `c` is a `ServeCols`; per-plan arrays broadcast with it. Tokens "per rank" belong to
+one attention-DP rank; an instance runs all of its attention-DP ranks in lock step (MoE layers
+synchronise them), so a step's tokens per instance are rank tokens x attn_dp.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cost_model.flops import param_counts
+from cost_model.ops import TableOps
+from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNELS_PER_LAYER, SCHED_OVERHEAD_S
+from cost_model.serving.memory import kv_bytes_per_token
+
+
+class StepModel:
+    """Step-time functions of one model on one cluster (fixed precision) for plan columns `c`."""
+
+    def __init__(self, spec, cluster, tables, c, *, fp8: bool, imbalance: float = 1.0, routing_skew: float = 0.0):
+        self.s, self.cl, self.c = spec, cluster, c
+        self.fp8 = fp8
+        self.ops = TableOps(tables, cluster, np.full(len(c), fp8))
+        self.wbytes = 1.0 if fp8 else 2.0
+        self.imb = imbalance
+        self.pc = param_counts(spec)
+        self.hbm_bw = self.ops.bw["elementwise"]  # achieved bytes/s of a memory-bound kernel
+        self.kvt = kv_bytes_per_token(spec, c)  # per GPU, per token, one stage
+        self.layers = spec.num_layers / c.pp
+        self.L_moe = self.pc["num_moe_layers"] / c.pp
+        self.L_dense = self.pc["num_dense_layers"] / c.pp
+        E = max(spec.num_experts, 1)
+        # routing popularity of the experts (Zipf exponent `routing_skew`; 0 = uniform), with EPLB's
+        # redundant copies spreading the hottest ones: what "distinct experts activated" is taken over
+        rank = np.arange(1, E + 1, dtype=float)
+        pop = rank ** -routing_skew
+        self.pop = pop / pop.sum()
+
+    # ---- pieces ---------------------------------------------------------------------------
+    def _gemm(self, m, params_per_gpu):
+        """Seconds of the dense GEMMs holding `params_per_gpu` weights at m rows: the slower of
+        the table's compute rate (as one [m, h] x [h, n] GEMM) and reading the weights once."""
+        h = self.s.hidden_size
+        n = np.maximum(params_per_gpu / h, 1.0)
+        f, _ = self.ops.gemm(m, n, h)
+        return np.maximum(f, params_per_gpu * self.wbytes / self.hbm_bw)
+
+    def distinct_experts(self, tokens):
+        """Expected distinct routed experts that `tokens` tokens activate (each picks top-k of E
+        without replacement; the probability that one token picks expert e is k * p_e, capped at 1)."""
+        k = self.s.moe_router_topk
+        q = np.minimum(k * self.pop, 1.0)  # [E]
+        t = np.asarray(tokens, float)[..., None]
+        return np.sum(1.0 - (1.0 - q) ** t, axis=-1)
+
+    def _experts(self, tokens_inst):
+        """Routed-expert seconds per MoE layer on one GPU for `tokens_inst` tokens of the instance."""
+        s, c = self.s, self.c
+        if not s.num_experts:
+            return 0.0
+        E, k, h = s.num_experts, s.moe_router_topk, s.hidden_size
+        f_loc = s.moe_ffn_hidden_size / c.moe_tp
+        e_loc = (E + c.redundant) / c.ep
+        rows = tokens_inst * k / c.ep * self.imb  # routed rows landing on this GPU
+        active = np.minimum(self.distinct_experts(tokens_inst) / c.ep * (1 + c.redundant / E), e_loc)
+        active = np.maximum(active, 1e-9)
+        m = np.maximum(rows / active, 1.0)
+        up, _ = self.ops.grouped(active, m, 2 * f_loc, h, True)
+        down, _ = self.ops.grouped(active, m, h, f_loc, True)
+        bytes_ = active * 3 * h * f_loc * self.wbytes  # decode: the weights the batch activates
+        return np.maximum(up + down, bytes_ / self.hbm_bw)
+
+    def _comm(self, tokens_inst):
+        """Communication seconds on one GPU per (MoE layer, dense layer)."""
+        s, c, o = self.s, self.c, self.ops
+        h = s.hidden_size
+        act = tokens_inst * h * 2.0  # bf16 hidden states of the instance
+        # no all-to-all: attention-TP all-reduce, or with attention-DP a gather before the MoE and a
+        # reduce-scatter after it over the whole TP group
+        ar_attn = o.collective("all_reduce", act / c.attn_dp, c.attn_tp, 1)
+        gather = o.collective("all_gather", act, c.tp, 1) + o.collective("reduce_scatter", act, c.tp, 1)
+        ar_moe = o.collective("all_reduce", act, c.tp, 1)
+        plain = np.where(c.attn_dp > 1, ar_attn + gather, 2 * ar_moe)
+        # DeepEP: tokens of this GPU go to top-k experts (fp8 dispatch, bf16 combine)
+        mine = tokens_inst / c.tp * s.moe_router_topk * self.imb
+        d, cb = o.ep_dispatch(np.where(c.a2a > 0, 2, 0), mine * h * 1.0, mine * h * 2.0, c.ep, 1)
+        a2a = ar_attn + d + cb
+        return np.where(c.a2a > 0, a2a, plain), plain
+
+    def _overlap(self, comp, comm):
+        """Two-batch overlap hides the shorter of compute and communication behind the longer
+        (a two-stage pipeline of half batches: max + half the min)."""
+        return np.where(self.c.tbo, np.maximum(comp, comm) + 0.5 * np.minimum(comp, comm), comp + comm)
+
+    def _launch(self, gpu_s, graphs):
+        """Launch cost: eager steps are floored by the CPU enqueueing every kernel; CUDA graphs
+        replay them with only the GPU gap between kernels."""
+        c = self.c
+        kernels = KERNELS_PER_LAYER * self.layers
+        eager = np.maximum(gpu_s, kernels * self.ops.gap)
+        t = np.where(graphs, gpu_s, eager) + kernels * GPU_KERNEL_GAP_S
+        return t + np.where(c.overlap_sched, 0.0, SCHED_OVERHEAD_S)
+
+    # ---- steps ----------------------------------------------------------------------------
+    def decode(self, batch_rank, ctx):
+        """Seconds of one decode step: `batch_rank` running requests per attention-DP rank with a
+        mean context of `ctx` tokens. Returns (seconds, dict of parts)."""
+        s, c, pl = self.s, self.c, self.pc["per_layer"]
+        B = np.maximum(np.asarray(batch_rank, float), 1.0)
+        T = B * c.attn_dp
+        proj = self._gemm(B, pl["attention"] / c.attn_tp)
+        kv_read = B * ctx * self.kvt / self.layers
+        heads = s.num_attention_heads / c.attn_tp
+        if s.mla:  # absorbed MLA: scores and values against the latent
+            fl = 2.0 * heads * (2 * s.kv_lora_rank + s.qk_pos_emb_head_dim) * ctx * B
+            hd = s.kv_lora_rank + s.qk_pos_emb_head_dim
+        else:
+            fl = 4.0 * heads * s.head_dim * ctx * B
+            hd = s.head_dim
+        core_f, _ = self.ops.attention(fl, np.maximum(ctx, 16), min(hd, 256))
+        core = np.maximum(kv_read / self.hbm_bw, core_f)
+        dense = self._gemm(T, pl["dense_mlp"] / c.tp)
+        shared = self._gemm(T, (pl["shared_expert"] + pl["router"]) / c.tp)
+        experts = self._experts(T)
+        comm, comm_dense = self._comm(T)
+        head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp) / c.pp
+        comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts) + head
+        comm_t = self.L_moe * comm + self.L_dense * comm_dense
+        gpu = self._overlap(comp, comm_t)
+        graphs = (c.graph_bs > 0) & (B <= c.graph_bs)
+        stage = self._launch(gpu, graphs)
+        t = stage * c.pp  # the batch passes every stage once per token
+        return t, {"attention": self.layers * (proj + core) * c.pp, "experts": self.L_moe * experts * c.pp,
+                   "dense_shared": (self.L_dense * dense + self.L_moe * shared) * c.pp,
+                   "communication": comm_t * c.pp, "cuda_graphs": graphs}
+
+    def prefill(self, chunk_rank, prefix):
+        """Seconds of one prefill (extend) step of `chunk_rank` new tokens per attention-DP rank
+        whose requests already hold `prefix` tokens of context (chunked prefill)."""
+        s, c, pl = self.s, self.c, self.pc["per_layer"]
+        C = np.maximum(np.asarray(chunk_rank, float), 1.0)
+        T = C * c.attn_dp
+        proj = self._gemm(C, pl["attention"] / c.attn_tp)
+        heads = s.num_attention_heads / c.attn_tp
+        if s.mla:  # prefill runs MLA un-absorbed: q.k over (nope + rope) dims, values over v dim
+            dqk, dv = s.qk_head_dim + s.qk_pos_emb_head_dim, s.v_head_dim
+        else:
+            dqk = dv = s.head_dim
+        fl = 2.0 * heads * C * (prefix + C / 2.0) * (dqk + dv)
+        core, _ = self.ops.attention(fl, prefix + C, min(dqk, 256))
+        dense = self._gemm(T, pl["dense_mlp"] / c.tp)
+        shared = self._gemm(T, (pl["shared_expert"] + pl["router"]) / c.tp)
+        experts = self._experts(T)
+        comm, comm_dense = self._comm(T)
+        comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts)
+        comm_t = self.L_moe * comm + self.L_dense * comm_dense
+        gpu = self._overlap(comp, comm_t)
+        stage = self._launch(gpu, np.zeros(len(c), bool))
+        return stage * c.pp, {"attention": self.layers * (proj + core) * c.pp,
+                              "experts": self.L_moe * experts * c.pp, "communication": comm_t * c.pp}

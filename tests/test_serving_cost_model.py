@@ -1,0 +1,155 @@
+"""Serving cost model (cost_model/serving): direction tests, per-phase sanity, the calibration
+fit, ranking speed and the `predict --mode serve` interface."""
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from clusters import load_cluster
+from cost_model.serving import predict_serve, rank_arrays
+from cost_model.serving.calibration import ServeCalibration, load_default
+from specs.models import load_model
+from specs.serve_plan import ServePlan, ServeWorkload
+
+QWEN = load_model("qwen3-30b-a3b")
+DSV3 = load_model("deepseek-v3")
+H200 = load_cluster("h200-sxm", 8)
+ID = ServeCalibration()
+
+
+def plans(*texts):
+    return [ServePlan.parse(t) for t in texts]
+
+
+def test_more_tp_more_kv_room():
+    w = ServeWorkload(isl=4000, osl=1000, concurrency=64)
+    r = rank_arrays(QWEN, H200, plans("tp=1", "tp=2", "tp=4", "tp=8"), w, calibration=ID)
+    assert np.all(np.diff(r["kv_pool_tokens"]) > 0)
+    d = rank_arrays(DSV3, H200, plans("tp=8", "tp=8,attn_dp=8"), w, precision="fp8", calibration=ID)
+    # MLA's latent is replicated over attention-TP: attention-DP multiplies the KV room per request
+    assert d["max_batch_per_gpu"][1] > 4 * d["max_batch_per_gpu"][0]
+
+
+def test_larger_batch_more_throughput_higher_tpot():
+    p = ServePlan.parse("tp=8,attn_dp=8,a2a=deepep")
+    outs = [predict_serve(DSV3, H200, p, ServeWorkload(isl=2000, osl=500, concurrency=k, phase="decode"),
+                          precision="fp8", calibration=ID) for k in (1, 4, 16, 64)]
+    thr = [o.output_tokens_per_s_per_gpu for o in outs]
+    tpot = [o.tpot_p90_s for o in outs]
+    assert all(b > a for a, b in zip(thr, thr[1:])), thr
+    assert all(b > a for a, b in zip(tpot, tpot[1:])), tpot
+
+
+def test_deepep_normal_prices_no_cuda_graphs():
+    w = ServeWorkload(isl=1000, osl=200, concurrency=2, phase="decode")
+    auto, normal = (predict_serve(QWEN, H200, ServePlan.parse(f"tp=8,attn_dp=8,a2a=deepep,deepep_mode={m}"), w,
+                                  calibration=ID) for m in ("auto", "normal"))
+    assert auto.extra["cuda_graphs_decode"] and not normal.extra["cuda_graphs_decode"]
+    assert "cuda_graph_max_bs=-1" in normal.effective_plan
+    # small batch on a small model: the eager launch floor makes the step slower
+    assert normal.tpot_p90_s > auto.tpot_p90_s
+
+
+def test_a2a_forces_ep_tp_in_the_priced_plan():
+    p = predict_serve(QWEN, H200, ServePlan.parse("tp=8,ep=2,a2a=deepep"), ServeWorkload(isl=100, osl=10, concurrency=8),
+                      calibration=ID)
+    assert ",ep=8," in p.effective_plan
+
+
+def test_phase_sanity():
+    p = ServePlan.parse("tp=4")
+    pre = predict_serve(QWEN, H200, p, ServeWorkload(isl=4000, osl=1000, concurrency=16, phase="prefill"), calibration=ID)
+    assert pre.input_tokens_per_s_per_gpu > 0 and pre.output_tokens_per_s_per_gpu == 0 and pre.tpot_p90_s is None
+    assert pre.ttft_p90_s > 0
+    dec = predict_serve(QWEN, H200, p, ServeWorkload(isl=4000, osl=1000, concurrency=8, phase="decode"), calibration=ID)
+    assert dec.ttft_p90_s is None and dec.output_tokens_per_s_per_gpu > 0 and dec.tpot_p90_s > 0
+    both = predict_serve(QWEN, H200, p, ServeWorkload(isl=4000, osl=1000, concurrency=64), calibration=ID)
+    assert both.input_tokens_per_s_per_gpu == pytest.approx(4 * both.output_tokens_per_s_per_gpu, rel=0.05)
+    # aggregated serving interleaves prefill with decode: TPOT above the pure decode step
+    assert both.tpot_p90_s > dec.tpot_p90_s
+    # steady-state estimate and simulation agree within a factor of 2
+    st = both.extra["steady_state_output_tokens_per_s_per_gpu"]
+    assert 0.5 < both.output_tokens_per_s_per_gpu / st < 2.0
+
+
+def test_memory_infeasible_with_reason():
+    w = ServeWorkload(isl=1000, osl=100, concurrency=8)
+    p = predict_serve(DSV3, H200, ServePlan.parse("tp=4"), w, precision="fp8", calibration=ID)
+    assert not p.feasible and p.reasons == ["weights_exceed_hbm"]
+    d = predict_serve(QWEN, H200, ServePlan.parse("tp=1"), ServeWorkload(isl=1000, osl=100, concurrency=200000, phase="decode"),
+                      calibration=ID)
+    assert d.reasons == ["decode_batch_exceeds_kv_pool"]
+
+
+def test_expected_distinct_experts():
+    from cost_model.serving.plans import to_cols
+    from cost_model.serving.step import StepModel
+    from cost_model.tables import load_tables, tables_dir_for
+    sm = StepModel(QWEN, H200, load_tables(tables_dir_for("h200-sxm")), to_cols(plans("tp=1"), 141), fp8=False)
+    d = sm.distinct_experts(np.array([1.0, 8, 64, 1024]))
+    assert d[0] == pytest.approx(8) and np.all(np.diff(d) > 0) and d[-1] == pytest.approx(128, rel=1e-3)
+    skew = StepModel(QWEN, H200, load_tables(tables_dir_for("h200-sxm")), to_cols(plans("tp=1"), 141), fp8=False,
+                     routing_skew=1.0).distinct_experts(np.array([64.0]))
+    assert skew[0] < d[2]
+
+
+def test_shipped_calibration_is_the_fit_on_the_reference_rows():
+    from cost_model.serving.fit_calibration import fit
+    cal, rows = fit()
+    shipped = load_default()
+    assert shipped.scale == pytest.approx(cal.scale, rel=1e-9)
+    assert [r["id"] for r in rows] == ["r01", "r02", "r03", "r04", "r05"]
+
+
+def test_ranks_thousands_of_plans_in_seconds():
+    texts = []
+    for tp in (1, 2, 4, 8):
+        for a in (1, 2, 4, 8):
+            if tp % a:
+                continue
+            for a2a in ("none", "deepep"):
+                for tbo in (0, 1):
+                    for chunk in (2048, 4096, 8192, 16384):
+                        for mr in (0, 64, 128, 256, 512, 1024):
+                            for g in (0, -1, 64, 256):
+                                texts.append(f"tp={tp},attn_dp={a},a2a={a2a},tbo={tbo},chunked_prefill={chunk},"
+                                             f"max_running={mr},cuda_graph_max_bs={g}")
+    ps = plans(*texts)
+    assert len(ps) > 3000
+    t0 = time.perf_counter()
+    r = rank_arrays(QWEN, H200, ps, ServeWorkload(isl=4000, osl=1000, concurrency=512), calibration=ID)
+    dt = time.perf_counter() - t0
+    assert np.all(np.isfinite(r["output_tokens_per_s_per_gpu"]))
+    assert dt < 20.0, dt
+
+
+def _cli(*a):
+    return subprocess.run([sys.executable, "-m", "tuner.cli", "predict", *a], capture_output=True, text=True)
+
+
+def test_cli_predict_serve_json_and_bad_input():
+    r = _cli("--mode", "serve", "--model", "qwen3-30b-a3b", "--cluster", "h200-sxm", "--gpus", "8", "--phase", "decode",
+             "--isl", "1000", "--osl", "100", "--concurrency", "8", "--plan", "tp=2", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    for k in ("feasible", "reasons", "input_tokens_per_s_per_gpu", "output_tokens_per_s_per_gpu", "ttft_p90_s",
+              "tpot_p90_s", "max_batch", "memory_gib"):
+        assert k in d
+    bad = _cli("--mode", "serve", "--model", "qwen3-30b-a3b", "--cluster", "h200-sxm", "--isl", "10", "--osl", "5",
+               "--plan", "tp=x")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert _cli("--model", "qwen3-30b-a3b", "--cluster", "h200-sxm").returncode == 2  # train mode needs --gbs
+
+
+def test_extra_reasons_make_infeasible():
+    import argparse
+
+    from tuner.predict_serve import serve_prediction
+    args = argparse.Namespace(model="qwen3-30b-a3b", cluster="h200-sxm", gpus=8, phase="decode", isl=100, osl=10,
+                              concurrency=4, plan="tp=2", precision="bf16", tables=None, calibration=None,
+                              imbalance=1.0, routing_skew=0.0)
+    d = serve_prediction(args, ["tbo_needs_a2a_or_attn_dp: ..."])
+    assert d["feasible"] is False and d["reasons"] == ["tbo_needs_a2a_or_attn_dp: ..."]

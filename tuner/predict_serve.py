@@ -1,0 +1,94 @@
+"""`moetune predict --mode serve`: the serving cost model's prediction for one SGLang plan.
+
+`serve_prediction(args, extra_reasons)` is the one entry point: callers that know more reasons
+against the plan (SGLang realizability rules) pass them in and they are reported with the
+model's own (memory) reasons; any reason makes the prediction infeasible."""
+from __future__ import annotations
+
+import json
+
+from specs.errors import UsageError
+
+SERVE_FIELDS = ("feasible", "reasons", "input_tokens_per_s_per_gpu", "output_tokens_per_s_per_gpu",
+                "ttft_p90_s", "tpot_p90_s", "max_batch", "memory_gib")
+
+
+def add_serve_args(p) -> None:
+    g = p.add_argument_group("serving (--mode serve)")
+    g.add_argument("--phase", default="both", choices=("both", "prefill", "decode"),
+                   help="Serving phase: both (aggregated), or prefill or decode (one pool of a disaggregated deployment).")
+    g.add_argument("--isl", type=int, default=None, help="Input tokens per request.")
+    g.add_argument("--osl", type=int, default=None, help="Output tokens per request.")
+    g.add_argument("--concurrency", type=int, default=None,
+                   help="Requests in flight over the whole deployment (default 8 per GPU); with --phase decode, "
+                        "the decode batch per GPU (default 16).")
+    g.add_argument("--routing-skew", type=float, default=0.0,
+                   help="Zipf exponent of expert popularity for the distinct-experts term (0 = uniform).")
+
+
+def serve_prediction(args, extra_reasons=()) -> dict:
+    """The JSON-ready prediction of `--mode serve` (the fields of SERVE_FIELDS first)."""
+    from clusters import load_cluster
+    from cost_model.serving import predict_serve
+    from cost_model.tables import load_tables, tables_dir_for
+    from specs.models import load_model
+    from specs.serve_plan import ServePlan, ServeWorkload
+    if args.isl is None or args.osl is None:
+        raise UsageError("--mode serve needs --isl and --osl")
+    if args.routing_skew < 0:
+        raise UsageError(f"--routing-skew must be >= 0, got {args.routing_skew}")
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster, args.gpus)
+    if args.concurrency is not None and args.concurrency <= 0:
+        raise UsageError(f"--concurrency must be a positive whole number, got {args.concurrency}")
+    conc = args.concurrency or (16 if args.phase == "decode" else 8 * cluster.num_devices)
+    w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=conc, phase=args.phase)
+    plan = ServePlan.parse(args.plan or "")
+    reasons = list(extra_reasons)
+    if plan.instance_gpus > cluster.num_devices:
+        reasons.append(f"plan_exceeds_gpus: one instance needs tp*pp = {plan.instance_gpus} GPUs, "
+                       f"the deployment has {cluster.num_devices}")
+        plan = plan.replace(tp=max(1, cluster.num_devices // plan.pp))  # price what fits, flagged
+    tables = load_tables(args.tables or tables_dir_for(cluster.kind))
+    cal = None
+    if args.calibration:
+        from cost_model.serving.calibration import ServeCalibration
+        try:
+            cal = ServeCalibration.load(args.calibration)
+        except (OSError, ValueError, KeyError) as e:
+            raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
+    pred = predict_serve(model, cluster, plan, w, precision=args.precision, tables=tables, calibration=cal,
+                         imbalance=args.imbalance, routing_skew=args.routing_skew, extra_reasons=reasons)
+    d = pred.to_dict()
+    out = {k: d[k] for k in SERVE_FIELDS}
+    out.update({k: v for k, v in d.items() if k not in SERVE_FIELDS})
+    out.update({"mode": "serve", "phase": args.phase, "isl": args.isl, "osl": args.osl, "concurrency": conc,
+                "model": model.name, "cluster": cluster.kind, "gpus": cluster.num_devices,
+                "precision": args.precision, "tables_digest": tables.digest})
+    return out
+
+
+def run_serve(args, extra_reasons=()) -> int:
+    d = serve_prediction(args, extra_reasons)
+    if args.json:
+        print(json.dumps(d, indent=1))
+        return 0
+
+    def f(x, unit="s"):
+        return "n/a" if x is None else f"{x * 1e3:.1f} ms" if unit == "s" else f"{x:,.0f}"
+    print(f"plan           {d['plan']}")
+    print(f"priced as      {d['effective_plan']}")
+    print(f"workload       {d['model']} on {d['gpus']}x {d['cluster']}, phase {d['phase']}, isl {d['isl']}, "
+          f"osl {d['osl']}, concurrency {d['concurrency']}")
+    print(f"feasible       {'yes' if d['feasible'] else 'no'}")
+    for r in d["reasons"]:
+        print(f"reason         {r}")
+    print(f"input tok/s/GPU  {d['input_tokens_per_s_per_gpu']:,.0f}")
+    print(f"output tok/s/GPU {d['output_tokens_per_s_per_gpu']:,.0f}")
+    print(f"TTFT p90       {f(d['ttft_p90_s'])}")
+    print(f"TPOT p90       {f(d['tpot_p90_s'])}")
+    print(f"max batch/GPU  {d['max_batch']:.1f}   memory {d['memory_gib']:.1f} GiB/GPU "
+          f"(weights {d['extra']['weights_gib']:.1f}, mem_frac {d['extra']['mem_frac']:.3f})")
+    print(f"method         {d['extra']['method']}; calibration {d['extra']['calibration_id']} "
+          f"(scale {d['extra']['calibration_scale']:.2f})")
+    return 0
