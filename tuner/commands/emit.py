@@ -9,6 +9,7 @@ import sys
 
 from specs.fileio import write_atomic
 from tuner.commands.common import (
+    UsageError,
     add_plan_args,
     add_stack_arg,
     add_workload_args,
@@ -27,17 +28,25 @@ DESCRIPTION = ("Complete a partial plan with the documented defaults and write t
 
 def add_parser(subparsers):
     p = subparsers.add_parser("emit", help=SUMMARY, description=DESCRIPTION)
-    p.add_argument("target", choices=["megatron"], help="Which launcher to write the script for (megatron).")
-    add_workload_args(p)
+    p.add_argument("target", choices=["megatron", "vllm"],
+                   help="Which launcher to write the script for (megatron; vllm: a serving plan's server command).")
+    add_workload_args(p, gbs_required=False)
     add_stack_arg(p)
     add_plan_args(p, required=True)
     p.add_argument("--out", default=None, help="Path of the script to write; by default it is printed to stdout.")
     p.add_argument("--train-iters", type=positive_int, default=50,
                    help="Training iterations the script runs (default 50).")
+    p.add_argument("--isl", type=positive_int, default=None, help="Serving (vllm): input tokens per request.")
+    p.add_argument("--osl", type=positive_int, default=None, help="Serving (vllm): output tokens per request.")
     return p
 
 
 def run(args) -> int:
+    if args.target == "vllm":
+        from tuner.commands.serve_emit import run_vllm
+        return run_vllm(args)
+    if args.gbs is None:
+        raise UsageError("emit megatron needs --gbs")
     from tuner.emit import megatron_script
     w = workload_from_args(args)
     plan, profile = completed_plan(args, w)
