@@ -28,7 +28,7 @@ from specs.model_spec import ModelSpec
 from specs.serve_plan import ServePlan, ServeWorkload
 from trials.base import Failure, Resources, TrialBackend
 from trials.processes import free_port
-from trials.serving.model_dir import write_model_dir
+from trials.serving.model_dir import serve_model, write_model_dir
 from trials.serving.result import ServeMeasurement, bench_serving_to_seconds, from_bench
 from trials.serving.server import ServerProcess, tail
 
@@ -97,7 +97,8 @@ class SglangBackend(TrialBackend):
         if model is None:
             from specs.models import load_model
             model = load_model("tiny-moe")
-        self.model, self.server_module, self.bench_module = model, server_module, bench_module
+        # tiny-moe's 16-wide heads are below what the attention kernels take: serve its widened twin
+        self.model, self.server_module, self.bench_module = serve_model(model), server_module, bench_module
         self.require_gpu, self.keep_dir = require_gpu, keep_dir
         self.python, self.extra_args, self.env = python or sys.executable, list(extra_args or []), dict(env or {})
         self.last_dir: str | None = None

@@ -43,7 +43,7 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     if args.target == "vllm":
-        from tuner.commands.serve_emit import run_vllm
+        from tuner.commands._serving import run_vllm
         return run_vllm(args)
     if args.gbs is None:
         raise UsageError("emit megatron needs --gbs")
