@@ -23,7 +23,8 @@ from tuner.commands.common import (
 SUMMARY = "Write the launch script that runs a plan with Megatron-LM."
 DESCRIPTION = ("Complete a partial plan with the documented defaults and write the torchrun launch script for "
                "Megatron-LM's pretrain_gpt.py that reproduces it; a plan the target stack cannot run is refused "
-               "with its reasons (exit code 2) and nothing is written.")
+               "with its reasons (exit code 2) and nothing is written. `emit vllm` prints the vLLM server command of a "
+               "serving plan instead (--isl/--osl set its context length).")
 
 
 def add_parser(subparsers):
