@@ -11,7 +11,12 @@ Failures (trials.base.Failure): "unrealizable" without launching when vLLM canno
 or the serving stack here cannot run it (trials.serving.vllm_args reasons, e.g. expert parallel on
 CPU), or it needs more devices than the trial has; "stack-rejected" when vLLM's own argument or
 config validation refuses it at start; "oom" at start (e.g. no room for the KV cache); "crash" when
-the server dies (signal, traceback) or serves no request; "timeout" past `Resources.timeout_s`.
+the server dies (signal, traceback) or serves no request; "timeout" past `Resources.timeout_s`
+(start-up and benchmark together). `Resources.memory_cap_gib` is not enforced for servers (vLLM
+sizes its KV cache itself: VLLM_CPU_KVCACHE_SPACE here, --gpu-memory-utilization on GPUs).
+
+Start-up dominates a CPU trial: 64-116 s on a quiet 2-core host (reviews of issue 11), several
+minutes when the cores are shared; the first start also fills torch.compile's cache.
 """
 from __future__ import annotations
 
