@@ -229,3 +229,13 @@ def test_real_vllm_cpu_trial_end_to_end():
     # nothing left behind: no api_server of ours still running
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "served-model-name tiny-moe-serve" not in ps
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_VLLM, reason="vLLM (vllm-cpu) is not installed")
+def test_real_vllm_rejection_is_stack_rejected():
+    """vLLM's own parser refusing the command line comes back as stack-rejected, with its message."""
+    b = get_backend("vllm", cpu=True, extra_args=["--max-num-seqs", "many"])
+    r = b.run(ServePlan(), ServeWorkload(isl=16, osl=4, concurrency=1), Resources(devices=1, timeout_s=600))
+    assert isinstance(r, Failure) and r.kind == "stack-rejected", r
+    assert "max-num-seqs" in r.message
