@@ -26,5 +26,5 @@ def vllm_command(plan: ServePlan, model_path: str, *, served_name: str, port: in
     if max_model_len:
         argv += ["--max-model-len", str(max_model_len)]
     argv += vllm_flags(plan, cpu=cpu)
-    env = "VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0 " if cpu else ""
+    env = "VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind " if cpu else ""
     return env + shlex.join(argv), []

