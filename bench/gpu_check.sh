@@ -17,6 +17,8 @@
 #                        (compared with predictions afterwards, on CPU: bench/gpu_check_compare.py)
 #   3 profile            a 2.5-minute `moetune profile` sweep -> OUT/tables
 #   4 timing probe       bench/gpu_timing_probe.py: the size of each timing bias
+#   5 sglang serving     one-GPU `moetune serve-trial --backend sglang` of the tiny MoE (skips
+#                        without CUDA or without SGLang's CUDA kernels)
 # Environment knobs: PYTHON (interpreter), GPU_CHECK_TOTAL_S (whole-run limit, default 570 s,
 # under the device tool's 600 s per command), GPU_CHECK_PROFILE_MIN (step 3 budget, default 2.5).
 set -u
@@ -184,8 +186,22 @@ else
   fi
 fi
 
-# ---- step 5 (placeholder): serving checks -- the serving-backend issue adds them here (SGLang /
-#      vLLM one-GPU launch of a tiny MoE, decode step time vs prediction), under step_limit.
+# ---- step 5: one-GPU SGLang serving trial ------------------------------------------------------
+# trials/serving/sglang_backend.py for real: launch_server on the tiny MoE (dummy weights), health,
+# bench_serving 16 x 128/32 at concurrency 16, parsed; the server's process group reaped.
+if [ "$HAVE_CUDA" != 1 ]; then say "SKIP step5: $NO_CUDA"
+elif ! timeout 120 "$PY" -c "import sglang.launch_server, sgl_kernel" >/dev/null 2>&1; then
+  say "SKIP step5: SGLang with its CUDA kernels (sglang, sgl_kernel) is not importable here"
+else
+  lim=$(step_limit 240)
+  if [ "$lim" -lt 90 ]; then say "SKIP step5: whole-run limit ${TOTAL_S}s leaves ${lim}s"; else
+    rc=$(run_json step5_sglang "$lim" "$PY" -m tuner.cli serve-trial --backend sglang --model tiny-moe \
+         --cluster h200-sxm --gpus 1 --isl 128 --osl 32 --concurrency 16 --plan "tp=1" --timeout $((lim - 15)) --json)
+    res=$("$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"start-up {d['startup_s']:.1f} s, {d['output_tokens_per_s_per_gpu']:.0f} out tok/s, TTFT p90 {d['ttft_p90_s']*1e3:.1f} ms, TPOT p90 {d['tpot_p90_s']*1e3:.2f} ms\" if d.get('ok') else d.get('kind') + ': ' + d.get('message', '')[:200])" \
+          "$OUTDIR/step5_sglang.json" 2>/dev/null || echo "no-json")
+    say "RAN step5 sglang serve-trial (tp=1, 128/32 x16): rc=$rc $res"
+  fi
+fi
 # ---- step 6: kernels -- the Triton kernels of kernels/ in bf16/fp16 against their torch references,
 #      an SGLang-format block-config sweep and a (c, K) grid of the Weave-style kernel (EP 1)
 if [ "$HAVE_CUDA" != 1 ]; then say "SKIP step6: $NO_CUDA"

@@ -15,6 +15,8 @@ from trials.base import FAILURE_KINDS, Failure, Measurement, Resources, TrialBac
 # name -> "module:Class"
 _REGISTRY: dict[str, str] = {
     "megatron": "trials.megatron.backend:MegatronBackend",
+    "sglang": "trials.serving.sglang_backend:SglangBackend",
+    "vllm": "trials.serving.vllm_backend:VllmBackend",
 }
 
 

@@ -26,7 +26,7 @@ def positive_int(text: str) -> int:
     return v
 
 
-def add_workload_args(p: argparse.ArgumentParser, *, gpus_required: bool = False) -> None:
+def add_workload_args(p: argparse.ArgumentParser, *, gpus_required: bool = False, gbs_required: bool = True) -> None:
     """--model, --cluster, --gpus, --gbs, --seq and --precision: what is trained, on what."""
     p.add_argument("--model", required=True,
                    help="Model to train: a preset name, a model YAML file or a Hugging Face config.json.")
@@ -34,7 +34,7 @@ def add_workload_args(p: argparse.ArgumentParser, *, gpus_required: bool = False
                    help="Hardware kind (one of clusters/*.yaml) or a cluster YAML file.")
     p.add_argument("--gpus", type=positive_int, default=None, required=gpus_required,
                    help="Number of devices; by default one node of the cluster.")
-    p.add_argument("--gbs", type=positive_int, required=True, help="Global batch size in sequences.")
+    p.add_argument("--gbs", type=positive_int, required=gbs_required, help="Global batch size in sequences.")
     p.add_argument("--seq", type=positive_int, default=None,
                    help="Sequence length in tokens; by default the model's own.")
     p.add_argument("--precision", default="bf16",

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import sys
 
-from specs.errors import UsageError
 from specs.fileio import write_atomic
 from tuner.commands.common import (
+    UsageError,
     add_plan_args,
     add_stack_arg,
     add_workload_args,
@@ -26,17 +26,15 @@ SUMMARY = "Write the launch script of a training plan (Megatron-LM) or a serving
 DESCRIPTION = ("Complete a partial plan with the documented defaults and write the torchrun launch script for "
                "Megatron-LM's pretrain_gpt.py that reproduces it; a plan the target stack cannot run is refused "
                "with its reasons (exit code 2) and nothing is written. `emit sglang` prints the SGLang 0.5.23 launch "
-               "commands of a serving plan (--gbs is not used).")
+               "commands of a serving plan and `emit vllm` the vLLM server command (--gbs is not used; for vllm, "
+               "--isl/--osl set the context length).")
 
 
 def add_parser(subparsers):
     p = subparsers.add_parser("emit", help=SUMMARY, description=DESCRIPTION)
-    p.add_argument("target", choices=["megatron", "sglang"],
-                   help="Which launcher: megatron (a training plan) or sglang (a serving plan).")
-    add_workload_args(p)
-    for a in p._actions:  # a serving plan has no global batch; `megatron` checks it itself
-        if a.dest == "gbs":
-            a.required = False
+    p.add_argument("target", choices=["megatron", "sglang", "vllm"],
+                   help="Which launcher: megatron (a training plan), sglang or vllm (a serving plan).")
+    add_workload_args(p, gbs_required=False)
     add_stack_arg(p)
     add_plan_args(p, required=True)
     p.add_argument("--out", default=None, help="Path of the script to write; by default it is printed to stdout.")
@@ -50,12 +48,17 @@ def add_parser(subparsers):
     p.add_argument("--model-path", default=None,
                    help="For sglang, the model directory in the commands (default: a config-only directory "
                         "written from the model spec under the --out folder or ./<model>-config).")
+    p.add_argument("--isl", type=positive_int, default=None, help="Serving (vllm): input tokens per request.")
+    p.add_argument("--osl", type=positive_int, default=None, help="Serving (vllm): output tokens per request.")
     return p
 
 
 def run(args) -> int:
     if args.target == "sglang":
         return _run_sglang(args)
+    if args.target == "vllm":
+        from tuner.commands._serving import run_vllm
+        return run_vllm(args)
     if args.gbs is None:
         raise UsageError("emit megatron: --gbs is required")
     from tuner.emit import megatron_script
