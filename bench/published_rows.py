@@ -36,6 +36,13 @@ LAYOUTS = [
      "issue 10 (published layout, MBS4); recompute_modules from " + MB +
      "gpt_oss/gpt_oss_workload_base_configs.py GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V2 "
      "(that preset itself runs MBS1); fp32 grad reduction (the GPT-OSS perf builder was not read)"),
+    ("gpt-oss-120b 64xH100 tp1 pp4 ep8 mbs4 + offload fc1/act", "gpt-oss-120b", "h100-sxm", 64, 1280,
+     Plan(tp=1, pp=4, ep=8, mbs=4, precision="bf16", recompute="selective",
+          recompute_modules=("layernorm", "moe_act")),
+     dict(window_size=128, window_attn_skip_freq=2, attention_sinks=True),
+     dict(offload_modules=("expert_fc1", "moe_act")),
+     "HYPOTHETICAL completion: megatron-core 0.16.1 fine-grained activation offloading of expert_fc1 "
+     "and moe_act inputs; no recipe read in this session sets it for this layout"),
     ("deepseek-v3 256xGB200 tp1 pp4 vpp4 ep64 (FP8_CS_V2)", "deepseek-v3", "gb200-nvl72", 256, 4096,
      Plan(tp=1, pp=4, vpp=4, ep=64, mbs=1, precision="fp8-tensorwise", dispatcher="flex",
           flex_backend="hybridep", recompute="selective", recompute_modules=("mlp",)),

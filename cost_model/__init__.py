@@ -57,7 +57,7 @@ def resolve_calibration(workload, calibration=None, tables=None):
 
 
 def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserve=HBM_RESERVE_FRACTION, imbalance=1.0,
-                   detail=False, grad_reduce_in_fp32=True) -> dict:
+                   detail=False, grad_reduce_in_fp32=True, offload_modules=()) -> dict:
     """Vectorised core: the model over many plans at once.
 
     Args:
@@ -78,6 +78,9 @@ def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserv
             per parameter, the Megatron default); False: bf16 main grads and bf16 gradient
             reduction, as the Megatron-Bridge performance recipes set (`cfg.ddp.grad_reduce_in_fp32
             = False`).
+        offload_modules: megatron-core's fine-grained activation offloading of these modules'
+            inputs (`cost_model.memory.OFFLOAD_MODULES`): less activation memory, PCIe copies
+            priced as `activation_offload` where they outlast the layer's compute.
 
     Returns:
         dict of [P] arrays: step_time_s, tokens_per_s_per_gpu, microbatches, dp, raw_step_time_s
@@ -88,14 +91,15 @@ def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserv
     t = resolve_tables(workload, tables)
     cal = resolve_calibration(workload, calibration, t)
     out = evaluate(workload, pa, t, imbalance=imbalance, hbm_reserve=hbm_reserve,
-                   calibration_scale=cal.scale, detail=detail, grad_reduce_in_fp32=grad_reduce_in_fp32)
+                   calibration_scale=cal.scale, detail=detail, grad_reduce_in_fp32=grad_reduce_in_fp32,
+                   offload_modules=offload_modules)
     out["tables_digest"] = t.digest
     out["calibration_id"] = cal.id
     return out
 
 
 def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=HBM_RESERVE_FRACTION,
-                 imbalance=1.0, grad_reduce_in_fp32=True) -> list[Prediction]:
+                 imbalance=1.0, grad_reduce_in_fp32=True, offload_modules=()) -> list[Prediction]:
     """One `Prediction` per plan (feasibility with reasons, step time, throughput, MFU, memory per
     stage, breakdown), computed in one vectorised pass.
 
@@ -112,6 +116,7 @@ def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=
         imbalance: Routed tokens of the busiest expert over the mean (1.0 = uniform routing);
             scales expert GEMM rows, permutation and dispatch bytes.
         grad_reduce_in_fp32: fp32 main gradients (default); False for bf16 ones (see `predict_arrays`).
+        offload_modules: fine-grained activation offloading (see `predict_arrays`).
 
     Returns:
         A list of `Prediction`s in the order of `plans`.
@@ -120,7 +125,8 @@ def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=
     if not plans:
         return []
     r = predict_arrays(workload, plans, tables=tables, calibration=calibration, hbm_reserve=hbm_reserve,
-                       imbalance=imbalance, detail=True, grad_reduce_in_fp32=grad_reduce_in_fp32)
+                       imbalance=imbalance, detail=True, grad_reduce_in_fp32=grad_reduce_in_fp32,
+                       offload_modules=offload_modules)
     preds = []
     for i, p in enumerate(plans):
         mask = r["stage_mask"][i] > 0
@@ -147,7 +153,7 @@ def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=
 
 
 def predict(workload, plan, *, tables=None, calibration=None, hbm_reserve=HBM_RESERVE_FRACTION, imbalance=1.0,
-            grad_reduce_in_fp32=True) -> Prediction:
+            grad_reduce_in_fp32=True, offload_modules=()) -> Prediction:
     """The `Prediction` of one plan; see `predict_many`.
 
     Args:
@@ -163,9 +169,11 @@ def predict(workload, plan, *, tables=None, calibration=None, hbm_reserve=HBM_RE
         imbalance: Routed tokens of the busiest expert over the mean (1.0 = uniform routing);
             scales expert GEMM rows, permutation and dispatch bytes.
         grad_reduce_in_fp32: fp32 main gradients (default); False for bf16 ones (see `predict_arrays`).
+        offload_modules: fine-grained activation offloading (see `predict_arrays`).
     """
     return predict_many(workload, [plan], tables=tables, calibration=calibration,
-                        hbm_reserve=hbm_reserve, imbalance=imbalance, grad_reduce_in_fp32=grad_reduce_in_fp32)[0]
+                        hbm_reserve=hbm_reserve, imbalance=imbalance, grad_reduce_in_fp32=grad_reduce_in_fp32,
+                        offload_modules=offload_modules)[0]
 
 
 __all__ = ["Prediction", "PlanArrays", "predict", "predict_many", "predict_arrays"]

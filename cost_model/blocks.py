@@ -62,6 +62,7 @@ class Inputs:
     imbalance: float
     zero: np.ndarray
     grad_bytes: float = 4.0  # main-gradient bytes per parameter (fp32; 2 with bf16 grad reduction)
+    offload_modules: tuple = ()  # megatron-core fine-grained activation offloading (memory.OFFLOAD_MODULES)
 
     @property
     def ranks(self):

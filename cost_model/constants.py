@@ -118,3 +118,11 @@ D2H_SYNC_S = 10e-6
 # (`expandable_segments` exists to cut fragmentation) describe the effect but give no figure; 10%
 # is the reserve moetune has always used (a stated assumption, not a measurement).
 HBM_RESERVE_FRACTION = 0.10
+
+# ---- activation offloading ---------------------------------------------------------------------------
+# megatron-core 0.16.1 fine-grained activation offloading (transformer_config.py
+# `fine_grained_activation_offloading`, `offload_modules`) copies each listed module's saved input
+# to pinned host memory on a side stream in the forward and back in the backward. Achievable share
+# of the PCIe link's per-direction rate for large pinned copies: ~0.8 (NVIDIA CUDA samples
+# `bandwidthTest` reports ~52-55 GB/s pinned D2H on a Gen5 x16 link of 64 GB/s per direction).
+PCIE_ACHIEVABLE_FRACTION = 0.8

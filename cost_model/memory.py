@@ -128,9 +128,14 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
     drop_attn = (has("core_attn") * a["core_attn"] + has("mla_up_proj") * a.get("mla_up", 0.0)
                  + has("layernorm") * a["qkv_in"])
     attn_mem = full_attn - drop_attn
+    # fine-grained activation offloading (megatron-core 0.16.1 `offload_modules`): the module's
+    # input leaves HBM for the host; only what recompute has not already dropped counts
+    off = offload_bytes(x, a, experts)
+    attn_mem = attn_mem - off.attn_kept_off
     dense_mlp_mem = sum(dense_mlp_terms.values()) - has("mlp") * (sum(dense_mlp_terms.values())
                                                                    - dense_mlp_terms["ln2_in"]) \
         - (has("layernorm") & ~has("mlp")) * dense_mlp_terms["fc1_in"]
+    dense_mlp_mem = dense_mlp_mem - off.dense_mlp
     if spec.is_moe:
         E, fe, etp, R = max(spec.num_experts, 1), spec.moe_ffn_hidden_size, x.etp, experts.rows
         router_in = 2.0 * Tsp * h
@@ -151,6 +156,7 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
                    - (has("moe_act") & ~has("moe")) * routed["fc2_in"]
                    - (has("shared_experts") & ~has("moe")) * sh_sum
                    - (has("layernorm") & ~has("moe")) * router_in)
+        moe_mem = moe_mem - off.moe
         dispatch_buf = 2 * 2.0 * R * h
     else:
         moe_mem = z
@@ -178,6 +184,49 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
     acts = per_mb * np.maximum(inflight, 0)
     transient = (nm > 0) * col(dispatch_buf) + lo * col(T * V / tp * CE_TRANSIENT_BYTES_PER_LOGIT) * (1.0 + n_mtp)
     return (static + acts + transient) * smask / GIB
+
+
+# megatron-core 0.16.1 transformer_config.py `offload_modules` choices
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
+
+
+@dataclass
+class Offload:
+    """Per layer and microbatch, bytes fine-grained activation offloading moves to the host:
+    of the attention block (`attn`, and the part recompute had not already dropped,
+    `attn_kept_off`), of a dense MLP and of a MoE block."""
+    attn: np.ndarray
+    attn_kept_off: np.ndarray
+    dense_mlp: np.ndarray
+    moe: np.ndarray
+
+
+def offload_bytes(x, a=None, experts=None) -> Offload:
+    """What `x.offload_modules` moves to the host (megatron-core 0.16.1 fine-grained activation
+    offloading: each listed module's saved input). `a`: the attention terms (`activation_terms`)."""
+    spec, z, mods = x.spec, x.zero, set(getattr(x, "offload_modules", ()) or ())
+    if not mods:
+        return Offload(z, z, z, z)
+    has = x.recomputes
+    if a is None:
+        a = activation_terms(spec, x.tokens, x.tp, x.seq)
+        lin8 = np.where(x.fp8, 0.5, 1.0)
+        for key in ("qkv_in", "mla_latent", "attn_out"):
+            if key in a:
+                a[key] = a[key] * lin8
+    Tsp, h = x.tokens_sp, x.hidden
+    lin8 = np.where(x.fp8, 0.5, 1.0)
+    attn = z + ("attn_norm" in mods) * a["ln1_in"] + ("qkv_linear" in mods) * a["qkv_in"] \
+        + ("core_attn" in mods) * (a.get("qkv", 0.0) + a.get("mla_up", 0.0)) + ("attn_proj" in mods) * a["attn_out"]
+    kept = attn - ("qkv_linear" in mods) * has("layernorm") * a["qkv_in"] \
+        - ("core_attn" in mods) * has("mla_up_proj") * a.get("mla_up", 0.0)
+    dense = z + ("mlp_norm" in mods) * 2.0 * Tsp * h
+    moe = z + ("mlp_norm" in mods) * 2.0 * Tsp * h
+    if experts is not None and spec.is_moe:
+        R, fe = experts.rows, spec.moe_ffn_hidden_size
+        moe = moe + ("expert_fc1" in mods) * 2.0 * R * h * lin8 * (1 - has("moe")) \
+            + ("moe_act" in mods) * 2.0 * R * x.mlp_matrices * fe / x.etp * (1 - has("moe"))
+    return Offload(attn, kept, dense, moe)
 
 
 def col(a) -> np.ndarray:

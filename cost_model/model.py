@@ -81,10 +81,11 @@ from cost_model.constants import (
     KERNELS_EMBEDDING,
     KERNELS_LM_HEAD_LOSS,
     MAIN_GRAD_BYTES,
+    PCIE_ACHIEVABLE_FRACTION,
     WEIGHT_BYTES,
 )
 from cost_model.flops import model_flops_per_token
-from cost_model.memory import col, memory_by_stage, stage_params
+from cost_model.memory import OFFLOAD_MODULES, col, memory_by_stage, offload_bytes, stage_params
 from cost_model.ops import TableOps
 from cost_model.plans import PlanArrays
 from specs.errors import LayoutError
@@ -211,7 +212,7 @@ def _recompute_fraction(pa: PlanArrays, vpp: np.ndarray, nlay: np.ndarray) -> np
 # Breakdown components, in the order `breakdown_s` lists them.
 COMPONENTS = ("attention_proj", "core_attention", "dense_mlp", "router_permutation", "ep_dispatch_combine",
               "expert_gemm", "shared_expert", "elementwise", "fp8_quantize", "moe_host_sync", "tp_comm", "cp_comm",
-              "embedding", "lm_head_ce", "mtp", "recompute")
+              "embedding", "lm_head_ce", "mtp", "activation_offload", "recompute")
 # What a term is counted per: every transformer layer, dense layers, MoE layers, the embedding
 # (first stage), the LM head + loss (last stage).
 GROUPS = ("layer", "dense", "moe", "embedding", "loss")
@@ -309,6 +310,24 @@ def _recompute_forward(x: Inputs, st_terms: StepTerms, attn, tp, dense: FwdBwd, 
             np.where(rc_full, st_terms.unit_fwd("moe"), sel_moe))
 
 
+def _add_offload(x: Inputs, terms: StepTerms, experts, cluster):
+    """Fine-grained activation offloading: the offloaded inputs go to the host in the forward
+    and come back in the backward over PCIe (`cluster.pcie_gbps` per direction), on a side stream
+    that overlaps the layer's own compute (megatron-core 0.16.1 fine_grained_activation_offloading;
+    `constants`, "activation offloading"); what exceeds the layer's forward (backward) is exposed."""
+    if not x.offload_modules:
+        return
+    off = offload_bytes(x, None, experts)
+    bw = max(float(cluster.pcie_gbps or 0.0), 1e-3) * 1e9 * PCIE_ACHIEVABLE_FRACTION
+    for kind, moved in (("dense", off.attn_kept_off + off.dense_mlp), ("moe", off.attn_kept_off + off.moe)):
+        unit = _chain(t.seconds for t in terms._of(kind))
+        uf = terms.unit_fwd(kind)
+        f = np.maximum(0.0, moved / bw - uf)
+        b = np.maximum(0.0, moved / bw - (unit - uf))
+        terms.add("activation_offload", kind, f, f)
+        terms.add("activation_offload", kind, b)
+
+
 def _add_mtp(x: Inputs, terms: StepTerms, head: FwdBwd):
     """Multi-token prediction (Megatron-core multi_token_prediction.py), on the loss stage: per
     MTP depth, two norms and the eh-projection GEMM (2h -> h) over the concatenated embedding and
@@ -356,7 +375,8 @@ def _inputs(workload, pa: PlanArrays, tables, imbalance) -> Inputs:
 
 
 def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HBM_RESERVE_FRACTION,
-              calibration_scale=1.0, flash=True, dropout=False, detail=True, grad_reduce_in_fp32=True) -> dict:
+              calibration_scale=1.0, flash=True, dropout=False, detail=True, grad_reduce_in_fp32=True,
+              offload_modules=()) -> dict:
     """The model over all plans of `pa` at once.
 
     Args:
@@ -370,6 +390,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         dropout: Count dropout masks in activation memory.
         detail: Also return the breakdown, per-stage memory and per-block diagnostics.
         grad_reduce_in_fp32: fp32 main gradients and gradient reduction (False: bf16 ones).
+        offload_modules: megatron-core fine-grained activation offloading (`memory.OFFLOAD_MODULES`).
 
     Returns:
         dict of [P] arrays (step_time_s, tokens_per_s_per_gpu, microbatches, dp, raw_step_time_s,
@@ -380,6 +401,10 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     spec, cl = workload.model, workload.cluster
     x = _inputs(workload, pa, tables, imbalance)
     x.grad_bytes = MAIN_GRAD_BYTES if grad_reduce_in_fp32 else WEIGHT_BYTES
+    bad = set(offload_modules) - set(OFFLOAD_MODULES)
+    if bad:
+        raise ValueError(f"offload_modules: unknown {sorted(bad)}; choose from {', '.join(OFFLOAD_MODULES)}")
+    x.offload_modules = tuple(offload_modules)
     ops, m, z, W = x.ops, x.microbatches, x.zero, x.world
 
     # -- blocks, per layer and microbatch -----------------------------------------------------------
@@ -428,6 +453,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     terms.add("embedding", "embedding", emb.b)
     terms.add("lm_head_ce", "loss", head.f, head.f)
     terms.add("lm_head_ce", "loss", head.b)
+    _add_offload(x, terms, experts, workload.cluster)
     _add_mtp(x, terms, head)
     rec_dense, rec_moe = _recompute_forward(x, terms, attn, tp, dense, router, experts, ep_total, shared)
     terms.add("recompute", "dense", rec_dense, recomputed=True)

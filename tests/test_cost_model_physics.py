@@ -112,3 +112,21 @@ def test_new_clusters_predict(kind):
     assert pr.step_time_s > 0 and pr.tables_digest
     assert sum(pr.breakdown_s.values()) == pytest.approx(pr.step_time_s, rel=1e-12)
     assert c.hbm_gib in (288, 96)
+
+
+def test_activation_offloading_trades_memory_for_pcie_time():
+    w = _w("gpt-oss-120b", gpus=64, gbs=1280, window_size=128, window_attn_skip_freq=2)
+    p = Plan(pp=4, ep=8, mbs=4, recompute="selective", recompute_modules=("layernorm", "moe_act"))
+    a = predict(w, p, calibration=IDENTITY)
+    b = predict(w, p, calibration=IDENTITY, offload_modules=("expert_fc1", "moe_act"))
+    assert not a.feasible and b.feasible  # 101 GiB -> 63 GiB on stage 0
+    assert b.breakdown_s["activation_offload"] > 0 and a.breakdown_s["activation_offload"] == 0.0
+    assert sum(b.breakdown_s.values()) == pytest.approx(b.step_time_s, rel=1e-12)
+    # offloading what recompute already dropped changes nothing
+    c = predict(w, Plan(pp=4, ep=8, mbs=1, recompute="selective", recompute_modules=("layernorm",)),
+                calibration=IDENTITY, offload_modules=("qkv_linear",))
+    d = predict(w, Plan(pp=4, ep=8, mbs=1, recompute="selective", recompute_modules=("layernorm",)),
+                calibration=IDENTITY)
+    assert c.peak_memory_gib == pytest.approx(d.peak_memory_gib)
+    with pytest.raises(ValueError, match="offload_modules"):
+        predict(w, p, calibration=IDENTITY, offload_modules=("bogus",))
