@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from cost_model.calibration import Calibration, calibration_for
+from cost_model.constants import HBM_RESERVE_FRACTION
 from cost_model.model import evaluate
 from cost_model.plans import PlanArrays
 from cost_model.tables import Tables, load_tables, tables_dir_for
@@ -55,8 +56,8 @@ def resolve_calibration(workload, calibration=None, tables=None):
     return Calibration.load(calibration)
 
 
-def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserve=0.1, imbalance=1.0,
-                   detail=False) -> dict:
+def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserve=HBM_RESERVE_FRACTION, imbalance=1.0,
+                   detail=False, grad_reduce_in_fp32=True, offload_modules=()) -> dict:
     """Vectorised core: the model over many plans at once.
 
     Args:
@@ -73,6 +74,13 @@ def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserv
             scales expert GEMM rows, permutation and dispatch bytes.
         detail: Also return breakdown_s (seconds per component; they sum to step_time_s),
             memory_by_stage_gib, stage_mask, slowest_stage, m_expert, moe_block_fwd_s/bwd_s, notes.
+        grad_reduce_in_fp32: Megatron's `--grad-reduce-in-fp32`-style main gradients in fp32 (4 B
+            per parameter, the Megatron default); False: bf16 main grads and bf16 gradient
+            reduction, as the Megatron-Bridge performance recipes set (`cfg.ddp.grad_reduce_in_fp32
+            = False`).
+        offload_modules: megatron-core's fine-grained activation offloading of these modules'
+            inputs (`cost_model.memory.OFFLOAD_MODULES`): less activation memory, PCIe copies
+            priced as `activation_offload` where they outlast the layer's compute.
 
     Returns:
         dict of [P] arrays: step_time_s, tokens_per_s_per_gpu, microbatches, dp, raw_step_time_s
@@ -83,14 +91,15 @@ def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserv
     t = resolve_tables(workload, tables)
     cal = resolve_calibration(workload, calibration, t)
     out = evaluate(workload, pa, t, imbalance=imbalance, hbm_reserve=hbm_reserve,
-                   calibration_scale=cal.scale, detail=detail)
+                   calibration_scale=cal.scale, detail=detail, grad_reduce_in_fp32=grad_reduce_in_fp32,
+                   offload_modules=offload_modules)
     out["tables_digest"] = t.digest
     out["calibration_id"] = cal.id
     return out
 
 
-def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=0.1,
-                 imbalance=1.0) -> list[Prediction]:
+def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=HBM_RESERVE_FRACTION,
+                 imbalance=1.0, grad_reduce_in_fp32=True, offload_modules=()) -> list[Prediction]:
     """One `Prediction` per plan (feasibility with reasons, step time, throughput, MFU, memory per
     stage, breakdown), computed in one vectorised pass.
 
@@ -106,6 +115,8 @@ def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=
             a plan fits when its peak stage memory is within the rest.
         imbalance: Routed tokens of the busiest expert over the mean (1.0 = uniform routing);
             scales expert GEMM rows, permutation and dispatch bytes.
+        grad_reduce_in_fp32: fp32 main gradients (default); False for bf16 ones (see `predict_arrays`).
+        offload_modules: fine-grained activation offloading (see `predict_arrays`).
 
     Returns:
         A list of `Prediction`s in the order of `plans`.
@@ -114,7 +125,8 @@ def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=
     if not plans:
         return []
     r = predict_arrays(workload, plans, tables=tables, calibration=calibration, hbm_reserve=hbm_reserve,
-                       imbalance=imbalance, detail=True)
+                       imbalance=imbalance, detail=True, grad_reduce_in_fp32=grad_reduce_in_fp32,
+                       offload_modules=offload_modules)
     preds = []
     for i, p in enumerate(plans):
         mask = r["stage_mask"][i] > 0
@@ -142,7 +154,8 @@ def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=
     return preds
 
 
-def predict(workload, plan, *, tables=None, calibration=None, hbm_reserve=0.1, imbalance=1.0) -> Prediction:
+def predict(workload, plan, *, tables=None, calibration=None, hbm_reserve=HBM_RESERVE_FRACTION, imbalance=1.0,
+            grad_reduce_in_fp32=True, offload_modules=()) -> Prediction:
     """The `Prediction` of one plan; see `predict_many`.
 
     Args:
@@ -157,9 +170,12 @@ def predict(workload, plan, *, tables=None, calibration=None, hbm_reserve=0.1, i
             a plan fits when its peak stage memory is within the rest.
         imbalance: Routed tokens of the busiest expert over the mean (1.0 = uniform routing);
             scales expert GEMM rows, permutation and dispatch bytes.
+        grad_reduce_in_fp32: fp32 main gradients (default); False for bf16 ones (see `predict_arrays`).
+        offload_modules: fine-grained activation offloading (see `predict_arrays`).
     """
     return predict_many(workload, [plan], tables=tables, calibration=calibration,
-                        hbm_reserve=hbm_reserve, imbalance=imbalance)[0]
+                        hbm_reserve=hbm_reserve, imbalance=imbalance, grad_reduce_in_fp32=grad_reduce_in_fp32,
+                        offload_modules=offload_modules)[0]
 
 
 __all__ = ["Prediction", "PlanArrays", "predict", "predict_many", "predict_arrays"]

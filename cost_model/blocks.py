@@ -16,8 +16,10 @@ from cost_model.constants import (
     ADAM_STEP_BYTES_PER_PARAM,
     CE_BWD_BYTES_PER_LOGIT,
     CE_FWD_BYTES_PER_LOGIT,
+    D2H_SYNC_S,
     DDP_BUCKET_MIN_PARAMS,
     DDP_BUCKET_PARAMS_PER_DP_RANK,
+    FP8_QUANT_BYTES_PER_ELEMENT,
     FP32_ROUTER_GEMM_SLOWDOWN,
     KERNELS_ATTENTION,
     KERNELS_CP_PER_STEP,
@@ -28,6 +30,7 @@ from cost_model.constants import (
     KERNELS_SHARED_EXPERT,
     KERNELS_TP_ATTENTION,
     KERNELS_TP_DENSE_MLP,
+    MOE_KERNELS_AFTER_SYNC,
 )
 from cost_model.ops import TableOps
 from cost_model.plans import MODULE_BIT, PlanArrays
@@ -58,6 +61,8 @@ class Inputs:
     tokens_sp: np.ndarray  # T / tp: sequence-parallel tokens per GPU
     imbalance: float
     zero: np.ndarray
+    grad_bytes: float = 4.0  # main-gradient bytes per parameter (fp32; 2 with bf16 grad reduction)
+    offload_modules: tuple = ()  # megatron-core fine-grained activation offloading (memory.OFFLOAD_MODULES)
 
     @property
     def ranks(self):
@@ -149,13 +154,25 @@ def attention(x: Inputs) -> Attention:
         head_dim_key = hd
     proj_f = sum(p[0] for p in parts)
     proj_b = sum(p[1] for p in parts)
-    core_flops = T * x.seq * (nh / tp) * (dq + dv)  # causal: half of 2*(dq+dv)*Tq*Tk
+    core_flops = T * x.seq * (nh / tp) * (dq + dv) * window_fraction(spec, x.seq)  # causal: half of 2*(dq+dv)*Tq*Tk
     core_f, core_b = ops.attention(core_flops, x.seq / x.cp, head_dim_key)
     BWe = x.bw_elementwise
     # norms (2 per layer), residual adds (2), rope on q/k: read+write
     elem_f = (2 * 2 * 2.0 * Tsp * h + 2 * 3 * 2.0 * Tsp * h + 4.0 * T * nh * dq / tp) / BWe
     norm_f = 2 * 2 * 2.0 * Tsp * h / BWe
     return Attention(proj_f, proj_b, core_f, core_b, elem_f, norm_f, mla_up_f, kv_bytes)
+
+
+def window_fraction(spec, seq) -> float:
+    """Mean share of the causal attention FLOPs a layer does under sliding-window attention
+    (`constants`, "sliding-window attention"): 1 without a window."""
+    w = int(getattr(spec, "window_size", 0) or 0)
+    if w <= 0 or w >= seq:
+        return 1.0
+    windowed = (w - w * w / (2.0 * seq)) / (seq / 2.0)
+    n = int(getattr(spec, "window_attn_skip_freq", 0) or 0)
+    full_share = 1.0 / n if n > 0 else 0.0
+    return full_share + (1.0 - full_share) * windowed
 
 
 def cp_comm(x: Inputs, attn: Attention) -> FwdBwd:
@@ -310,6 +327,55 @@ def ep_exposed(x: Inputs, ep: FwdBwd, shared: FwdBwd, window: FwdBwd) -> FwdBwd:
     return FwdBwd(f2, b2)
 
 
+# ---- fp8 quantization ------------------------------------------------------------------------------
+@dataclass
+class Fp8Quantize:
+    """Seconds per layer and microbatch of casting fp8 GEMM operands (`constants`
+    FP8_QUANT_BYTES_PER_ELEMENT): the attention block (every layer), the dense MLP, the MoE block.
+    Forward casts each GEMM's input activation, backward each GEMM's output gradient."""
+    attn: FwdBwd
+    dense: FwdBwd
+    moe: FwdBwd
+
+
+def fp8_quantize(x: Inputs, experts: RoutedExperts | None) -> Fp8Quantize:
+    spec, T, tp, h = x.spec, x.tokens, x.tp, x.hidden
+    nh = spec.num_attention_heads
+    bpe = np.asarray(FP8_QUANT_BYTES_PER_ELEMENT)[x.pa.precision] / x.bw_elementwise
+    if spec.mla:
+        dq, dv = spec.qk_head_dim + spec.qk_pos_emb_head_dim, spec.v_head_dim
+        ql, kvl, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.qk_pos_emb_head_dim
+        a_in = T * (2 * h + (ql or h) + kvl + nh * dv / tp)  # q-down, kv-down, q-up, kv-up, out inputs
+        a_out = T * ((ql or 0) + kvl + rope + nh * dq / tp + nh * (spec.qk_head_dim + dv) / tp + h)
+    else:
+        hd, ng = spec.head_dim, spec.query_groups
+        a_in = T * (h + nh * hd / tp)
+        a_out = T * ((nh + 2 * ng) * hd / tp + h)
+    nmat = x.mlp_matrices
+    fd = spec.ffn_hidden_size
+    d_in, d_out = T * (h + fd / tp), T * (nmat * fd / tp + h)
+    if experts is not None:
+        fe, R, etp = spec.moe_ffn_hidden_size, experts.rows, x.etp
+        fs = spec.moe_shared_expert_ffn
+        m_in = R * (h + fe / etp) + (T * (h + fs / tp) if fs else 0.0)
+        m_out = R * (nmat * fe / etp + h) + (T * (nmat * fs / tp + h) if fs else 0.0)
+    else:
+        m_in = m_out = x.zero
+    return Fp8Quantize(FwdBwd(a_in * bpe, a_out * bpe), FwdBwd(d_in * bpe, d_out * bpe),
+                       FwdBwd(m_in * bpe, m_out * bpe))
+
+
+def moe_host_sync(x: Inputs) -> np.ndarray:
+    """Seconds per MoE layer and microbatch (forward) the GPU idles after the dropless
+    dispatcher's device-to-host sync of the token counts (`constants`, "MoE host
+    synchronisation"); the allgather dispatcher keeps the counts on the device."""
+    grouped = x.pa.grouped_gemm.astype(bool)
+    G = max(x.spec.num_experts, 1) / x.ep
+    after = MOE_KERNELS_AFTER_SYNC + np.where(grouped, KERNELS_PER_EXPERT_GEMMS, KERNELS_PER_EXPERT_GEMMS * G)
+    t = after * x.ops.gap + D2H_SYNC_S
+    return np.where(x.pa.dispatch == 1, 0.0, t) * (1.0 if x.ops.async_launch else 0.0)
+
+
 # ---- embedding and LM head -----------------------------------------------------------------------------
 def embedding(x: Inputs, tp: TPComm) -> FwdBwd:
     Tsp, h, BWe = x.tokens_sp, x.hidden, x.bw_elementwise
@@ -376,10 +442,11 @@ def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarra
     dpc_size, dpc_stride = x.dp * x.cp, x.tp  # DP x CP group: tp-strided, contiguous over cp and dp
     edp_size, edp_stride = group_size_stride("edp", *x.ranks, x.world)
     dist = pa.dist_opt.astype(bool)
-    rs_t = ops.collective("reduce_scatter", 4.0 * Pd, dpc_size, dpc_stride) + ops.collective(
-        "reduce_scatter", 4.0 * Pe, edp_size, edp_stride)
-    ar_t = ops.collective("all_reduce", 4.0 * Pd, dpc_size, dpc_stride) + ops.collective(
-        "all_reduce", 4.0 * Pe, edp_size, edp_stride)
+    gb = x.grad_bytes
+    rs_t = ops.collective("reduce_scatter", gb * Pd, dpc_size, dpc_stride) + ops.collective(
+        "reduce_scatter", gb * Pe, edp_size, edp_stride)
+    ar_t = ops.collective("all_reduce", gb * Pd, dpc_size, dpc_stride) + ops.collective(
+        "all_reduce", gb * Pe, edp_size, edp_stride)
     ag_t = ops.collective("all_gather", 2.0 * Pd, dpc_size, dpc_stride) + ops.collective(
         "all_gather", 2.0 * Pe, edp_size, edp_stride)
     grad_t = np.where(dist, rs_t, ar_t)

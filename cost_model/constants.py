@@ -72,3 +72,57 @@ KERNELS_SHARED_EXPERT = 4        # shared expert fc1, activation, fc2, add
 KERNELS_EMBEDDING = 4            # embedding lookup (first stage)
 KERNELS_LM_HEAD_LOSS = 12        # final norm, LM head GEMM, vocab-parallel cross-entropy
 KERNEL_PASSES = 3                # forward + backward, backward launching twice the forward's
+
+# ---- fp8 quantization (TransformerEngine 2.9 recipes) ---------------------------------------------
+# HBM bytes moved per element quantized for an fp8 GEMM operand (the activation entering a GEMM in
+# the forward pass, the output gradient in the backward), memory-bound at the `membw`
+# "elementwise" rate. Index = specs.plan.PRECISIONS code.
+#   tensorwise (current scaling): an amax reduction pass (read bf16, 2 B) before the cast, then
+#     cast + transpose (read 2 B, write the row-wise and the column-wise fp8 copy, 1 + 1 B):
+#     TE `Float8CurrentScalingQuantizer` (pytorch/tensor/float8_tensor.py) computes amax first;
+#     Hopper fp8 GEMMs take only TN layouts, hence the transposed copy (TE `cast_transpose`).
+#   delayed scaling: the scale comes from the amax history, the amax of this tensor is fused
+#     into the cast-transpose kernel: read 2 + write 1 + 1 (+ one small amax-history update per
+#     step, not charged). TE `Float8Quantizer`, `DelayedScaling` recipe.
+#   blockwise (1x128 / 128x128 scales): one fused kernel, read 2, write row- and column-wise fp8
+#     1 + 1 and an fp32 scale per 128 elements each way: 2 + 2 + 2*4/128. TE
+#     `Float8BlockQuantizer` (pytorch/tensor/float8_blockwise_tensor.py).
+#   mxfp8 (1x32 E8M0 scales): read 2, write row- and column-wise copies 1 + 1 and a 1-byte scale
+#     per 32 elements each way: 2 + 2 + 2/32. TE `MXFP8Quantizer`.
+FP8_QUANT_BYTES_PER_ELEMENT = (0.0, 2 + 2 + 1 + 1, 2 + 1 + 1, 2 + 1 + 1 + 2 * 4 / 128, 2 + 1 + 1 + 2 / 32)
+
+# ---- sliding-window attention ----------------------------------------------------------------------
+# Megatron-core `window_attn_skip_freq` (transformer_config.py): with an int N, every N-th layer
+# (layer_number % N == 0) keeps full causal attention and the others use `window_size`. A causal
+# query at position i attends min(i, w) keys, so over a sequence s > w the windowed layer does
+# (w - w^2 / (2 s)) / (s / 2) of the causal FLOPs. Sinks (GPT-OSS) add one learned logit per head
+# to the softmax denominator: no GEMM work, not charged.
+
+# ---- MoE host synchronisation -----------------------------------------------------------------------
+# Dropless token dispatchers copy the per-expert token counts to the host before the expert GEMMs
+# (Megatron-core moe/token_dispatcher.py `_maybe_dtoh_and_synchronize`, the alltoall and flex
+# dispatchers; TE GroupedLinear takes the split sizes as host ints). The stream drains at that
+# point, so the kernels the host launches after it run at launch pace until the queue refills:
+# exposed per MoE layer forward = the MoE kernels after the sync x the dispatch gap, plus one
+# device-to-host round trip. Design choice: the kernels after the sync are the expert GEMMs,
+# activation and unpermute/combine (KERNELS_PER_EXPERT_GEMMS + MOE_KERNELS_AFTER_SYNC); the round
+# trip is the CUDA D2H small-copy latency, ~10 us (NVIDIA CUDA C++ Best Practices Guide,
+# "Data Transfer Between Host and Device": small transfers are latency-bound at ~10 us).
+MOE_KERNELS_AFTER_SYNC = 8
+D2H_SYNC_S = 10e-6
+
+# ---- memory: allocator and runtime reserve ---------------------------------------------------------
+# Share of HBM a plan may not count on: the CUDA context and cuBLAS/cuDNN workspaces (~1-2 GiB),
+# NCCL's per-communicator buffers and the PyTorch caching allocator's fragmentation. Megatron-core
+# docs ("Memory usage": `--empty-unused-memory-level`) and PyTorch's CUDA semantics notes
+# (`expandable_segments` exists to cut fragmentation) describe the effect but give no figure; 10%
+# is the reserve moetune has always used (a stated assumption, not a measurement).
+HBM_RESERVE_FRACTION = 0.10
+
+# ---- activation offloading ---------------------------------------------------------------------------
+# megatron-core 0.16.1 fine-grained activation offloading (transformer_config.py
+# `fine_grained_activation_offloading`, `offload_modules`) copies each listed module's saved input
+# to pinned host memory on a side stream in the forward and back in the backward. Achievable share
+# of the PCIe link's per-direction rate for large pinned copies: ~0.8 (NVIDIA CUDA samples
+# `bandwidthTest` reports ~52-55 GB/s pinned D2H on a Gen5 x16 link of 64 GB/s per direction).
+PCIE_ACHIEVABLE_FRACTION = 0.8

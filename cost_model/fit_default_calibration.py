@@ -4,9 +4,11 @@ training rows (cost_model/data/published_training_calibration.csv, each row with
     python -m cost_model.fit_default_calibration [--write]
 
 Each row becomes a Workload + Plan (published parallel layout; dispatcher, flex backend, a2a
-overlap, recompute and pipeline layout as the Megatron-Bridge recipe for that run sets them, see
-OVERRIDES with sources; dist-opt on, default DP overlaps, fp8 -> fp8-tensorwise on Hopper, mxfp8 as
-published), the model predicts the raw step time, and one scale is fitted by soft-L1 least squares
+overlap, recompute, pipeline layout, fp8 recipe and gradient-reduction dtype as the recipe for that
+run sets them, see OVERRIDES with sources; dist-opt on, default DP overlaps, fp8 -> fp8-tensorwise
+(current scaling) unless the recipe says otherwise, mxfp8 as
+published; MTP and sliding-window fields of the model as its HF config has them), the model
+predicts the raw step time, and one scale is fitted by soft-L1 least squares
 on log step time. The report prints the residual after the fit and leave-one-out.
 """
 from __future__ import annotations
@@ -21,33 +23,51 @@ DATA = Path(__file__).resolve().parent / "data" / "published_training_calibratio
 
 
 # Schedule/kernel fields the published recipes set beyond the layout columns, keyed by
-# (model, hw, release), with their source. Megatron-Bridge scripts/performance: the per-GPU
-# WorkloadBaseConfig presets (configs/<family>/<family>_workload_base_configs.py; moe_a2a_overlap
-# defaults to False in utils/utils.py WorkloadBaseConfig) and the per-model builders
-# (configs/<family>/<family>_llm_pretrain.py) that pick the dispatcher.
+# (model, hw, release), with their source: (plan fields, model-spec fields the preset may lack,
+# predict() options, source). Megatron-Bridge scripts/performance: the per-GPU WorkloadBaseConfig
+# presets (configs/<family>/<family>_workload_base_configs.py; moe_a2a_overlap defaults to False
+# in utils/utils.py WorkloadBaseConfig) and the per-model builders (configs/<family>/
+# <family>_llm_pretrain.py) that pick the dispatcher and set the common perf options.
 MB = "NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/"
+HF_GPT_OSS = ("huggingface.co/openai/gpt-oss-120b config.json: sliding_window 128, layer_types alternate "
+              "sliding/full (Megatron window_attn_skip_freq=2), learned attention sinks")
+HF_DSV3 = "huggingface.co/deepseek-ai/DeepSeek-V3 config.json: num_nextn_predict_layers 1"
 OVERRIDES = {
     ("qwen3-30b-a3b", "h100-sxm", "26.04.01"): (
-        dict(dispatcher="flex", flex_backend="hybridep"),
+        dict(dispatcher="flex", flex_backend="hybridep"), {}, dict(grad_reduce_in_fp32=False),
         MB + "qwen/qwen3_workload_base_configs.py QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1 "
-        "(EP16, moe_flex_dispatcher_backend=hybridep, moe_a2a_overlap=False); qwen/qwen3_llm_pretrain.py "
-        "qwen3_30b_a3b_pretrain_config_h100 (moe_token_dispatcher_type=flex, recompute off)"),
+        "(EP16, GBS1024, moe_flex_dispatcher_backend=hybridep, moe_a2a_overlap=False, no CUDA graphs; "
+        "FP8_CS = current scaling = fp8-tensorwise); qwen/qwen3_llm_pretrain.py (moe_token_dispatcher_type="
+        "flex; set_qwen3_common_configs: recompute off, ddp.grad_reduce_in_fp32=False, "
+        "moe_router_force_load_balancing=True)"),
     ("gpt-oss-120b", "h100-sxm", "26.04.01"): (
         dict(dispatcher="alltoall", recompute="selective", recompute_modules=("layernorm", "moe_act")),
+        dict(window_size=128, window_attn_skip_freq=2, attention_sinks=True), {},
         MB + "gpt_oss/gpt_oss_workload_base_configs.py GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V2 "
-        "(PP4 EP8, recompute_modules=[layernorm, moe_act]); dispatcher alltoall from "
-        "src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py (moe_token_dispatcher_type=alltoall)"),
+        "(PP4 EP8 MBS1 GBS1280, recompute_modules=[layernorm, moe_act]); dispatcher alltoall from "
+        "src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py (moe_token_dispatcher_type=alltoall); "
+        "attention: " + HF_GPT_OSS),
     ("qwen3-30b-a3b", "h100-sxm", "25.09"): (
-        dict(dispatcher="alltoall"),
+        dict(dispatcher="alltoall", precision="fp8-delayed"), {}, dict(grad_reduce_in_fp32=False),
         "25.09 row says 'token drop': Megatron drop-and-pad (capacity factor) needs the alltoall/"
         "allgather dispatcher; with a capacity factor of 1.0 and padding every expert computes exactly "
-        "the balanced load (ASSUMED cf=1.0: the 25.09 recipe file is not in the reference set)"),
+        "the balanced load (ASSUMED cf=1.0: the 25.09 recipe file is not in the reference set). fp8 = "
+        "delayed scaling: NVIDIA/NeMo scripts/performance/argument_parser.py `--fp8_recipe` defaults to "
+        "'ds' (per-tensor delayed scaling) and the 25.09 table names no other recipe. bf16 gradient "
+        "reduction ASSUMED as NeMo's 25.09-era perf scripts set it for fp8 runs "
+        "(NVIDIA/NeMo scripts/performance/llm/pretrain_gpt3_175b.py: compute_dtype fp8 -> "
+        "grad_reduce_in_fp32=False) and as the later Qwen3 recipe does (qwen/qwen3_llm_pretrain.py)"),
     ("deepseek-v3", "b200", "26.04.01"): (
         dict(dispatcher="flex", flex_backend="deepep", a2a_overlap=True, recompute="selective",
-             recompute_modules=("mla_up_proj", "mlp"), pp_layout="Et*4|(t*4|)*14tmL"),
+             recompute_modules=("mla_up_proj", "mlp"), pp_layout="Et*4|(t*4|)*14tL"),
+        dict(mtp_num_layers=1), dict(grad_reduce_in_fp32=False),
         MB + "deepseek/deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 "
         "(PP8 VPP2 EP32 GBS4096: moe_flex_dispatcher_backend=deepep, moe_a2a_overlap=True, "
-        "pp_layout=Et*4|(t*4|)*14tmL, recompute_modules=[mla_up_proj, mlp], CUDA graphs attn/router)"),
+        "pp_layout=Et*4|(t*4|)*14tmL, recompute_modules=[mla_up_proj, mlp], CUDA graphs attn/router); "
+        "deepseek/deepseek_llm_pretrain.py common perf settings (ddp.grad_reduce_in_fp32=False, "
+        "moe_router_force_load_balancing=True). The layout's MTP layer (m) is priced by the model on the "
+        "loss stage (ModelSpec.mtp_num_layers=1, " + HF_DSV3 + "); specs.pipeline does not parse m, so "
+        "the layout is passed without it"),
 }
 
 
@@ -57,25 +77,36 @@ def rows():
 
 
 def row_case(r):
+    """(workload, plan, measured step seconds, label, predict() options) of one published row,
+    completed as its recipe runs it (OVERRIDES)."""
+    import dataclasses
+
     from clusters import load_cluster
     from specs.models import load_model
     from specs.plan import Plan
     from specs.workload import Workload
-    w = Workload(load_model(r["model"]), load_cluster(r["hw"], int(r["gpus"])), int(r["gbs"]), int(r["seq"]))
+    plan_kw, spec_kw, opts, _src = OVERRIDES.get((r["model"], r["hw"], r["release"]), ({}, {}, {}, ""))
+    spec = load_model(r["model"])
+    # fill only what the preset lacks (a preset that already carries the field wins)
+    fill = {k: v for k, v in spec_kw.items() if not getattr(spec, k)}
+    if fill:
+        spec = dataclasses.replace(spec, **fill)
+    w = Workload(spec, load_cluster(r["hw"], int(r["gpus"])), int(r["gbs"]), int(r["seq"]))
     prec = {"fp8": "fp8-tensorwise", "bf16": "bf16", "mxfp8": "mxfp8"}[r["precision"]]
+    plan_kw = {"precision": prec, **plan_kw}  # a recipe's own fp8 recipe wins over the column
     p = Plan(tp=int(r["tp"]), pp=int(r["pp"]), cp=int(r["cp"]), vpp=int(r["vpp"]), ep=int(r["ep"]),
-             mbs=int(r["mbs"]), precision=prec, **OVERRIDES.get((r["model"], r["hw"], r["release"]), ({}, ""))[0])
+             mbs=int(r["mbs"]), **plan_kw)
     measured = int(r["gbs"]) * int(r["seq"]) / (float(r["tokens_per_s_per_gpu"]) * int(r["gpus"]))
     label = f"{r['model']}@{r['hw']}x{r['gpus']} {r['release']} tp{r['tp']}pp{r['pp']}vpp{r['vpp']}ep{r['ep']}"
-    return w, p, measured, label
+    return w, p, measured, label, opts
 
 
 def pairs(tables=None):
     from cost_model import predict
     out = []
     for r in rows():
-        w, p, meas, label = row_case(r)
-        pr = predict(w, p, tables=tables, calibration=IDENTITY)
+        w, p, meas, label, opts = row_case(r)
+        pr = predict(w, p, tables=tables, calibration=IDENTITY, **opts)
         out.append((pr.step_time_s, meas, label))
     return out
 

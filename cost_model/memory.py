@@ -29,7 +29,7 @@ def korthikanti_layer_bytes(s, b, h, a, t=1, *, sequence_parallel=True) -> float
     return total / t if sequence_parallel else s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t))
 
 
-def optimizer_bytes_per_param(dist_opt, dp_shard=1, *, fp8=False):
+def optimizer_bytes_per_param(dist_opt, dp_shard=1, *, fp8=False, grad_bytes=MAIN_GRAD_BYTES):
     """Static bytes per parameter: bf16 weight 2 + fp32 main grad 4 (+1 for an fp8 weight copy)
     + Adam (fp32 master, m, v) 12, the 12 sharded over `dp_shard` ranks by the distributed
     optimizer. Arguments broadcast (numpy arrays over plans/stages); a float for scalars.
@@ -39,8 +39,9 @@ def optimizer_bytes_per_param(dist_opt, dp_shard=1, *, fp8=False):
         dp_shard: Ranks the optimizer state is sharded over (DP x CP for dense parameters,
             expert-DP for experts).
         fp8: An fp8 recipe (bool or bool array): adds the quantised weight copy.
+        grad_bytes: Main-gradient bytes (fp32 4; 2 when gradients are reduced in bf16).
     """
-    out = (WEIGHT_BYTES + MAIN_GRAD_BYTES + np.asarray(fp8) * FP8_WEIGHT_COPY_BYTES
+    out = (WEIGHT_BYTES + grad_bytes + np.asarray(fp8) * FP8_WEIGHT_COPY_BYTES
            + np.where(dist_opt, ADAM_STATE_BYTES / dp_shard, ADAM_STATE_BYTES))
     return float(out) if np.ndim(out) == 0 else out
 
@@ -110,8 +111,9 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
     fp8 = x.fp8
     nd, nm, em, lo, smask = st.dense, st.moe, st.embedding, st.loss, st.mask
     dist = pa.dist_opt.astype(bool)
-    static = (params.dense * optimizer_bytes_per_param(col(dist), col(x.dp * x.cp), fp8=fp8[:, None])
-              + params.expert * optimizer_bytes_per_param(col(dist), col(x.edp), fp8=fp8[:, None]))
+    gb = x.grad_bytes
+    static = (params.dense * optimizer_bytes_per_param(col(dist), col(x.dp * x.cp), fp8=fp8[:, None], grad_bytes=gb)
+              + params.expert * optimizer_bytes_per_param(col(dist), col(x.edp), fp8=fp8[:, None], grad_bytes=gb))
     a = activation_terms(spec, T, tp, seq, flash=flash, dropout=dropout)
     dense_mlp_terms = mlp_terms(T, h, spec.ffn_hidden_size, glu, tp)
     # fp8 linears save their quantised (1-byte) inputs for the weight gradient
@@ -126,9 +128,14 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
     drop_attn = (has("core_attn") * a["core_attn"] + has("mla_up_proj") * a.get("mla_up", 0.0)
                  + has("layernorm") * a["qkv_in"])
     attn_mem = full_attn - drop_attn
+    # fine-grained activation offloading (megatron-core 0.16.1 `offload_modules`): the module's
+    # input leaves HBM for the host; only what recompute has not already dropped counts
+    off = offload_bytes(x, a, experts)
+    attn_mem = attn_mem - off.attn_kept_off
     dense_mlp_mem = sum(dense_mlp_terms.values()) - has("mlp") * (sum(dense_mlp_terms.values())
                                                                    - dense_mlp_terms["ln2_in"]) \
         - (has("layernorm") & ~has("mlp")) * dense_mlp_terms["fc1_in"]
+    dense_mlp_mem = dense_mlp_mem - off.dense_mlp
     if spec.is_moe:
         E, fe, etp, R = max(spec.num_experts, 1), spec.moe_ffn_hidden_size, x.etp, experts.rows
         router_in = 2.0 * Tsp * h
@@ -149,6 +156,7 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
                    - (has("moe_act") & ~has("moe")) * routed["fc2_in"]
                    - (has("shared_experts") & ~has("moe")) * sh_sum
                    - (has("layernorm") & ~has("moe")) * router_in)
+        moe_mem = moe_mem - off.moe
         dispatch_buf = 2 * 2.0 * R * h
     else:
         moe_mem = z
@@ -161,17 +169,64 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
     moe_act_nr = attn_mem + moe_mem
     # per-stage activation of one microbatch (block recompute: only part of the layers)
     rc_frac = st.recompute_fraction
+    # MTP layers (Megatron-core multi_token_prediction.py) sit on the loss stage: one layer of the
+    # last layer's kind each, plus the eh-projection input (2h) and their own logits
+    n_mtp = float(getattr(spec, "mtp_num_layers", 0) or 0)
+    mtp_act = (col(moe_act if spec.moe_layers[-1] else dense_act) + col(2.0 * 2.0 * Tsp * h)) * n_mtp
     per_mb = (rc_frac * (nd * col(dense_act) + nm * col(moe_act))
               + (1 - rc_frac) * (nd * col(dense_act_nr) + nm * col(moe_act_nr))
-              + em * col(2.0 * Tsp * h)) * smask
+              + em * col(2.0 * Tsp * h) + lo * mtp_act) * smask
     pp, vpp, m = x.pp, x.vpp, x.microbatches
     s_idx = np.arange(smask.shape[1])[None, :]
     inflight_1f1b = np.minimum(col(pp) - s_idx, col(m))
     inflight_chunks = np.minimum(col(m * vpp), 2 * (col(pp) - s_idx - 1) + (col(vpp) - 1) * col(pp) + 1)
     inflight = np.where(col(vpp) > 1, inflight_chunks / col(vpp), inflight_1f1b)
     acts = per_mb * np.maximum(inflight, 0)
-    transient = (nm > 0) * col(dispatch_buf) + lo * col(T * V / tp * CE_TRANSIENT_BYTES_PER_LOGIT)
+    transient = (nm > 0) * col(dispatch_buf) + lo * col(T * V / tp * CE_TRANSIENT_BYTES_PER_LOGIT) * (1.0 + n_mtp)
     return (static + acts + transient) * smask / GIB
+
+
+# megatron-core 0.16.1 transformer_config.py `offload_modules` choices
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
+
+
+@dataclass
+class Offload:
+    """Per layer and microbatch, bytes fine-grained activation offloading moves to the host:
+    of the attention block (`attn`, and the part recompute had not already dropped,
+    `attn_kept_off`), of a dense MLP and of a MoE block."""
+    attn: np.ndarray
+    attn_kept_off: np.ndarray
+    dense_mlp: np.ndarray
+    moe: np.ndarray
+
+
+def offload_bytes(x, a=None, experts=None) -> Offload:
+    """What `x.offload_modules` moves to the host (megatron-core 0.16.1 fine-grained activation
+    offloading: each listed module's saved input). `a`: the attention terms (`activation_terms`)."""
+    spec, z, mods = x.spec, x.zero, set(getattr(x, "offload_modules", ()) or ())
+    if not mods:
+        return Offload(z, z, z, z)
+    has = x.recomputes
+    if a is None:
+        a = activation_terms(spec, x.tokens, x.tp, x.seq)
+        lin8 = np.where(x.fp8, 0.5, 1.0)
+        for key in ("qkv_in", "mla_latent", "attn_out"):
+            if key in a:
+                a[key] = a[key] * lin8
+    Tsp, h = x.tokens_sp, x.hidden
+    lin8 = np.where(x.fp8, 0.5, 1.0)
+    attn = z + ("attn_norm" in mods) * a["ln1_in"] + ("qkv_linear" in mods) * a["qkv_in"] \
+        + ("core_attn" in mods) * (a.get("qkv", 0.0) + a.get("mla_up", 0.0)) + ("attn_proj" in mods) * a["attn_out"]
+    kept = attn - ("qkv_linear" in mods) * has("layernorm") * a["qkv_in"] \
+        - ("core_attn" in mods) * has("mla_up_proj") * a.get("mla_up", 0.0)
+    dense = z + ("mlp_norm" in mods) * 2.0 * Tsp * h
+    moe = z + ("mlp_norm" in mods) * 2.0 * Tsp * h
+    if experts is not None and spec.is_moe:
+        R, fe = experts.rows, spec.moe_ffn_hidden_size
+        moe = moe + ("expert_fc1" in mods) * 2.0 * R * h * lin8 * (1 - has("moe")) \
+            + ("moe_act" in mods) * 2.0 * R * x.mlp_matrices * fe / x.etp * (1 - has("moe"))
+    return Offload(attn, kept, dense, moe)
 
 
 def col(a) -> np.ndarray:
@@ -191,9 +246,14 @@ def stage_params(x, st) -> StageParams:
     moe_layer_p = pl["attention"] + pl["shared_expert"] + pl["router"] + pl["norms"]
     expert_layer_p = pl["moe_experts"]
     out_layer = V * h if (not spec.tie_embeddings or pp.max() > 1) else 0
-    dense_p = (nd * dense_layer_p + nm * moe_layer_p + em * V * h) / col(tp) \
+    # MTP layers on the loss stage: the eh-projection (2h x h), two norms and one layer of the last
+    # layer's kind (Megatron-core multi_token_prediction.py)
+    n_mtp = float(getattr(spec, "mtp_num_layers", 0) or 0)
+    last_moe = bool(spec.moe_layers[-1])
+    mtp_p = n_mtp * (2 * h * h + 2 * h + (moe_layer_p if last_moe else dense_layer_p))
+    dense_p = (nd * dense_layer_p + nm * moe_layer_p + em * V * h + lo * mtp_p) / col(tp) \
         + lo * (np.where(col(pp) > 1, V * h, out_layer) / col(tp) + h)
     if spec.tie_embeddings:
         dense_p = dense_p - np.where(col(pp) == 1, lo * V * h / col(tp), 0.0)
-    expert_p = nm * expert_layer_p / col(x.ep * x.etp)
+    expert_p = (nm + lo * n_mtp * last_moe) * expert_layer_p / col(x.ep * x.etp)
     return StageParams(dense_p * smask, expert_p * smask)

@@ -64,7 +64,9 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
     embedding,
     ep_dispatch_combine,
     ep_exposed,
+    fp8_quantize,
     lm_head_loss,
+    moe_host_sync,
     optimizer_step,
     pipeline,
     routed_experts,
@@ -73,9 +75,17 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
     structural_kernels,
     tp_comm,
 )
-from cost_model.constants import KERNEL_PASSES, KERNELS_EMBEDDING, KERNELS_LM_HEAD_LOSS
+from cost_model.constants import (
+    HBM_RESERVE_FRACTION,
+    KERNEL_PASSES,
+    KERNELS_EMBEDDING,
+    KERNELS_LM_HEAD_LOSS,
+    MAIN_GRAD_BYTES,
+    PCIE_ACHIEVABLE_FRACTION,
+    WEIGHT_BYTES,
+)
 from cost_model.flops import model_flops_per_token
-from cost_model.memory import col, memory_by_stage, stage_params
+from cost_model.memory import OFFLOAD_MODULES, col, memory_by_stage, offload_bytes, stage_params
 from cost_model.ops import TableOps
 from cost_model.plans import PlanArrays
 from specs.errors import LayoutError
@@ -201,8 +211,8 @@ def _recompute_fraction(pa: PlanArrays, vpp: np.ndarray, nlay: np.ndarray) -> np
 # ---- the step as one list of terms ---------------------------------------------------------------
 # Breakdown components, in the order `breakdown_s` lists them.
 COMPONENTS = ("attention_proj", "core_attention", "dense_mlp", "router_permutation", "ep_dispatch_combine",
-              "expert_gemm", "shared_expert", "elementwise", "tp_comm", "cp_comm", "embedding", "lm_head_ce",
-              "recompute")
+              "expert_gemm", "shared_expert", "elementwise", "fp8_quantize", "moe_host_sync", "tp_comm", "cp_comm",
+              "embedding", "lm_head_ce", "mtp", "activation_offload", "recompute")
 # What a term is counted per: every transformer layer, dense layers, MoE layers, the embedding
 # (first stage), the LM head + loss (last stage).
 GROUPS = ("layer", "dense", "moe", "embedding", "loss")
@@ -271,6 +281,9 @@ class StepTerms:
                 ts = [t for t in self.terms if t.component == c and t.group == g]
                 if ts:
                     parts.append(st.count(g) * col(_chain(t.seconds for t in ts)))
+            if not parts:  # a component this model has no term for (e.g. mtp without MTP layers)
+                out[c] = st.mask * 0.0
+                continue
             total = _chain(parts)
             if any(t.recomputed for t in self.terms if t.component == c):
                 total = st.recompute_fraction * total
@@ -295,6 +308,40 @@ def _recompute_forward(x: Inputs, st_terms: StepTerms, attn, tp, dense: FwdBwd, 
                + has("shared_experts") * (1 - has("moe")) * shared.f)
     return (np.where(rc_full, st_terms.unit_fwd("dense"), sel_dense),
             np.where(rc_full, st_terms.unit_fwd("moe"), sel_moe))
+
+
+def _add_offload(x: Inputs, terms: StepTerms, experts, cluster):
+    """Fine-grained activation offloading: the offloaded inputs go to the host in the forward
+    and come back in the backward over PCIe (`cluster.pcie_gbps` per direction), on a side stream
+    that overlaps the layer's own compute (megatron-core 0.16.1 fine_grained_activation_offloading;
+    `constants`, "activation offloading"); what exceeds the layer's forward (backward) is exposed."""
+    if not x.offload_modules:
+        return
+    off = offload_bytes(x, None, experts)
+    bw = max(float(cluster.pcie_gbps or 0.0), 1e-3) * 1e9 * PCIE_ACHIEVABLE_FRACTION
+    for kind, moved in (("dense", off.attn_kept_off + off.dense_mlp), ("moe", off.attn_kept_off + off.moe)):
+        unit = _chain(t.seconds for t in terms._of(kind))
+        uf = terms.unit_fwd(kind)
+        f = np.maximum(0.0, moved / bw - uf)
+        b = np.maximum(0.0, moved / bw - (unit - uf))
+        terms.add("activation_offload", kind, f, f)
+        terms.add("activation_offload", kind, b)
+
+
+def _add_mtp(x: Inputs, terms: StepTerms, head: FwdBwd):
+    """Multi-token prediction (Megatron-core multi_token_prediction.py), on the loss stage: per
+    MTP depth, two norms and the eh-projection GEMM (2h -> h) over the concatenated embedding and
+    hidden state, one transformer layer of the model's last-layer kind, and the shared LM head +
+    cross-entropy again."""
+    n = int(getattr(x.spec, "mtp_num_layers", 0) or 0)
+    if n <= 0:
+        return
+    kind = "moe" if x.spec.moe_layers[-1] else "dense"
+    proj = x.ops.gemm(x.tokens, x.hidden / x.tp, 2 * x.hidden)
+    layer = _chain(t.seconds for t in terms._of(kind))
+    layer_f = terms.unit_fwd(kind)
+    terms.add("mtp", "loss", n * (layer_f + proj[0] + head.f), n * (layer_f + proj[0] + head.f))
+    terms.add("mtp", "loss", n * (layer - layer_f + proj[1] + head.b))
 
 
 # ---- the model ----------------------------------------------------------------------------------
@@ -327,8 +374,9 @@ def _inputs(workload, pa: PlanArrays, tables, imbalance) -> Inputs:
                   tokens_sp=T / tp, imbalance=imbalance, zero=np.zeros(pa.n))
 
 
-def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.1, calibration_scale=1.0,
-              flash=True, dropout=False, detail=True) -> dict:
+def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HBM_RESERVE_FRACTION,
+              calibration_scale=1.0, flash=True, dropout=False, detail=True, grad_reduce_in_fp32=True,
+              offload_modules=()) -> dict:
     """The model over all plans of `pa` at once.
 
     Args:
@@ -341,6 +389,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
         flash: Flash attention (activation memory without the s^2 term).
         dropout: Count dropout masks in activation memory.
         detail: Also return the breakdown, per-stage memory and per-block diagnostics.
+        grad_reduce_in_fp32: fp32 main gradients and gradient reduction (False: bf16 ones).
+        offload_modules: megatron-core fine-grained activation offloading (`memory.OFFLOAD_MODULES`).
 
     Returns:
         dict of [P] arrays (step_time_s, tokens_per_s_per_gpu, microbatches, dp, raw_step_time_s,
@@ -350,6 +400,11 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
     """
     spec, cl = workload.model, workload.cluster
     x = _inputs(workload, pa, tables, imbalance)
+    x.grad_bytes = MAIN_GRAD_BYTES if grad_reduce_in_fp32 else WEIGHT_BYTES
+    bad = set(offload_modules) - set(OFFLOAD_MODULES)
+    if bad:
+        raise ValueError(f"offload_modules: unknown {sorted(bad)}; choose from {', '.join(OFFLOAD_MODULES)}")
+    x.offload_modules = tuple(offload_modules)
     ops, m, z, W = x.ops, x.microbatches, x.zero, x.world
 
     # -- blocks, per layer and microbatch -----------------------------------------------------------
@@ -370,6 +425,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
         router = ep_total = shared = ep = expert_t = FwdBwd(z, z)
     emb = embedding(x, tp)
     head = lm_head_loss(x, tp, attn)
+    q8 = fp8_quantize(x, experts)
+    sync = moe_host_sync(x) if spec.is_moe else z
 
     # -- one list of terms: the stage time and the breakdown both sum it -----------------------------
     terms = StepTerms()
@@ -388,10 +445,16 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
                       ("shared_expert", shared)):
         terms.add(name, "moe", blk.f, blk.f)
         terms.add(name, "moe", blk.b)
+    for group, blk in (("layer", q8.attn), ("dense", q8.dense), ("moe", q8.moe)):
+        terms.add("fp8_quantize", group, blk.f, blk.f)
+        terms.add("fp8_quantize", group, blk.b)
+    terms.add("moe_host_sync", "moe", sync, sync)
     terms.add("embedding", "embedding", emb.f, emb.f)
     terms.add("embedding", "embedding", emb.b)
     terms.add("lm_head_ce", "loss", head.f, head.f)
     terms.add("lm_head_ce", "loss", head.b)
+    _add_offload(x, terms, experts, workload.cluster)
+    _add_mtp(x, terms, head)
     rec_dense, rec_moe = _recompute_forward(x, terms, attn, tp, dense, router, experts, ep_total, shared)
     terms.add("recompute", "dense", rec_dense, recomputed=True)
     terms.add("recompute", "moe", rec_moe, recomputed=True)
@@ -453,9 +516,10 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=0.
         out["slowest_stage"] = slow
         out["m_expert"] = np.broadcast_to(experts.m_expert if experts is not None else z, (pa.n,))
         # one MoE block alone (pre-MLP norm, router, permutation, dispatch/combine, experts,
-        # shared expert), per microbatch: what Megatron's moe_perf tests time
-        out["moe_block_fwd_s"] = attn.norm_f / 2 + router.f + ep.f + expert_t.f + shared.f
-        out["moe_block_bwd_s"] = attn.norm_f + router.b + ep.b + expert_t.b + shared.b
+        # shared expert, fp8 casts, the dispatcher's host sync), per microbatch: what Megatron's
+        # moe_perf tests time
+        out["moe_block_fwd_s"] = attn.norm_f / 2 + router.f + ep.f + expert_t.f + shared.f + q8.moe.f + sync
+        out["moe_block_bwd_s"] = attn.norm_f + router.b + ep.b + expert_t.b + shared.b + q8.moe.b
         # what a fused dispatch + experts + combine kernel would replace (forward, per microbatch
         # and MoE layer), and how many MoE layers the slowest stage runs: the megakernel what-if
         out["moe_dispatch_experts_fwd_s"] = np.broadcast_to(ep.f + expert_t.f, (pa.n,))

@@ -1,0 +1,132 @@
+"""The step components issue 10 added: fp8 quantization per recipe, MTP layers, sliding-window
+attention, the dropless dispatcher's host sync, bf16 gradient reduction, and the published rows'
+memory. Each test compares two predictions that differ in one input."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from clusters import load_cluster
+from cost_model import predict, predict_arrays
+from cost_model.blocks import window_fraction
+from cost_model.calibration import IDENTITY
+from cost_model.constants import FP8_QUANT_BYTES_PER_ELEMENT
+from specs.models import load_model
+from specs.plan import PRECISIONS, Plan
+from specs.workload import Workload
+
+
+def _w(model="qwen3-30b-a3b", kind="h100-sxm", gpus=16, gbs=64, seq=4096, **spec_kw):
+    spec = load_model(model)
+    if spec_kw:
+        spec = dataclasses.replace(spec, **spec_kw)
+    return Workload(spec, load_cluster(kind, gpus), gbs, seq)
+
+
+def _bd(w, plans, **kw):
+    return predict_arrays(w, plans, calibration=IDENTITY, detail=True, **kw)
+
+
+def test_fp8_recipes_price_their_quantization_distinctly():
+    w = _w()
+    precs = ["bf16", "fp8-tensorwise", "fp8-delayed", "fp8-blockwise"]
+    q = _bd(w, [Plan(ep=16, precision=p) for p in precs])["breakdown_s"]["fp8_quantize"]
+    assert q[0] == 0.0
+    # tensorwise (amax pass + cast) > blockwise (one fused pass + scales) > delayed (amax fused)
+    assert q[1] > q[3] > q[2] > 0
+    ratio = FP8_QUANT_BYTES_PER_ELEMENT[PRECISIONS.index("fp8-tensorwise")] / FP8_QUANT_BYTES_PER_ELEMENT[
+        PRECISIONS.index("fp8-delayed")]
+    assert q[1] / q[2] == pytest.approx(ratio, rel=1e-9)
+    mx = _bd(_w(kind="b200"), [Plan(ep=16, precision="mxfp8")])["breakdown_s"]["fp8_quantize"][0]
+    assert mx > 0
+
+
+def test_mtp_layers_cost_time_and_memory_on_the_loss_stage():
+    plan = Plan(pp=8, vpp=2, ep=32, precision="mxfp8", dispatcher="flex", flex_backend="deepep",
+                pp_layout="Et*4|(t*4|)*14tL")
+    base, mtp = (predict(_w("deepseek-v3", "b200", 256, 4096, mtp_num_layers=n), plan, calibration=IDENTITY)
+                 for n in (0, 1))
+    assert base.breakdown_s.get("mtp", 0.0) == 0.0
+    assert mtp.memory_by_stage_gib[-1] > base.memory_by_stage_gib[-1] + 1.0  # an MoE layer + logits
+    assert mtp.memory_by_stage_gib[0] == pytest.approx(base.memory_by_stage_gib[0])
+    # with an even layout the loss stage becomes the slowest: the MTP layer shows in the step
+    even = Plan(pp=8, ep=32, precision="mxfp8", dispatcher="flex", flex_backend="deepep")
+    b2, m2 = (predict(_w("deepseek-v3", "b200", 256, 4096, mtp_num_layers=n), even, calibration=IDENTITY)
+              for n in (0, 1))
+    assert m2.breakdown_s["mtp"] > 0 and m2.step_time_s > b2.step_time_s
+
+
+def test_sliding_window_attention_cuts_core_attention():
+    spec = load_model("gpt-oss-120b")
+    assert window_fraction(spec, 4096) == 1.0
+    swa = dataclasses.replace(spec, window_size=128, window_attn_skip_freq=2)
+    f = window_fraction(swa, 4096)
+    assert f == pytest.approx(0.5 + 0.5 * (128 - 128 * 128 / 8192) / 2048)
+    plan = [Plan(pp=4, ep=8)]
+    a = _bd(_w("gpt-oss-120b", gpus=64, gbs=256), plan)["breakdown_s"]["core_attention"][0]
+    b = _bd(_w("gpt-oss-120b", gpus=64, gbs=256, window_size=128, window_attn_skip_freq=2),
+            plan)["breakdown_s"]["core_attention"][0]
+    assert b == pytest.approx(a * f, rel=1e-9)
+
+
+def test_host_sync_for_dropless_dispatchers_only():
+    w = _w()
+    s = _bd(w, [Plan(ep=16), Plan(ep=16, dispatcher="allgather"),
+                Plan(ep=16, dispatcher="flex", flex_backend="hybridep")])["breakdown_s"]["moe_host_sync"]
+    assert s[0] > 0 and s[2] > 0 and s[1] == 0.0
+    cpu = _bd(Workload(load_model("qwen3-30b-a3b"), load_cluster("cpu-local", 1), 8, 256),
+              [Plan()])["breakdown_s"]["moe_host_sync"]
+    assert cpu[0] == 0.0  # synchronous CPU execution: no queue to drain
+
+
+def test_bf16_gradient_reduction_saves_two_bytes_per_parameter():
+    w = _w(gpus=16, gbs=512)
+    plan = Plan(pp=2, vpp=24, ep=8, mbs=2, precision="fp8-delayed")
+    a = predict(w, plan, calibration=IDENTITY)
+    b = predict(w, plan, calibration=IDENTITY, grad_reduce_in_fp32=False)
+    assert b.peak_memory_gib < a.peak_memory_gib - 2.0
+    assert b.breakdown_s["dp_grad_reduce_scatter"] <= a.breakdown_s["dp_grad_reduce_scatter"]
+
+
+def test_published_calibration_rows_fit_in_memory():
+    from cost_model.fit_default_calibration import row_case, rows
+    for r in rows():
+        w, p, _m, label, opts = row_case(r)
+        pr = predict(w, p, calibration=IDENTITY, **opts)
+        assert pr.feasible, (label, pr.reasons)
+
+
+def test_deepseek_v3_gb200_published_layout_fits():
+    w = _w("deepseek-v3", "gb200-nvl72", 256, 4096, mtp_num_layers=1)
+    p = Plan(pp=4, vpp=4, ep=64, precision="fp8-tensorwise", dispatcher="flex", flex_backend="hybridep",
+             recompute="selective", recompute_modules=("mlp",))
+    pr = predict(w, p, calibration=IDENTITY, grad_reduce_in_fp32=False)
+    assert pr.feasible, pr.reasons
+
+
+@pytest.mark.parametrize("kind", ["gb300-nvl72", "b300", "h20"])
+def test_new_clusters_predict(kind):
+    c = load_cluster(kind)
+    pr = predict(_w(kind=kind, gpus=16), Plan(ep=16, precision="fp8-tensorwise"), calibration=IDENTITY)
+    assert pr.step_time_s > 0 and pr.tables_digest
+    assert sum(pr.breakdown_s.values()) == pytest.approx(pr.step_time_s, rel=1e-12)
+    assert c.hbm_gib in (288, 96)
+
+
+def test_activation_offloading_trades_memory_for_pcie_time():
+    w = _w("gpt-oss-120b", gpus=64, gbs=1280, window_size=128, window_attn_skip_freq=2)
+    p = Plan(pp=4, ep=8, mbs=4, recompute="selective", recompute_modules=("layernorm", "moe_act"))
+    a = predict(w, p, calibration=IDENTITY)
+    b = predict(w, p, calibration=IDENTITY, offload_modules=("expert_fc1", "moe_act"))
+    assert not a.feasible and b.feasible  # 101 GiB -> 63 GiB on stage 0
+    assert b.breakdown_s["activation_offload"] > 0 and a.breakdown_s["activation_offload"] == 0.0
+    assert sum(b.breakdown_s.values()) == pytest.approx(b.step_time_s, rel=1e-12)
+    # offloading what recompute already dropped changes nothing
+    c = predict(w, Plan(pp=4, ep=8, mbs=1, recompute="selective", recompute_modules=("layernorm",)),
+                calibration=IDENTITY, offload_modules=("qkv_linear",))
+    d = predict(w, Plan(pp=4, ep=8, mbs=1, recompute="selective", recompute_modules=("layernorm",)),
+                calibration=IDENTITY)
+    assert c.peak_memory_gib == pytest.approx(d.peak_memory_gib)
+    with pytest.raises(ValueError, match="offload_modules"):
+        predict(w, p, calibration=IDENTITY, offload_modules=("bogus",))
