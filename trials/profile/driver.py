@@ -149,10 +149,12 @@ class DeviceProfiler:
 
 def _ray_init(address: str | None, num_cpus: int):
     import ray
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+    from trials.ray_runtime import configure_auth
     if ray.is_initialized():
         return False
-    env = {"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}}
+    configure_auth(joining=bool(address))  # token authentication on (trials/ray_runtime.py)
+    env = {"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}}
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=False)
     else:
