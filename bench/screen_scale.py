@@ -53,6 +53,8 @@ def main() -> int:
                                                           include_dashboard=False, gcs_server_port=6421))
     c.add_node(num_cpus=args.cpus_per_node, node_ip_address="127.0.0.1")
     c.wait_for_nodes()
+    from ray._private.utils import get_ray_address_file
+    Path(get_ray_address_file(None)).unlink(missing_ok=True)  # or other processes' ray.init() joins it
     ray.init(address=c.address, log_to_driver=False)
     rows = []
     try:

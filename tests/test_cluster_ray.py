@@ -60,6 +60,7 @@ def cluster(tmp_path_factory):
     worker = c.add_node(num_cpus=1, resources={"moetune_node1": 1}, node_ip_address="127.0.0.1",
                         metrics_export_port=METRICS_PORT + 1)
     c.wait_for_nodes()
+    _forget_address_file()
     ray.init(address=ADDRESS, log_to_driver=False)
     c.worker = worker
     try:
@@ -67,6 +68,15 @@ def cluster(tmp_path_factory):
     finally:
         ray.shutdown()
         c.shutdown()
+
+
+def _forget_address_file() -> None:
+    """Cluster() records its address in Ray's shared temp dir, where a plain ray.init() of any
+    other process on this machine would then join it: remove it (these tests name the address)."""
+    from ray._private.utils import get_ray_address_file
+    f = Path(get_ray_address_file(None))
+    if f.exists() and f.read_text().strip().endswith(f":{GCS_PORT}"):
+        f.unlink()
 
 
 def _alive_nodes() -> set[str]:
@@ -99,18 +109,43 @@ def test_two_rank_trial_runs_one_rank_on_each_node(cluster):
                                 iters=2, warmup=1)
     assert isinstance(res, Measurement), res
     assert len(res.nodes) == 2 and set(res.nodes) == _alive_nodes(), res.nodes
-    assert res.step_time_s > 0 and len(res.losses) == 2
+    assert res.step_time_s > 0 and len(res.step_times_s) == 2 and len(res.losses) == 3  # warm-up + timed
+
+
+STUDY_METRICS = ("moetune_trials_completed", "moetune_best_tokens_per_s_per_gpu", "moetune_last_prediction_error",
+                 "moetune_plans_screened_per_s")
+
+
+def _metrics_text() -> str:
+    text = ""
+    for n in ray.nodes():
+        if n["Alive"]:
+            try:
+                text += _get(f"http://127.0.0.1:{n['MetricsExportPort']}/metrics")[1]
+            except OSError:
+                pass
+    return text
 
 
 def test_tune_with_ray_address_auto_runs_a_study_on_the_cluster(cluster, tmp_path):
     study_dir = tmp_path / "study"
     cmd = [sys.executable, "-m", "tuner.cli", "tune", "--model", "tiny-moe", "--cluster", "cpu-local",
            "--gpus", "2", "--gbs", "4", "--seq", "64", "--study", "cluster", "--study-dir", str(study_dir),
-           "--trials", "1", "--preregister", "1", "--iters", "2", "--warmup", "1", "--screen-actors", "2",
+           "--trials", "2", "--preregister", "2", "--iters", "2", "--warmup", "1", "--screen-actors", "2",
            "--trial-timeout", "400", "--ray-address", "auto", "--no-progress"]
-    p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1500)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "trials span 2 Ray nodes" in p.stdout
+    log = tmp_path / "tune.log"
+    with log.open("w") as f:
+        p = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=f, stderr=subprocess.STDOUT, text=True)
+        seen = set()  # the study's metrics in the nodes' Prometheus export, while it runs
+        deadline = time.monotonic() + 1500
+        while p.poll() is None and time.monotonic() < deadline:
+            text = _metrics_text()
+            seen |= {m for m in STUDY_METRICS if f"ray_{m}" in text}
+            time.sleep(2)
+        rc = p.wait(timeout=60)
+    out = log.read_text()
+    assert rc == 0, out[-4000:]
+    assert "trials span 2 Ray nodes" in out
     import csv
     rows = list(csv.DictReader((study_dir / "trials.csv").open()))
     assert rows and all(r["state"] == "COMPLETE" for r in rows), rows
@@ -118,26 +153,13 @@ def test_tune_with_ray_address_auto_runs_a_study_on_the_cluster(cluster, tmp_pat
         assert set(r["nodes"].split()) == _alive_nodes(), r["nodes"]
     # the dashboard's state API saw the named screening actors and the trials' launchers
     status, body = _get(f"{DASHBOARD}/api/v0/actors?limit=1000&detail=1", _token())
-    names = {a.get("name") for a in json.loads(body)["data"]["result"]["result"]}
+    actors = json.loads(body)["data"]["result"]["result"]
+    names = {a.get("name") for a in actors}
     assert any(n.startswith("moetune-screen-") for n in names), names
     assert any(n.startswith("moetune-trial-") and n.endswith("-node1") for n in names), names
-    screen_nodes = {a["node_id"] for a in json.loads(body)["data"]["result"]["result"]
-                    if a.get("name", "").startswith("moetune-screen-")}
+    screen_nodes = {a["node_id"] for a in actors if a.get("name", "").startswith("moetune-screen-")}
     assert screen_nodes == _alive_nodes()  # shards spread over both nodes
-
-
-def test_metrics_endpoint_exports_the_study_metrics(cluster):
-    # recorded by the study of the previous test (its driver ran on this cluster)
-    ports = [n["MetricsExportPort"] for n in ray.nodes() if n["Alive"]]
-    text = ""
-    for _ in range(20):
-        text = "".join(_get(f"http://127.0.0.1:{p}/metrics")[1] for p in ports)
-        if "moetune_trials_completed" in text:
-            break
-        time.sleep(1)
-    for name in ("moetune_trials_completed", "moetune_best_tokens_per_s_per_gpu",
-                 "moetune_last_prediction_error", "moetune_plans_screened_per_s"):
-        assert f"ray_{name}" in text, name
+    assert seen == set(STUDY_METRICS), seen
 
 
 def test_ray_job_submit_runs_a_study(cluster, tmp_path):

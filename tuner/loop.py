@@ -209,6 +209,7 @@ class TrialLoop:
         self._layout = None
         self._slots = 1
         self.metrics = None
+        self.screen_rate: tuple[int, float] | None = None  # (plans, seconds) of this run's screening
         self._bar = None
 
     # stages -----------------------------------------------------------------------------------
@@ -245,6 +246,8 @@ class TrialLoop:
                 num_gpus=wl.world if wl.cluster.is_gpu else 0,
                 num_cpus=0 if wl.cluster.is_gpu else wl.world, max_retries=0)
         self.metrics = study_metrics(self.options.study)
+        if self.metrics is not None and self.screen_rate:
+            self.metrics.screened(*self.screen_rate)
         self._slots = trial_slots(wl)
         raw_of = {p["plan"]: p["predicted_raw_step_time_s"] for p in self.prereg["plans"]}
         raw_of[self.base_plan] = self.prereg["baseline"]["predicted_raw_step_time_s"]
@@ -340,6 +343,8 @@ class TrialLoop:
         """Wait up to `timeout_s` for a result; record every finished or timed-out trial."""
         import ray
         ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=timeout_s)
+        if self.metrics is not None:
+            self.metrics.refresh()
         now = time.monotonic()
         for ref in list(self.in_flight):
             run = self.in_flight[ref]
@@ -485,14 +490,10 @@ def _screen(options: TuneOptions, workload, profile, *, tables, calibration):
         kwargs["tables"] = tables
     elif tables is not None and tables.directory.resolve() != _default_tables(workload).directory.resolve():
         logger.warning("screening uses the default tables: this tuner.screen takes no tables argument")
-    from tuner.metrics import study_metrics
     t0 = time.monotonic()
     total, pool = screen(workload, profile, options.precision, level=options.level, calibration=calibration,
                          num_actors=options.screen_actors, progress=options.progress, **kwargs)
-    metrics = study_metrics(options.study)
-    if metrics is not None:
-        metrics.screened(total, time.monotonic() - t0)
-    return total, pool
+    return total, pool, time.monotonic() - t0
 
 
 def _default_tables(workload):
@@ -526,7 +527,7 @@ def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> Tun
     import ray
     started = start_ray(workload, options.ray_address, options.dashboard, options.ray_no_auth)
     try:
-        total, pool = _screen(options, workload, profile, tables=tables, calibration=calibration)
+        total, pool, screen_s = _screen(options, workload, profile, tables=tables, calibration=calibration)
         if not pool:
             raise UsageError("no realizable plan fits in memory by the cost model")
         logger.info("screened %d realizable plans; %d kept (%d parallel layouts)", total, len(pool),
@@ -553,6 +554,7 @@ def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> Tun
 
         loop = TrialLoop(study, storage, workload=workload, prereg=prereg, sampler=GuidedSampler(pool),
                          options=options, tables=tables, calibration=calibration)
+        loop.screen_rate = (total, screen_s)
         loop.run()
         rows = study_mod.trial_rows(study)
         path = write_report(study_dir, rows=rows, backend=options.backend, calibration=loop.calibration,

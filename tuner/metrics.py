@@ -31,21 +31,32 @@ class StudyMetrics:
         self.screen_rate = Gauge("moetune_plans_screened_per_s", description="Plans screened per second.",
                                  tag_keys=("study",))
         self._best = 0.0
+        self._last: dict = {}  # gauge -> last value, re-set by refresh()
 
     def trial(self, result: dict, predicted_step_time_s: float | None) -> None:
         if result.get("ok"):
             self.completed.inc(1, tags=self.tags)
             self._best = max(self._best, float(result["tokens_per_s_per_gpu"]))
-            self.best.set(self._best, tags=self.tags)
+            self._set(self.best, self._best)
             measured = float(result["step_time_s"])
             if predicted_step_time_s and measured > 0:
-                self.pred_err.set((predicted_step_time_s - measured) / measured, tags=self.tags)
+                self._set(self.pred_err, (predicted_step_time_s - measured) / measured)
         else:
             self.failed.inc(1, tags=dict(self.tags, kind=str(result.get("kind", "crash"))))
 
     def screened(self, plans: int, seconds: float) -> None:
         if seconds > 0:
-            self.screen_rate.set(plans / seconds, tags=self.tags)
+            self._set(self.screen_rate, plans / seconds)
+
+    def _set(self, gauge, value: float) -> None:
+        self._last[gauge] = value
+        gauge.set(value, tags=self.tags)
+
+    def refresh(self) -> None:
+        """Re-set every gauge: Ray exports a gauge only for the interval it was set in, and the
+        dashboard should show the study's figures for as long as it runs."""
+        for gauge, value in self._last.items():
+            gauge.set(value, tags=self.tags)
 
 
 def study_metrics(study: str) -> StudyMetrics | None:
