@@ -6,9 +6,12 @@
    written once, exclusively and self-hashed, before the first trial; a rerun verifies it instead;
 3. trials (`TrialLoop`): the baseline, the pre-registered plans, then the guided sampler's
    proposals, each a Ray task holding the plan's devices (num_cpus = world on cpu-local, num_gpus =
-   world on GPUs) running a trial backend; results go to the Optuna study (`tuner.study`), and after
+   world on GPUs) running a trial backend, or, when the world is wider than any Ray node, a task
+   driving one placement group with a launcher actor per node (trials/placement.py); results go to the Optuna study (`tuner.study`), and after
    every measured trial the calibration is refitted and the rest re-ranked;
 4. the report (`tuner.report`) and the pre-registered verdict.
+Ray is started or joined with token authentication (trials/ray_runtime.py); the study's figures go
+to Ray's metrics (tuner/metrics.py).
 
 Several tuner processes (on several hosts, with a shared RDB storage) may run one study: plans are
 claimed through the study (lowest trial number wins) and a tuner that dies is noticed by its

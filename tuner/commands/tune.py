@@ -15,7 +15,8 @@ sampler.py, report.py):
 2. pre-registration: `<study dir>/preregistration.json` (+ .sha256) before the first trial, never
    rewritten; `moetune adjudicate` verifies it and gives PASS/FAIL;
 3. trials: the baseline, the pre-registered plans, then the cost-model-guided sampler's proposals,
-   each a Ray task holding the plan's devices running the Megatron-core trial backend; the plan's
+   each a Ray task holding the plan's devices running the Megatron-core trial backend (a trial
+   wider than one Ray node: a placement group, one launcher actor per node); the plan's
    fields are the Optuna trial's params, the results its user attributes;
 4. feedback: after every measured trial the calibration is refitted and the rest re-ranked;
 5. report: `<study dir>/report.md`, trials.csv and plots; its path is printed last.
