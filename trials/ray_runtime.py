@@ -87,6 +87,18 @@ def _refresh_ray_auth_cache() -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
+def loopback_only() -> None:
+    """Keep an embedded cluster on 127.0.0.1: Ray otherwise replaces the loopback address by the
+    host's own (GCS included), reachable from the network. Its "cluster mode" switch is read from
+    the environment by every Ray process at start, and by this one's already imported Ray here."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    try:
+        import ray._private.ray_constants as ray_constants
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    except ImportError:
+        pass
+
+
 def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False,
              no_auth: bool = False, runtime_env: dict | None = None, resources: dict | None = None):
     """ray.init, joining `address` or starting a local cluster bound to 127.0.0.1; returns Ray's
@@ -96,6 +108,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
     quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
     if address:
         return ray.init(address=address, runtime_env=runtime_env, **quiet)
+    loopback_only()
     return ray.init(address="local", num_cpus=num_cpus, resources=resources, include_dashboard=dashboard,
                     dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", runtime_env=runtime_env,
                     **quiet)

@@ -150,7 +150,7 @@ class DeviceProfiler:
 def _ray_init(address: str | None, num_cpus: int):
     import ray
 
-    from trials.ray_runtime import configure_auth
+    from trials.ray_runtime import configure_auth, loopback_only
     if ray.is_initialized():
         return False
     configure_auth(joining=bool(address))  # token authentication on (trials/ray_runtime.py)
@@ -158,6 +158,7 @@ def _ray_init(address: str | None, num_cpus: int):
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=False)
     else:
+        loopback_only()
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                  object_store_memory=80 * 1024 * 1024, runtime_env=env, log_to_driver=False,
                  configure_logging=False)
