@@ -167,8 +167,12 @@ def test_ray_job_submit_runs_a_study(cluster, tmp_path):
     entry = (f"{sys.executable} -m tuner.cli tune --model tiny-moe --cluster cpu-local --gpus 2 --gbs 4 --seq 64 "
              f"--study job --study-dir {study_dir} --trials 1 --preregister 1 --iters 2 --warmup 1 "
              f"--screen-actors 2 --trial-timeout 400 --ray-address auto --no-progress")
-    p = subprocess.run(["ray", "job", "submit", "--address", DASHBOARD, "--", *entry.split()], cwd=ROOT,
-                       env=_env(), capture_output=True, text=True, timeout=1500)
+    for _ in range(6):  # a just-started node's job agent may not be up yet (Ray: "try again later")
+        p = subprocess.run(["ray", "job", "submit", "--address", DASHBOARD, "--", *entry.split()], cwd=ROOT,
+                           env=_env(), capture_output=True, text=True, timeout=1500)
+        if "No available agent to submit job" not in p.stderr + p.stdout:
+            break
+        time.sleep(10)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert (study_dir / "report.md").exists()
     status, body = _get(f"{DASHBOARD}/api/jobs/", _token())
