@@ -56,9 +56,10 @@ def cluster(tmp_path_factory):
         gcs_server_port=GCS_PORT, num_cpus=1, resources={"moetune_node0": 1}, node_ip_address="127.0.0.1",
         include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=DASHBOARD_PORT,
         metrics_export_port=METRICS_PORT, ray_client_server_port=10411,
+        dashboard_agent_listen_port=52411,  # the default 52365 may be another Ray's on a shared host
         _system_config={"health_check_period_ms": 1000, "health_check_failure_threshold": 3}))
     worker = c.add_node(num_cpus=1, resources={"moetune_node1": 1}, node_ip_address="127.0.0.1",
-                        metrics_export_port=METRICS_PORT + 1)
+                        metrics_export_port=METRICS_PORT + 1, dashboard_agent_listen_port=52412)
     c.wait_for_nodes()
     _forget_address_file()
     ray.init(address=ADDRESS, log_to_driver=False)
