@@ -50,8 +50,10 @@ def main() -> int:
                   seq=args.seq)
     profile = profile_for(wl.cluster)
     c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=args.cpus_per_node, node_ip_address="127.0.0.1",
-                                                          include_dashboard=False, gcs_server_port=6421))
-    c.add_node(num_cpus=args.cpus_per_node, node_ip_address="127.0.0.1")
+                                                          include_dashboard=True, dashboard_port=8421,
+                                                          gcs_server_port=6421,
+                                                          dashboard_agent_listen_port=52421))
+    c.add_node(num_cpus=args.cpus_per_node, node_ip_address="127.0.0.1", dashboard_agent_listen_port=52422)
     c.wait_for_nodes()
     from ray._private.utils import get_ray_address_file
     Path(get_ray_address_file(None)).unlink(missing_ok=True)  # or other processes' ray.init() joins it
@@ -63,7 +65,9 @@ def main() -> int:
             total, pool = screen(wl, profile, num_actors=n, progress=False)
             wall = time.perf_counter() - t0
             from ray.util.state import list_actors
-            nodes = {a.node_id for a in list_actors(limit=10000) if (a.name or "").startswith(f"moetune-screen-{os.getpid()}-")}
+            mine = f"moetune-screen-{os.getpid()}-"
+            nodes = {a.node_id for a in list_actors(address="http://127.0.0.1:8421", limit=10000)
+                     if (a.name or "").startswith(mine)}
             rows.append({"actors": n, "plans": total, "wall_s": round(wall, 3), "plans_per_s": round(total / wall, 1),
                          "nodes_used_so_far": len(nodes)})
             print(json.dumps(rows[-1]), flush=True)
