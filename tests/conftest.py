@@ -5,8 +5,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-# Local Ray clusters in tests: no auth token, loopback only.
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # Without a GPU, Triton kernels run only in its interpreter, and Triton decides that when a kernel
 # is decorated: set it before any test module (torch, megatron and sglang all import triton) loads.
 if not Path("/dev/nvidiactl").exists():
@@ -21,6 +19,11 @@ def _isolated_moetune_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("moetune-home")
     old = os.environ.get("MOETUNE_HOME")
     os.environ["MOETUNE_HOME"] = str(home)
+    # Ray's token authentication stays on in tests, as for users: every Ray the tests start (the
+    # tuner's, kernels' measurement's, a test's own ray.init) uses this session's token.
+    from trials.ray_runtime import MODE_ENV, TOKEN_PATH_ENV, ensure_token
+    os.environ[MODE_ENV] = "token"
+    os.environ[TOKEN_PATH_ENV] = str(ensure_token())
     yield home
     if old is None:
         os.environ.pop("MOETUNE_HOME", None)

@@ -25,6 +25,7 @@ class Measurement:
     losses: tuple[float, ...] = ()
     versions: dict = field(default_factory=dict)
     backend: str = ""
+    nodes: tuple[str, ...] = ()  # Ray node id of each rank, when run on Ray (multi-node trials)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -38,6 +39,7 @@ class Failure:
     kind: str  # one of FAILURE_KINDS
     message: str
     backend: str = ""
+    nodes: tuple[str, ...] = ()  # Ray node id of each rank, when known
 
     def __post_init__(self) -> None:
         if self.kind not in FAILURE_KINDS:
@@ -56,6 +58,8 @@ class Resources:
     timeout_s: float = 600.0
     memory_cap_gib: float | None = None  # per rank; exceeding it is classified as OOM
     master_port: int | None = None  # None: pick a free port
+    # ranks per Ray node when the trial spans nodes (trials/placement.py); None: all on this machine
+    layout: tuple[int, ...] | None = None
 
 
 class TrialBackend(abc.ABC):

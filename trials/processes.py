@@ -29,12 +29,26 @@ def _pythonpath() -> str:
     return str(REPO_ROOT) + (os.pathsep + prev if prev else "")
 
 
+def _die_with_parent() -> None:
+    """Runs in a rank between fork and exec: SIGKILL it when its launcher dies, so a launcher
+    actor killed with its node (or cancelled) leaves no rank behind (Linux prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
 class RankGroup:
     def __init__(self, module: str, spec_path: Path, world: int, workdir: Path,
-                 master_port: int | None = None, env: dict | None = None):
+                 master_port: int | None = None, env: dict | None = None, *,
+                 ranks: list[int] | None = None, master_addr: str = "127.0.0.1",
+                 die_with_parent: bool = False):
         """module: run as `python -m module spec_path` per rank; env: extra environment
-        variables for every rank (e.g. the launch environment of the emitted script)."""
+        variables for every rank (e.g. the launch environment of the emitted script).
+        ranks: the global ranks this group starts (one node's share of a multi-node trial;
+        default all of 0..world-1), with LOCAL_RANK their index here; master_addr: the
+        rendezvous host; die_with_parent: ranks are killed when this process dies."""
         self.module, self.spec_path, self.world, self.workdir = module, spec_path, world, workdir
+        self.ranks = list(range(world)) if ranks is None else list(ranks)
+        self.master_addr, self.die_with_parent = master_addr, die_with_parent
         self.extra_env = dict(env or {})
         self.port = master_port or free_port()
         self.procs: list[subprocess.Popen] = []
@@ -44,18 +58,19 @@ class RankGroup:
         return self.workdir / f"rank{rank}.log"
 
     def __enter__(self) -> "RankGroup":
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port),
-                   WORLD_SIZE=str(self.world), LOCAL_WORLD_SIZE=str(self.world),
+        env = dict(os.environ, MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.port),
+                   WORLD_SIZE=str(self.world), LOCAL_WORLD_SIZE=str(len(self.ranks)),
                    OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                    PYTHONPATH=_pythonpath(), **self.extra_env)
         try:
-            for r in range(self.world):
+            for local, r in enumerate(self.ranks):
                 log = open(self.log_path(r), "wb")
                 self._logs.append(log)
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", self.module, str(self.spec_path)], cwd=str(REPO_ROOT),
-                    env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True))
+                    env=dict(env, RANK=str(r), LOCAL_RANK=str(local)), stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=_die_with_parent if self.die_with_parent else None))
         except BaseException:
             self.__exit__(None, None, None)
             raise

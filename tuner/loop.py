@@ -6,9 +6,12 @@
    written once, exclusively and self-hashed, before the first trial; a rerun verifies it instead;
 3. trials (`TrialLoop`): the baseline, the pre-registered plans, then the guided sampler's
    proposals, each a Ray task holding the plan's devices (num_cpus = world on cpu-local, num_gpus =
-   world on GPUs) running a trial backend; results go to the Optuna study (`tuner.study`), and after
+   world on GPUs) running a trial backend, or, when the world is wider than any Ray node, a task
+   driving one placement group with a launcher actor per node (trials/placement.py); results go to the Optuna study (`tuner.study`), and after
    every measured trial the calibration is refitted and the rest re-ranked;
 4. the report (`tuner.report`) and the pre-registered verdict.
+Ray is started or joined with token authentication (trials/ray_runtime.py); the study's figures go
+to Ray's metrics (tuner/metrics.py).
 
 Several tuner processes (on several hosts, with a shared RDB storage) may run one study: plans are
 claimed through the study (lowest trial number wins) and a tuner that dies is noticed by its
@@ -47,6 +50,8 @@ class TuneOptions:
         precision: bf16 or an fp8 recipe name (see tuner.complete).
         ray_address: an existing Ray cluster to join; None: start an embedded one.
         dashboard: start the Ray dashboard and log its address.
+        ray_no_auth: start / join Ray without token authentication (explicit opt-out, logged as a
+            warning; trials/ray_runtime.py).
         trial_timeout_s: seconds after which the backend kills a trial.
         memory_cap_gib: per-rank memory cap (OOM beyond it); None: the device's.
         iters, warmup: timed and warm-up iterations per trial.
@@ -66,6 +71,7 @@ class TuneOptions:
     precision: str = "bf16"
     ray_address: str | None = None
     dashboard: bool = False
+    ray_no_auth: bool = False
     trial_timeout_s: float = 300.0
     memory_cap_gib: float | None = None
     iters: int = 3
@@ -107,25 +113,33 @@ class TuneResult:
 
 # Ray --------------------------------------------------------------------------------------------
 
-def start_ray(workload, ray_address: str | None = None, dashboard: bool = False) -> bool:
-    """Join `ray_address` or start an embedded Ray with enough CPUs for one trial; returns whether
-    this call started Ray (and so must shut it down). A Ray already initialised is left as it is."""
+def start_ray(workload, ray_address: str | None = None, dashboard: bool = False, no_auth: bool = False) -> bool:
+    """Join `ray_address` or start an embedded Ray with enough CPUs for one trial, token
+    authentication on unless `no_auth` (trials/ray_runtime.py); returns whether this call started
+    Ray (and so must shut it down). A Ray already initialised is left as it is."""
     import ray
+
+    from trials.ray_runtime import init_ray
     if ray.is_initialized():
         return False
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray_address:
-        ctx = ray.init(address=ray_address, log_to_driver=False, logging_level=logging.WARNING)
-    else:
-        ncpu = os.cpu_count() or 1
-        if not workload.cluster.is_gpu:
-            ncpu = max(ncpu, workload.world)  # a trial holds `world` cores
-        ctx = ray.init(address="local", include_dashboard=dashboard, _node_ip_address="127.0.0.1",
-                       num_cpus=ncpu, log_to_driver=False, logging_level=logging.WARNING)
-    if dashboard:
+    ncpu = os.cpu_count() or 1
+    if not workload.cluster.is_gpu:
+        ncpu = max(ncpu, workload.world)  # a trial holds `world` cores
+    ctx = init_ray(ray_address, num_cpus=ncpu, dashboard=dashboard, no_auth=no_auth)
+    if dashboard or ray_address:
         url = getattr(ctx, "dashboard_url", None)
         logger.info("Ray dashboard: %s", f"http://{url}" if url else "not available")
     return True
+
+
+def trial_layout(workload) -> tuple[int, ...] | None:
+    """Ranks per Ray node when a trial's world does not fit on one node (trials/placement.py)."""
+    from trials.placement import alive_capacity, spread_layout
+    try:
+        layout = spread_layout(workload.world, alive_capacity(workload.cluster.is_gpu))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return tuple(layout) if layout else None
 
 
 def trial_slots(workload) -> int:
@@ -137,16 +151,21 @@ def trial_slots(workload) -> int:
 
 
 def _run_trial(backend: str, plan_text: str, workload, iters: int, warmup: int, timeout_s: float,
-               memory_cap_gib: float | None) -> dict:
-    """Body of a trial's Ray task: run the plan on the backend, return its result as a dict."""
+               memory_cap_gib: float | None, layout: tuple[int, ...] | None = None) -> dict:
+    """Body of a trial's Ray task: run the plan on the backend, return its result as a dict with
+    `nodes`, the Ray node of every rank (this task's node unless the trial spans nodes)."""
+    import ray
+
     from specs.plan import Plan
     from trials import get_backend
     from trials.base import Resources
     res = get_backend(backend).run(Plan.parse(plan_text), workload,
                                    Resources(devices=workload.world, timeout_s=timeout_s,
-                                             memory_cap_gib=memory_cap_gib),
-                                   iters=iters, warmup=warmup)
-    return res.to_dict()
+                                             memory_cap_gib=memory_cap_gib, layout=layout),
+                                   iters=iters, warmup=warmup).to_dict()
+    if not res.get("nodes") and not layout:
+        res["nodes"] = [ray.get_runtime_context().get_node_id()] * workload.world
+    return res
 
 
 # the trial loop -----------------------------------------------------------------------------------
@@ -190,7 +209,10 @@ class TrialLoop:
         self.in_flight: dict = {}  # Ray object ref -> _Running
         self.heartbeat = None
         self._remote = None
+        self._layout = None
         self._slots = 1
+        self.metrics = None
+        self.screen_rate: tuple[int, float] | None = None  # (plans, seconds) of this run's screening
         self._bar = None
 
     # stages -----------------------------------------------------------------------------------
@@ -214,10 +236,21 @@ class TrialLoop:
         """Ray task options, the heartbeat, and what the study already knows (resumption)."""
         import ray
         from tqdm import tqdm
+
+        from tuner.metrics import study_metrics
         wl = self.workload
-        self._remote = ray.remote(_run_trial).options(
-            num_gpus=wl.world if wl.cluster.is_gpu else 0,
-            num_cpus=0 if wl.cluster.is_gpu else wl.world, max_retries=0)
+        self._layout = trial_layout(wl)
+        if self._layout:  # the task only drives: the placement group's launchers hold the devices
+            self._remote = ray.remote(_run_trial).options(num_gpus=0, num_cpus=0, max_retries=0)
+            logger.info("trials span %d Ray nodes (%s ranks per node)", len(self._layout),
+                        "+".join(map(str, self._layout)))
+        else:
+            self._remote = ray.remote(_run_trial).options(
+                num_gpus=wl.world if wl.cluster.is_gpu else 0,
+                num_cpus=0 if wl.cluster.is_gpu else wl.world, max_retries=0)
+        self.metrics = study_metrics(self.options.study)
+        if self.metrics is not None and self.screen_rate:
+            self.metrics.screened(*self.screen_rate)
         self._slots = trial_slots(wl)
         raw_of = {p["plan"]: p["predicted_raw_step_time_s"] for p in self.prereg["plans"]}
         raw_of[self.base_plan] = self.prereg["baseline"]["predicted_raw_step_time_s"]
@@ -303,7 +336,7 @@ class TrialLoop:
         owned = trial.user_attrs["plan"]
         o = self.options
         ref = self._remote.remote(o.backend, owned, self.workload, o.iters, o.warmup, o.trial_timeout_s,
-                                  o.memory_cap_gib)
+                                  o.memory_cap_gib, self._layout)
         run = _Running(trial, owned, self.roles_of(owned), time.monotonic())
         self.in_flight[ref] = run
         self._bar.set_postfix_str(f"#{trial.number} {run.roles.split(',')[0]}")
@@ -313,6 +346,8 @@ class TrialLoop:
         """Wait up to `timeout_s` for a result; record every finished or timed-out trial."""
         import ray
         ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=timeout_s)
+        if self.metrics is not None:
+            self.metrics.refresh()
         now = time.monotonic()
         for ref in list(self.in_flight):
             run = self.in_flight[ref]
@@ -340,6 +375,8 @@ class TrialLoop:
             # the grace period) and a tuner failed it; the queued retry will measure it again.
             logger.warning("trial #%d was failed as stale while it ran; its result is dropped", run.trial.number)
             return
+        if self.metrics is not None:
+            self.metrics.trial(result, run.trial.user_attrs.get("predicted_step_time_s"))
         self.sampler.observe(run.plan, result["step_time_s"] if result.get("ok") else None,
                              self.sampler.rows.get(run.plan))
         if self.sampler.measured:
@@ -456,8 +493,10 @@ def _screen(options: TuneOptions, workload, profile, *, tables, calibration):
         kwargs["tables"] = tables
     elif tables is not None and tables.directory.resolve() != _default_tables(workload).directory.resolve():
         logger.warning("screening uses the default tables: this tuner.screen takes no tables argument")
-    return screen(workload, profile, options.precision, level=options.level, calibration=calibration,
-                  num_actors=options.screen_actors, progress=options.progress, **kwargs)
+    t0 = time.monotonic()
+    total, pool = screen(workload, profile, options.precision, level=options.level, calibration=calibration,
+                         num_actors=options.screen_actors, progress=options.progress, **kwargs)
+    return total, pool, time.monotonic() - t0
 
 
 def _default_tables(workload):
@@ -489,9 +528,9 @@ def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> Tun
     existing = existing_preregistration(study_dir, options.study, workload)
 
     import ray
-    started = start_ray(workload, options.ray_address, options.dashboard)
+    started = start_ray(workload, options.ray_address, options.dashboard, options.ray_no_auth)
     try:
-        total, pool = _screen(options, workload, profile, tables=tables, calibration=calibration)
+        total, pool, screen_s = _screen(options, workload, profile, tables=tables, calibration=calibration)
         if not pool:
             raise UsageError("no realizable plan fits in memory by the cost model")
         logger.info("screened %d realizable plans; %d kept (%d parallel layouts)", total, len(pool),
@@ -518,6 +557,7 @@ def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> Tun
 
         loop = TrialLoop(study, storage, workload=workload, prereg=prereg, sampler=GuidedSampler(pool),
                          options=options, tables=tables, calibration=calibration)
+        loop.screen_rate = (total, screen_s)
         loop.run()
         rows = study_mod.trial_rows(study)
         path = write_report(study_dir, rows=rows, backend=options.backend, calibration=loop.calibration,

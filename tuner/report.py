@@ -14,7 +14,7 @@ from tuner.whatif import describe, megakernel_training
 CSV_COLS = ("number", "state", "plan", "roles", "predicted_step_time_s", "predicted_raw_step_time_s",
             "measured_step_time_s", "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
             "predicted_peak_memory_gib", "measured_peak_memory_gib", "failure_kind", "failure_message",
-            "claim_lost_to", "owner", "attempt")
+            "claim_lost_to", "owner", "attempt", "nodes")
 
 
 def adjudicate(rows: list[dict], prereg: dict) -> dict:

@@ -20,6 +20,7 @@ caller without Ray.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -305,8 +306,9 @@ def screen(workload, profile, precision: str = "bf16", *, level: str = "core", c
     else:
         import ray
         cls = _actor_class()
-        actors = [cls.options(name=f"moetune-screen-{i}", num_cpus=cpus_per_actor, max_restarts=0,
-                              get_if_exists=False).remote(workload, profile, precision, level,
+        # named for the dashboard (pid: several tuners may share a cluster); SPREAD: over all nodes
+        actors = [cls.options(name=f"moetune-screen-{os.getpid()}-{i}", num_cpus=cpus_per_actor, max_restarts=0,
+                              get_if_exists=False, scheduling_strategy="SPREAD").remote(workload, profile, precision, level,
                                                           calibration, keep)
                   for i in range(num_actors)]
         try:

@@ -344,6 +344,8 @@ def _lose(study, trial, heartbeat, key, value) -> None:
 def record(study, trial, result: dict) -> None:
     """Store a backend result (Measurement/Failure .to_dict()) and finish the trial."""
     trial.set_user_attr("finished_unix", time.time())
+    if result.get("nodes"):  # the Ray node id of each rank, space-separated
+        trial.set_user_attr("nodes", " ".join(result["nodes"]))
     if result.get("ok"):
         trial.set_user_attr("measured_step_time_s", float(result["step_time_s"]))
         trial.set_user_attr("measured_tokens_per_s_per_gpu", float(result["tokens_per_s_per_gpu"]))

@@ -2,7 +2,9 @@
 
 Spawns `world` worker processes (trials/megatron/worker.py), each in one new session / process
 group, with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1,
-MASTER_PORT=free port), in a per-trial temporary directory.
+MASTER_PORT=free port), in a per-trial temporary directory. When `Resources.layout` says the world
+spans Ray nodes, trials/placement.py starts each node's share of the ranks the same way from a
+launcher actor in a placement group, rendezvous on the first node.
 
 Before launching, the plan is checked against what this machine has installed
 (`specs.stack.detect_installed`): `spec_choice.layer_spec_choice` picks the layer spec the emitted
@@ -10,7 +12,7 @@ script would build (TE or local) and lists what the installed stack cannot build
 or one with more ranks than visible GPUs, comes back Failure("unrealizable") without launching.
 On GPU the ranks get the emitted script's environment (`specs.stack.launch_env`).
 
-Watches the ranks:
+Watches the ranks (trials/rank_watch.py):
 - CPU: any rank's RSS above `Resources.memory_cap_gib` -> kill all -> Failure("oom"); on GPU the
   cap is set on the device by each rank (`set_per_process_memory_fraction`) and CUDA OOM is "oom";
 - wall time above `Resources.timeout_s` -> kill all -> Failure("timeout");
@@ -22,10 +24,8 @@ Every process group is killed in `finally`; nothing survives a trial.
 from __future__ import annotations
 
 import json
-import signal
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from specs.plan import Plan
@@ -33,8 +33,7 @@ from specs.stack import Installed, detect_installed, launch_env
 from trials.base import Failure, Measurement, Resources, TrialBackend
 from trials.megatron.spec_choice import layer_spec_choice, ranks_fit
 from trials.processes import RankGroup
-
-POLL_S = 0.1
+from trials.rank_watch import watch_local
 
 
 def _describe(inst: Installed) -> str:
@@ -44,14 +43,6 @@ def _describe(inst: Installed) -> str:
                               ("grouped_gemm", inst.grouped_gemm), ("apex", inst.apex)) if ok]
     parts.append(f"{inst.devices} GPU(s)")
     return ", ".join(parts)
-
-
-def _tail(path: Path, n: int = 3000) -> str:
-    try:
-        data = path.read_bytes()[-n:]
-        return data.decode(errors="replace")
-    except OSError:
-        return ""
 
 
 class MegatronBackend(TrialBackend):
@@ -82,21 +73,30 @@ class MegatronBackend(TrialBackend):
         if self.enforce_stack and not choice.realizable:
             return Failure(plan=plan_s, kind="unrealizable", backend=self.name,
                            message=f"{choice.reason()} ({where})")
-        too_many = ranks_fit(world, inst)
+        too_many = ranks_fit(world if not resources.layout else max(resources.layout), inst)
         if too_many:
             return Failure(plan=plan_s, kind="unrealizable", backend=self.name, message=too_many)
         extra = {"use_te": choice.use_te, "layer_spec": choice.to_dict(), **self.extra_spec}
         if inst.cuda:
             # the device cap is set by each rank; host RSS says nothing about GPU memory
             extra["memory_cap_gib"] = resources.memory_cap_gib
-        res = launch(plan_s, workload.model.to_dict(), workload.gbs, workload.seq, world,
-                     timeout_s=resources.timeout_s,
-                     memory_cap_gib=None if inst.cuda else resources.memory_cap_gib,
-                     master_port=resources.master_port, iters=iters, warmup=warmup,
-                     keep_dir=self.keep_dir, extra=extra,
-                     env=launch_env(plan, workload.cluster) if inst.cuda else None)
+        env = launch_env(plan, workload.cluster) if inst.cuda else None
+        cap = None if inst.cuda else resources.memory_cap_gib
+        if resources.layout:  # the world spans Ray nodes: one launcher per node (trials/placement.py)
+            from trials.placement import launch_spread
+            spec = worker_spec(plan_s, workload.model.to_dict(), workload.gbs, workload.seq, iters=iters,
+                               warmup=warmup, timeout_s=resources.timeout_s, extra=extra)
+            res = launch_spread("trials.megatron.worker", spec, world, list(resources.layout),
+                                is_gpu=inst.cuda, timeout_s=resources.timeout_s, memory_cap_gib=cap, env=env)
+        else:
+            res = launch(plan_s, workload.model.to_dict(), workload.gbs, workload.seq, world,
+                         timeout_s=resources.timeout_s, memory_cap_gib=cap,
+                         master_port=resources.master_port, iters=iters, warmup=warmup,
+                         keep_dir=self.keep_dir, extra=extra, env=env)
+        nodes = tuple(res.get("nodes") or ())
         if not res["ok"]:
-            return Failure(plan=plan_s, kind=res["kind"], message=res["message"], backend=self.name)
+            return Failure(plan=plan_s, kind=res["kind"], message=res["message"], backend=self.name,
+                           nodes=nodes)
         r0 = res["ranks"][0]
         times = r0["step_times_s"]
         med = statistics.median(times)
@@ -111,7 +111,14 @@ class MegatronBackend(TrialBackend):
                           cpu_patched=r0.get("cpu_patched"), experts=choice.experts,
                           fp8_recipe=choice.fp8_recipe,
                           memory=(r0.get("memory_detail") or [{}])[0].get("what", "")),
-            backend=self.name)
+            backend=self.name, nodes=nodes)
+
+
+def worker_spec(plan: str, model: dict, gbs: int, seq: int, *, iters: int, warmup: int, timeout_s: float,
+                mode: str = "train", extra: dict | None = None) -> dict:
+    """The worker's spec.json, less its out_dir (each node's launcher sets its own)."""
+    return {"plan": plan, "model": model, "gbs": gbs, "seq": seq, "iters": iters, "warmup": warmup,
+            "mode": mode, "pg_timeout_s": max(60.0, float(timeout_s)), **(extra or {})}
 
 
 def launch(plan: str, model: dict, gbs: int, seq: int, world: int, *, timeout_s: float = 600.0,
@@ -124,91 +131,17 @@ def launch(plan: str, model: dict, gbs: int, seq: int, world: int, *, timeout_s:
     tmp = tempfile.TemporaryDirectory(prefix="moetune-trial-") if out_dir is None else None
     d = Path(out_dir or tmp.name)
     d.mkdir(parents=True, exist_ok=True)
-    spec = {"plan": plan, "model": model, "gbs": gbs, "seq": seq, "iters": iters, "warmup": warmup,
-            "out_dir": str(d), "mode": mode, "pg_timeout_s": max(60.0, float(timeout_s)), **(extra or {})}
-    (d / "spec.json").write_text(json.dumps(spec))
+    spec = worker_spec(plan, model, gbs, seq, iters=iters, warmup=warmup, mode=mode, timeout_s=timeout_s,
+                       extra=extra)
+    (d / "spec.json").write_text(json.dumps(dict(spec, out_dir=str(d))))
     try:
         with RankGroup("trials.megatron.worker", d / "spec.json", world, d, master_port, env=env) as group:
-            result = _watch(group.procs, d, world, timeout_s, memory_cap_gib)
+            result = watch_local(group.procs, d, world, timeout_s, memory_cap_gib)
         result["dir"] = str(d)
         return result
     finally:
         if tmp is not None and not keep_dir:
             tmp.cleanup()
-
-
-def _rss_gib(pid: int) -> float:
-    try:
-        import psutil
-        p = psutil.Process(pid)
-        return sum(q.memory_info().rss for q in [p, *p.children(recursive=True)]) / 2**30
-    except Exception:  # noqa: BLE001 - process gone
-        return 0.0
-
-
-def _watch(procs, d: Path, world: int, timeout_s: float, cap_gib: float | None) -> dict:
-    t0 = time.monotonic()
-    first_exit = None
-    while True:
-        reports = _reports(d, world)
-        errors = [r for r in reports.values() if not r.get("ok")]
-        if errors:
-            # give peers a moment to write their own reports, then pick the root cause
-            time.sleep(0.5)
-            return _classify_error(_reports(d, world), d)
-        codes = [p.poll() for p in procs]
-        if all(c is not None for c in codes):
-            reports = _reports(d, world)
-            if len(reports) == world and all(r.get("ok") for r in reports.values()):
-                return {"ok": True, "ranks": [reports[r] for r in range(world)]}
-            return _classify_error(reports, d, codes=codes)
-        if any(c not in (None, 0) for c in codes):
-            first_exit = first_exit or time.monotonic()
-            if time.monotonic() - first_exit > 2.0:
-                return _classify_error(_reports(d, world), d, codes=codes)
-        if cap_gib is not None:
-            for r, p in enumerate(procs):
-                rss = _rss_gib(p.pid)
-                if rss > cap_gib:
-                    return {"ok": False, "kind": "oom",
-                            "message": f"rank {r} resident memory {rss:.2f} GiB exceeded the "
-                                       f"per-rank cap {cap_gib:g} GiB"}
-        if time.monotonic() - t0 > timeout_s:
-            return {"ok": False, "kind": "timeout",
-                    "message": f"trial exceeded {timeout_s:g} s; all {world} ranks killed"}
-        time.sleep(POLL_S)
-
-
-def _reports(d: Path, world: int) -> dict:
-    out = {}
-    for r in range(world):
-        f = d / f"rank{r}.json"
-        if f.exists():
-            try:
-                out[r] = json.loads(f.read_text())
-            except (OSError, json.JSONDecodeError):
-                pass
-    return out
-
-
-def _classify_error(reports: dict, d: Path, codes=None) -> dict:
-    errors = sorted((r for r in reports.values() if not r.get("ok")), key=lambda r: r["time"])
-    # a rank's own validation error beats peers' secondary errors (connection closed etc.)
-    for pref in ("stack-rejected", "unrealizable", "oom"):
-        for e in errors:
-            if e["kind"] == pref:
-                return {"ok": False, "kind": pref, "message": f"rank {e['rank']}: {e['message']}"}
-    if errors:
-        e = errors[0]
-        return {"ok": False, "kind": "crash",
-                "message": f"rank {e['rank']} ({e['phase']}): {e['message']}\n{e.get('traceback', '')[-1500:]}"}
-    # died without a report (signal, hard crash)
-    bad = [r for r, c in enumerate(codes or []) if c not in (None, 0)] or [0]
-    r = bad[0]
-    code = (codes or [None])[r] if codes else None
-    tail = _tail(d / f"rank{r}.log")
-    kind = "oom" if code == -signal.SIGKILL or "out of memory" in tail.lower() else "crash"
-    return {"ok": False, "kind": kind, "message": f"rank {r} exited with code {code}; stderr tail:\n{tail}"}
 
 
 def run_trial(plan, workload, resources: Resources, iters: int = 5, warmup: int = 2):

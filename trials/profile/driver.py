@@ -149,13 +149,16 @@ class DeviceProfiler:
 
 def _ray_init(address: str | None, num_cpus: int):
     import ray
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+    from trials.ray_runtime import configure_auth, loopback_only
     if ray.is_initialized():
         return False
-    env = {"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}}
+    configure_auth(joining=bool(address))  # token authentication on (trials/ray_runtime.py)
+    env = {"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}}
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=False)
     else:
+        loopback_only()
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                  object_store_memory=80 * 1024 * 1024, runtime_env=env, log_to_driver=False,
                  configure_logging=False)

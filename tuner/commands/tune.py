@@ -4,18 +4,19 @@ pre-registering predictions, and running real trials in an Optuna study.
   moetune tune --model tiny-moe --cluster cpu-local --gbs 16 --seq 256 --study quickstart --trials 8
       [--study-dir DIR] [--storage URL | journal:PATH] [--baseline "<plan>"]
       [--stack PROFILE] [--tables DIR] [--calibration JSON]
-      [--backend megatron|predict-only] [--ray-address ADDR] [--dashboard]
+      [--backend megatron|predict-only] [--ray-address ADDR] [--dashboard] [--ray-no-auth]
       [--trial-timeout S] [--iters I --warmup W] [--level core|full] [--no-progress]
 
 Stages (tuner/loop.py runs them; see also tuner/screen.py, baseline.py, prereg.py, study.py,
 sampler.py, report.py):
-1. screening: named Ray actors `moetune-screen-<i>` (0.25 CPU each) score shards of the realizable
+1. screening: named Ray actors `moetune-screen-<pid>-<i>` (0.25 CPU each, spread over the Ray nodes) score shards of the realizable
    space with the vectorised cost model; the top plans plus the best of distinct parallel layouts
    become the pre-registered candidates;
 2. pre-registration: `<study dir>/preregistration.json` (+ .sha256) before the first trial, never
    rewritten; `moetune adjudicate` verifies it and gives PASS/FAIL;
 3. trials: the baseline, the pre-registered plans, then the cost-model-guided sampler's proposals,
-   each a Ray task holding the plan's devices running the Megatron-core trial backend; the plan's
+   each a Ray task holding the plan's devices running the Megatron-core trial backend (a trial
+   wider than one Ray node: a placement group, one launcher actor per node); the plan's
    fields are the Optuna trial's params, the results its user attributes;
 4. feedback: after every measured trial the calibration is refitted and the rest re-ranked;
 5. report: `<study dir>/report.md`, trials.csv and plots; its path is printed last.
@@ -59,6 +60,9 @@ def add_parser(subparsers):
     p.add_argument("--ray-address", default=None,
                    help="Address of an existing Ray cluster to join (default: start an embedded one).")
     p.add_argument("--dashboard", action="store_true", help="Start the Ray dashboard and print its address.")
+    p.add_argument("--ray-no-auth", action="store_true",
+                   help="Start or join Ray WITHOUT token authentication (insecure on shared machines; "
+                        "also MOETUNE_RAY_AUTH=disabled). Default: a token kept in $MOETUNE_HOME/ray.")
     p.add_argument("--trial-timeout", type=float, default=300.0,
                    help="Seconds after which a trial is killed and recorded as a timeout (default 300).")
     p.add_argument("--memory-cap-gib", type=float, default=None,
@@ -125,6 +129,7 @@ def run(args) -> int:
         study=args.study, study_dir=Path(args.study_dir) if args.study_dir else default_study_dir(args.study),
         storage=args.storage, trials=args.trials, baseline=args.baseline, backend=args.backend,
         precision=args.precision, ray_address=args.ray_address, dashboard=args.dashboard,
+        ray_no_auth=args.ray_no_auth,
         trial_timeout_s=args.trial_timeout, memory_cap_gib=args.memory_cap_gib, iters=args.iters,
         warmup=args.warmup, level=args.level, screen_actors=args.screen_actors, preregister=args.preregister,
         progress=not args.no_progress, heartbeat_interval_s=args.heartbeat_interval)
