@@ -156,6 +156,10 @@ def _ray_init(address: str | None, num_cpus: int):
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=False)
     else:
+        # embedded Ray: the profiling actors at this process's priority, not Ray's default worker
+        # niceness 15 (on a shared host a niced actor measures other jobs, not this machine; trials
+        # are launched at the same priority, see tuner.loop.start_ray)
+        os.environ.setdefault("RAY_worker_niceness", "0")
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                  object_store_memory=80 * 1024 * 1024, runtime_env=env, log_to_driver=False,
                  configure_logging=False)
