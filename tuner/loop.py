@@ -122,6 +122,13 @@ def start_ray(workload, ray_address: str | None = None, dashboard: bool = False,
     from trials.ray_runtime import init_ray
     if ray.is_initialized():
         return False
+    if not ray_address:
+        # Ray starts its workers at niceness 15 (raylet `worker_niceness`) unless told otherwise; a
+        # trial task and the ranks it launches inherit it. On a shared host that made the study's
+        # trials run behind every other job while `moetune trial` (and the profile run locally)
+        # did not, so the calibration fitted on the study carried a contention factor the model's
+        # other plans never see. Embedded Ray: workers at the tuner's own priority.
+        os.environ.setdefault("RAY_worker_niceness", "0")
     ncpu = os.cpu_count() or 1
     if not workload.cluster.is_gpu:
         ncpu = max(ncpu, workload.world)  # a trial holds `world` cores
