@@ -34,9 +34,9 @@ def missing_reason() -> str | None:
     if bin_dir() is None:
         return "PostgreSQL binaries absent (apt-get install -y postgresql; .ci/run does it)"
     try:
-        import psycopg2  # noqa: F401
+        import psycopg  # noqa: F401
     except ImportError:
-        return "psycopg2 absent (pip install -e '.[postgres]')"
+        return "psycopg absent (pip install -e '.[postgres]')"
     if os.geteuid() == 0:
         try:
             pwd.getpwnam("postgres")

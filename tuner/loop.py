@@ -10,7 +10,7 @@
    every measured trial the calibration is refitted and the rest re-ranked;
 4. the report (`tuner.report`) and the pre-registered verdict.
 
-Several tuner processes (on several hosts, with a shared RDB storage) may run one study: plans are
+Several tuner processes (on several hosts, with a shared RDB or journal storage) may run one study: plans are
 claimed through the study (lowest trial number wins) and a tuner that dies is noticed by its
 trials' heartbeats going stale (see tuner/study.py). Progress goes to this module's logger.
 """
@@ -504,12 +504,10 @@ def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> Tun
                         prereg["sha256"][:16])
 
         storage = study_mod.open_storage(options.storage, study_dir, heartbeat_interval=options.heartbeat_interval_s)
-        if storage_url.startswith("journal:"):
-            logger.warning("journal storage has no heartbeats: a trial whose tuner dies stays RUNNING "
-                           "and its plan is not retried (use an SQL storage for that)")
         study = study_mod.open_study(options.study, storage)
         study.set_user_attr("preregistration_sha256", prereg["sha256"])
-        report_args = dict(workload=workload, profile=profile, prereg=prereg, tables=tables, storage_url=storage_url)
+        report_args = dict(workload=workload, profile=profile, prereg=prereg, tables=tables,
+                           storage_url=study_mod.redact_url(storage_url))
         if options.backend == "predict-only":
             path = write_report(study_dir, rows=study_mod.trial_rows(study), backend="predict-only",
                                 calibration=calibration, predict_only_pool=pool,
