@@ -503,6 +503,8 @@ def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> Tun
             logger.info("resuming: pre-registration %s verified (sha256 %s...)", study_dir / prereg_mod.NAME,
                         prereg["sha256"][:16])
 
+        # every tuner of a shared study names the registration it runs under (one, whoever wrote it)
+        logger.info("study %s: pre-registration sha256 %s", options.study, prereg["sha256"])
         storage = study_mod.open_storage(options.storage, study_dir, heartbeat_interval=options.heartbeat_interval_s)
         study = study_mod.open_study(options.study, storage)
         study.set_user_attr("preregistration_sha256", prereg["sha256"])
