@@ -29,3 +29,16 @@ def _isolated_moetune_home(tmp_path_factory):
         os.environ.pop("MOETUNE_HOME", None)
     else:
         os.environ["MOETUNE_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server on 127.0.0.1 for the session (tests/pg.py); `.url` logs in with a
+    password. Skips with the reason when PostgreSQL or its Python driver is not installed."""
+    from tests import pg
+    why = pg.missing_reason()
+    if why:
+        pytest.skip(why)
+    server = pg.start_server()
+    yield server
+    server.stop()

@@ -151,13 +151,13 @@ def test_stale_running_trial_failed_and_retried_once(tmp_path):
         live.stop()
 
 
-def test_journal_storage_claims_and_params_without_heartbeats(tmp_path):
-    """journal:<path> storages work the same way, but Optuna has no heartbeats for them."""
+def test_journal_storage_claims_and_params(tmp_path):
+    """journal:<path> storages work the same way (heartbeats: tuner/journal.py, tests/test_shared_study.py)."""
     from tuner import study as study_mod
     storage = study_mod.open_storage(f"journal:{tmp_path / 'j.log'}", tmp_path)
     study = study_mod.open_study("j", storage)
     hb = study_mod.Heartbeat(study, storage)
-    assert not hb.enabled
+    assert hb.enabled
     t = study_mod.claim(study, P("ep=2"), {"roles": "searched"}, heartbeat=hb)
     assert study_mod.claim(study, P("ep=2"), {}) is None  # lowest number wins here too
     study_mod.record(study, t, {"ok": True, "step_time_s": 1.0, "tokens_per_s_per_gpu": 10.0})

@@ -84,7 +84,7 @@ def load_study(name: str, storage: str | None, study_dir: str | Path | None = No
     try:
         study = study_mod.load_study(name, study_mod.open_storage(url, study_dir, heartbeat_interval=None))
     except KeyError:
-        raise CalibrateError(f"no study named {name!r} in {url}") from None
+        raise CalibrateError(f"no study named {name!r} in {study_mod.redact_url(url)}") from None
     wl = dict(workload or {})
     pre = study_dir / "preregistration.json"
     if pre.exists():

@@ -13,7 +13,7 @@
 Ray is started or joined with token authentication (trials/ray_runtime.py); the study's figures go
 to Ray's metrics (tuner/metrics.py).
 
-Several tuner processes (on several hosts, with a shared RDB storage) may run one study: plans are
+Several tuner processes (on several hosts, with a shared RDB or journal storage) may run one study: plans are
 claimed through the study (lowest trial number wins) and a tuner that dies is noticed by its
 trials' heartbeats going stale (see tuner/study.py). Progress goes to this module's logger.
 """
@@ -549,13 +549,13 @@ def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> Tun
             logger.info("resuming: pre-registration %s verified (sha256 %s...)", study_dir / prereg_mod.NAME,
                         prereg["sha256"][:16])
 
+        # every tuner of a shared study names the registration it runs under (one, whoever wrote it)
+        logger.info("study %s: pre-registration sha256 %s", options.study, prereg["sha256"])
         storage = study_mod.open_storage(options.storage, study_dir, heartbeat_interval=options.heartbeat_interval_s)
-        if storage_url.startswith("journal:"):
-            logger.warning("journal storage has no heartbeats: a trial whose tuner dies stays RUNNING "
-                           "and its plan is not retried (use an SQL storage for that)")
         study = study_mod.open_study(options.study, storage)
         study.set_user_attr("preregistration_sha256", prereg["sha256"])
-        report_args = dict(workload=workload, profile=profile, prereg=prereg, tables=tables, storage_url=storage_url)
+        report_args = dict(workload=workload, profile=profile, prereg=prereg, tables=tables,
+                           storage_url=study_mod.redact_url(storage_url))
         if options.backend == "predict-only":
             path = write_report(study_dir, rows=study_mod.trial_rows(study), backend="predict-only",
                                 calibration=calibration, predict_only_pool=pool,

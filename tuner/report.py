@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from specs.fileio import write_atomic
+from tuner.study import redact_url
 from tuner.whatif import describe, megakernel_training
 
 CSV_COLS = ("number", "state", "plan", "roles", "predicted_step_time_s", "predicted_raw_step_time_s",
@@ -74,7 +75,7 @@ def _plots(d: Path, measured: list[dict], winner_breakdown: dict | None) -> list
         ax.set_ylabel("measured step time (s)")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(d / "measured_vs_predicted.png", dpi=100)
+        _save_png(fig, d / "measured_vs_predicted.png")
         plt.close(fig)
         out.append("measured_vs_predicted.png")
     if winner_breakdown:
@@ -84,10 +85,17 @@ def _plots(d: Path, measured: list[dict], winner_breakdown: dict | None) -> list
         ax.set_xlabel("seconds per step (predicted)")
         ax.set_title("winner: predicted step-time breakdown")
         fig.tight_layout()
-        fig.savefig(d / "winner_breakdown.png", dpi=100)
+        _save_png(fig, d / "winner_breakdown.png")
         plt.close(fig)
         out.append("winner_breakdown.png")
     return out
+
+
+def _save_png(fig, path: Path) -> None:
+    """Save a figure through write_atomic: two tuners reporting at once never interleave bytes."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    write_atomic(path, buf.getvalue())
 
 
 def _fmt(v, spec=".4f"):
@@ -111,7 +119,8 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
         tables, calibration: the cost model's inputs for the winner's predicted breakdown.
         cal_report: the last calibration refit's report (tuner.sampler.GuidedSampler.refit).
         predict_only_pool: the screened pool, listed when no trial ran.
-        wall_s: wall time of the run. storage_url: where the study is stored.
+        wall_s: wall time of the run. storage_url: where the study is stored (shown with its
+            password redacted).
     """
     import cost_model
     from specs.plan import Plan
@@ -135,7 +144,7 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
     wl = prereg["workload"]
     L += [f"Workload: {wl['model']} on {wl['devices']} x {wl['cluster']}, gbs {wl['gbs']}, seq {wl['seq']}, "
           f"{wl['precision']}; stack profile {profile.describe()}; backend {backend}.",
-          f"Storage: `{storage_url}`." if storage_url else "",
+          f"Storage: `{redact_url(storage_url)}`." if storage_url else "",
           f"Wall time of this run: {wall_s:.0f} s." if wall_s is not None else "", ""]
     L += ["## Winner", "", f"{winner_src}:", "", f"`{winner_plan}`", ""]
     L += [f"Predicted (calibration {pred.calibration_id}): step {pred.step_time_s:.4f} s, "

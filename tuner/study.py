@@ -22,7 +22,7 @@ Claiming a plan (two tuner processes on one storage never run a plan twice):
   `ask()` hands out a queued retry (below) before creating a trial: the claim is then for the
   retried plan, whatever plan the caller wanted.
 
-Resumption and dead tuners (Optuna heartbeats, on RDB storages): while a tuner runs a trial it
+Resumption and dead tuners (Optuna heartbeats, on RDB and journal storages): while a tuner runs a trial it
 records the trial's heartbeat every `heartbeat_interval` seconds (`Heartbeat`, timed by the
 database server's clock, so it works across hosts). `fail_stale` (Optuna's `fail_stale_trials`)
 marks RUNNING trials whose heartbeat is older than the grace period FAIL; such a trial has no
@@ -30,8 +30,12 @@ marks RUNNING trials whose heartbeat is older than the grace period FAIL; such a
 (`RetryFailedTrialCallback` before Optuna 4.9) then
 queues one retry of it (a WAITING trial with the same plan and params). A plan interrupted once is
 retried once; a plan with a COMPLETE trial or a real failure is never run again.
-JournalStorage has no heartbeats in Optuna (checked in 5.1): on `journal:` storages a trial whose
-tuner died stays RUNNING, and its plan is not retried.
+JournalStorage has no heartbeats in Optuna (checked in 5.1): `journal:` storages open as
+`HeartbeatJournalStorage` (tuner/journal.py), which records the heartbeat as a trial system
+attribute and gives Optuna's `fail_stale_trials` the same grace rule, so the same retry follows.
+
+Storage URLs are shown (report, logs, error lines, calibration sources) only through `redact_url`:
+a password in a database URL never reaches a file or the terminal.
 """
 from __future__ import annotations
 
@@ -78,31 +82,59 @@ def open_storage(url: str | None, study_dir: str | Path, *, heartbeat_interval: 
     Args:
         url: SQLAlchemy URL, `journal:<path>`, or None for `default_storage_url(study_dir)`.
         study_dir: the study directory (only used for the default URL).
-        heartbeat_interval: seconds between heartbeats of running trials (RDB storages; the grace
+        heartbeat_interval: seconds between heartbeats of running trials (RDB and journal storages; the grace
             period before a silent trial is failed is GRACE_FACTOR times it). None: no heartbeats
             (readers such as `adjudicate` need none).
     """
     url = url or default_storage_url(study_dir)
+    if heartbeat_interval is not None and (int(heartbeat_interval) != heartbeat_interval or heartbeat_interval < 1):
+        raise ValueError(f"heartbeat_interval must be a whole number of seconds >= 1, got {heartbeat_interval}")
     if url.startswith("journal:"):
-        from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
+
+        from tuner.journal import HeartbeatJournalStorage
         path = url[len("journal:"):]
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(path))
+        if heartbeat_interval is None:
+            return optuna.storages.JournalStorage(JournalFileBackend(path))
+        return HeartbeatJournalStorage(JournalFileBackend(path), heartbeat_interval=int(heartbeat_interval),
+                                       grace_period=GRACE_FACTOR * int(heartbeat_interval),
+                                       heartbeat_stale_trial_callback=_retry_callback())
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     if heartbeat_interval is None:
         return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-    if int(heartbeat_interval) != heartbeat_interval or heartbeat_interval < 1:
-        raise ValueError(f"heartbeat_interval must be a whole number of seconds >= 1, got {heartbeat_interval}")
-    # Optuna 4.9 renamed the retry callback and its argument; 4.0-4.8 know only the old names.
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
     with warnings.catch_warnings():
         # heartbeats are marked experimental in Optuna; they are what this module relies on
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        callback = {"heartbeat_stale_trial_callback": retry(max_retry=1)} if retry is not None else \
-            {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=1)}
+        callback = {"heartbeat_stale_trial_callback": _retry_callback()} if retry is not None else \
+            {"failed_trial_callback": _retry_callback()}
         return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=int(heartbeat_interval),
                                           grace_period=GRACE_FACTOR * int(heartbeat_interval), **callback)
+
+
+def _retry_callback():
+    """Optuna's one-retry callback for a stale trial (4.9 renamed it; 4.0-4.8 know the old name)."""
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or optuna.storages.RetryFailedTrialCallback
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return retry(max_retry=1)
+
+
+def redact_url(url: str | None) -> str:
+    """A storage URL fit to show: the password of a database URL replaced by `***`
+    (SQLAlchemy's own rendering); `journal:<path>`, SQLite paths and None ("") unchanged."""
+    if not url:
+        return ""
+    if url.startswith("journal:") or "://" not in url:
+        return url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        # not parseable as a URL: keep the scheme only, never echo what may hold a password
+        return url.split("://", 1)[0] + "://***"
 
 
 def open_study(name: str, storage):
@@ -169,12 +201,14 @@ class Heartbeat:
 
     Optuna records heartbeats itself only inside `Study.optimize`; `moetune tune` runs trials
     through ask/tell (several at once, on Ray), so it records them here through the storage's
-    public `record_heartbeat`. A no-op on storages without heartbeats.
+    public `record_heartbeat` (RDBStorage, HeartbeatJournalStorage). A no-op on storages without
+    heartbeats.
     """
 
     def __init__(self, study, storage):
         """study: the Optuna study; storage: the storage object it was opened on."""
-        interval = storage.get_heartbeat_interval() if isinstance(storage, optuna.storages.RDBStorage) else None
+        from optuna.storages._heartbeat import BaseHeartbeat
+        interval = storage.get_heartbeat_interval() if isinstance(storage, BaseHeartbeat) else None
         self.enabled = interval is not None
         self.interval = interval or 0
         self._storage = storage

@@ -46,7 +46,7 @@ def run(args) -> int:
     try:
         study = study_mod.load_study(args.study, storage)
     except KeyError:
-        raise UsageError(f"no study {args.study!r} in {args.storage or study_mod.default_storage_url(d)}") from None
+        raise UsageError(f"no study {args.study!r} in {study_mod.redact_url(args.storage or study_mod.default_storage_url(d))}") from None
     v = adjudicate(study_mod.trial_rows(study), doc)
     print(f"pre-registration {d / prereg.NAME} verified (sha256 {doc['sha256']})")
     if v["baseline"] is not None:

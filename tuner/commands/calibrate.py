@@ -90,7 +90,7 @@ def run(args) -> int:
             wl = {"model": args.model, "cluster": args.cluster, "gpus": args.gpus, "gbs": args.gbs, "seq": args.seq}
             rows = runs.load_study(args.study, args.storage, args.study_dir, wl)
             study_dir = Path(args.study_dir) if args.study_dir else study_mod.default_study_dir(args.study)
-            source = {"study": args.study, "storage": args.storage or study_mod.default_storage_url(study_dir),
+            source = {"study": args.study, "storage": study_mod.redact_url(args.storage or study_mod.default_storage_url(study_dir)),
                       "trials": [r.get("trial") for r in rows]}
         rows = _fill(rows, args)
         if len(rows) < 2:
