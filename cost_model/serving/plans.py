@@ -41,6 +41,7 @@ class ServeCols:
     ep: np.ndarray
     a2a: np.ndarray  # 0 none, 2 deepep-like
     low_latency_decode: np.ndarray  # decode dispatch uses DeepEP low-latency kernels
+    low_latency_prefill: np.ndarray  # deepep_mode=low_latency: prefill dispatch too
     tbo: np.ndarray
     redundant: np.ndarray
     chunk: np.ndarray  # per attention-DP rank, after SGLang's division
@@ -48,6 +49,8 @@ class ServeCols:
     graph_bs: np.ndarray  # 0 = no decode CUDA graphs
     mem_frac: np.ndarray  # 0 = SGLang's formula
     overlap_sched: np.ndarray
+    graph_bs_mem: np.ndarray  # decode graph max_bs SGLang's memory formula sees (before deepep normal drops graphs)
+    deepep: np.ndarray  # moe_a2a_backend == deepep (its own buffers and 2 GiB graph-time reserve)
 
     def __len__(self):
         return len(self.tp)
@@ -61,8 +64,10 @@ class ServeCols:
         return np.maximum(self.tp // self.ep, 1)
 
 
-def effective(plan: ServePlan, gpu_gib: float) -> ServePlan:
-    """The plan SGLang actually runs (the rewrites that change cost)."""
+def effective(plan: ServePlan, gpu_gib: float, *, for_memory: bool = False) -> ServePlan:
+    """The plan SGLang actually runs (the rewrites that change cost). `for_memory`: the plan as
+    memory_hook sees it, which runs before moe_hook drops CUDA graphs for deepep normal (resolver:
+    tp8 attn-dp8 deepep normal and auto both resolve mem_frac 0.755 on H200)."""
     p = plan
     if p.a2a != "none":
         p = p.replace(ep=p.tp)
@@ -71,13 +76,16 @@ def effective(plan: ServePlan, gpu_gib: float) -> ServePlan:
         p = p.replace(chunked_prefill=chunk)
     if p.cuda_graph_max_bs == 0:
         p = p.replace(cuda_graph_max_bs=gbs)
-    if p.a2a == "deepep" and p.deepep_mode == "normal":
+    if p.max_running and p.cuda_graph_max_bs > p.max_running:
+        p = p.replace(cuda_graph_max_bs=p.max_running)  # memory_hook clamps max_bs to max_running_requests
+    if p.a2a == "deepep" and p.deepep_mode == "normal" and not for_memory:
         p = p.replace(cuda_graph_max_bs=-1)  # moe_hook.py: normal mode disables CUDA graphs
     return p
 
 
 def to_cols(plans: list[ServePlan], gpu_gib: float) -> ServeCols:
     eff = [effective(p, gpu_gib) for p in plans]
+    mem = [max(effective(p, gpu_gib, for_memory=True).cuda_graph_max_bs, 0) for p in plans]
 
     def col(f, dtype=np.int64):
         return np.array([f(p) for p in eff], dtype=dtype)
@@ -88,10 +96,13 @@ def to_cols(plans: list[ServePlan], gpu_gib: float) -> ServeCols:
         a2a=col(lambda p: A2A_CODE.get(p.a2a, 2)),
         # auto: normal kernels for prefill, low-latency for decode (SGLang's DeepEP auto mode)
         low_latency_decode=col(lambda p: p.a2a != "none" and p.deepep_mode != "normal", bool),
+        low_latency_prefill=col(lambda p: p.a2a != "none" and p.deepep_mode == "low_latency", bool),
         tbo=col(lambda p: p.tbo, bool), redundant=col(lambda p: p.eplb_redundant),
         chunk=col(lambda p: max(p.chunked_prefill // p.attn_dp, 1)),
         max_running=col(lambda p: p.max_running),
         graph_bs=col(lambda p: max(p.cuda_graph_max_bs, 0)),
         mem_frac=col(lambda p: p.mem_frac, float),
         overlap_sched=col(lambda p: p.pp == 1, bool),
+        graph_bs_mem=np.array(mem, dtype=np.int64),
+        deepep=col(lambda p: p.a2a == "deepep", bool),
     )
