@@ -30,7 +30,8 @@ def test_more_tp_more_kv_room():
     assert np.all(np.diff(r["kv_pool_tokens"]) > 0)
     d = rank_arrays(DSV3, H200, plans("tp=8", "tp=8,attn_dp=8"), w, precision="fp8", calibration=ID)
     # MLA's latent is replicated over attention-TP: attention-DP multiplies the KV room per request
-    assert d["max_batch_per_gpu"][1] > 4 * d["max_batch_per_gpu"][0]
+    # (by less than 8: SGLang reserves more for attention-DP graph padding, mem_frac 0.770 vs 0.897)
+    assert d["max_batch_per_gpu"][1] > 3 * d["max_batch_per_gpu"][0]
 
 
 def test_larger_batch_more_throughput_higher_tpot():

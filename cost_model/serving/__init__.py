@@ -17,6 +17,7 @@ import numpy as np
 from cost_model.serving.calibration import ServeCalibration, load_default
 from cost_model.serving.constants import DEFAULT_MAX_RUNNING
 from cost_model.serving.memory import capacity
+from cost_model.serving.pd import pd_arrays
 from cost_model.serving.plans import effective, to_cols
 from cost_model.serving.sim import simulate
 from cost_model.serving.step import StepModel
@@ -116,6 +117,13 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
     res.update({"fits": reason == "", "reason": reason, "max_batch_per_gpu": cap["max_batch_instance"] / gpus_inst,
                 "memory_gib": cap["memory_gib"], "weights_gib": cap["weights_gib"], "mem_frac": cap["mem_frac"],
                 "kv_pool_tokens": cap["kv_pool_tokens"], "replicas": replicas})
+    pdm = c.pd_p > 0
+    res["pd_bound"] = np.full(len(c), "", dtype=object)
+    if w.phase == "both" and pdm.any():  # disaggregated plans: prefill pool + KV transfer + decode pool
+        pdr = pd_arrays(model, cluster, c, sm, w, s)
+        for k, v in pdr.items():
+            if k in res:
+                res[k] = np.where(pdm, v, res[k])
     return res
 
 
@@ -167,6 +175,9 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
                "mem_frac": float(est["mem_frac"][0]), "kv_pool_tokens_per_gpu": float(est["kv_pool_tokens"][0]),
                "replicas": int(est["replicas"][0]), "calibration_scale": cal.scale, "calibration_id": cal.id,
                "cuda_graphs_decode": bool(c.graph_bs[0] > 0)})
+    if c.pd_p[0] > 0 and w.phase == "both":
+        out.extra.update({"method": "pd-steady-state", "pd_bound": str(est["pd_bound"][0])})
+        return out
     if w.phase == "decode" or est["reason"][0] in ("weights_exceed_hbm", "weights_exceed_mem_fraction",
                                                      "kv_pool_below_one_request"):
         return out

@@ -51,6 +51,8 @@ class ServeCols:
     overlap_sched: np.ndarray
     graph_bs_mem: np.ndarray  # decode graph max_bs SGLang's memory formula sees (before deepep normal drops graphs)
     deepep: np.ndarray  # moe_a2a_backend == deepep (its own buffers and 2 GiB graph-time reserve)
+    pd_p: np.ndarray  # prefill instances of a pd-disaggregated unit (0 = aggregated)
+    pd_d: np.ndarray  # decode instances of a pd-disaggregated unit
 
     def __len__(self):
         return len(self.tp)
@@ -105,4 +107,6 @@ def to_cols(plans: list[ServePlan], gpu_gib: float) -> ServeCols:
         overlap_sched=col(lambda p: p.pp == 1, bool),
         graph_bs_mem=np.array(mem, dtype=np.int64),
         deepep=col(lambda p: p.a2a == "deepep", bool),
+        pd_p=col(lambda p: p.pd_ratio[0] if p.pd_ratio else 0),
+        pd_d=col(lambda p: p.pd_ratio[1] if p.pd_ratio else 0),
     )
