@@ -77,7 +77,9 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
     c, sm, fp8 = _setup(model, cluster, plans, precision, tables, imbalance, routing_skew)
     w = workload
     isl, osl = float(w.isl), float(w.osl)
-    cap = capacity(model, cluster, c, isl, osl, sm.wbytes)
+    # phase prefill / decode price one pool of a disaggregated deployment: SGLang sizes such a
+    # server's memory by its role (memory.default_mem_frac)
+    cap = capacity(model, cluster, c, isl, osl, sm.wbytes, role={"prefill": "prefill", "decode": "decode"}.get(w.phase, "agg"))
     gpus_inst = c.tp * c.pp
     replicas = np.maximum(cluster.num_devices // gpus_inst, 1)
     s = cal.scale

@@ -106,7 +106,10 @@ def capacity(spec, cluster, c, isl, osl, wbytes: float, kv_bytes: float = 2.0, r
     rank = np.floor(tokens / ctx)
     cap = np.where(c.max_running > 0, c.max_running, DEFAULT_MAX_RUNNING) // c.attn_dp
     rank = np.minimum(rank, np.maximum(cap, 1))
-    act = c.chunk * c.attn_dp * spec.hidden_size * 2.0 * ACT_HIDDEN_MULT / np.maximum(c.attn_tp, 1)
+    # without an all-to-all backend attention-DP gathers every rank's chunk onto each GPU for the MoE;
+    # with one (DeepEP) a GPU holds its own rank's tokens (routed copies are in ACT_HIDDEN_MULT)
+    gathered = np.where(c.a2a > 0, 1, c.attn_dp)
+    act = c.chunk * gathered * spec.hidden_size * 2.0 * ACT_HIDDEN_MULT / np.maximum(c.attn_tp, 1)
     # decode CUDA graphs: their captured buffers (SGLang's own estimate, 2 MiB per max_bs) + DeepEP's
     act = act + np.where(c.graph_bs > 0, 2.0 * c.graph_bs * MIB, 0) + deepep_buffer_bytes(spec, c)
     reason = np.full(len(c), "", dtype=object)
