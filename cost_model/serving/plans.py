@@ -66,28 +66,36 @@ class ServeCols:
         return np.maximum(self.tp // self.ep, 1)
 
 
-def effective(plan: ServePlan, gpu_gib: float, *, for_memory: bool = False) -> ServePlan:
-    """The plan SGLang actually runs (the rewrites that change cost). `for_memory`: the plan as
-    memory_hook sees it, which runs before moe_hook drops CUDA graphs for deepep normal (resolver:
-    tp8 attn-dp8 deepep normal and auto both resolve mem_frac 0.755 on H200)."""
-    p = plan
-    if p.a2a != "none":
-        p = p.replace(ep=p.tp)
+def _rewrites(plan: ServePlan, gpu_gib: float) -> tuple[dict, int]:
+    """(field changes SGLang makes, decode-graph max_bs its memory formula sees)."""
+    p, kw = plan, {}
+    if p.a2a != "none" and p.ep != p.tp:
+        kw["ep"] = p.tp
     chunk, gbs = default_chunk_and_graph_bs(gpu_gib, p.tp)
     if p.chunked_prefill == 0:
-        p = p.replace(chunked_prefill=chunk)
-    if p.cuda_graph_max_bs == 0:
-        p = p.replace(cuda_graph_max_bs=gbs)
-    if p.max_running and p.cuda_graph_max_bs > p.max_running:
-        p = p.replace(cuda_graph_max_bs=p.max_running)  # memory_hook clamps max_bs to max_running_requests
-    if p.a2a == "deepep" and p.deepep_mode == "normal" and not for_memory:
-        p = p.replace(cuda_graph_max_bs=-1)  # moe_hook.py: normal mode disables CUDA graphs
-    return p
+        kw["chunked_prefill"] = chunk
+    bs = p.cuda_graph_max_bs
+    if bs == 0:
+        bs = min(gbs, p.max_running) if p.max_running else gbs  # memory_hook clamps a default max_bs
+        kw["cuda_graph_max_bs"] = bs
+    mem_bs = max(bs, 0)
+    if p.a2a == "deepep" and p.deepep_mode == "normal":
+        kw["cuda_graph_max_bs"] = -1  # moe_hook.py: normal mode disables CUDA graphs
+    return kw, mem_bs
+
+
+def effective(plan: ServePlan, gpu_gib: float) -> ServePlan:
+    """The plan SGLang actually runs (the rewrites that change cost)."""
+    kw, _ = _rewrites(plan, gpu_gib)
+    return plan.replace(**kw) if kw else plan
 
 
 def to_cols(plans: list[ServePlan], gpu_gib: float) -> ServeCols:
-    eff = [effective(p, gpu_gib) for p in plans]
-    mem = [max(effective(p, gpu_gib, for_memory=True).cuda_graph_max_bs, 0) for p in plans]
+    # memory_hook sizes memory before moe_hook drops CUDA graphs for deepep normal (resolver: tp8
+    # attn-dp8 deepep normal and auto both resolve mem_frac 0.755 on H200): graph_bs_mem keeps it
+    rw = [_rewrites(p, gpu_gib) for p in plans]
+    eff = [p.replace(**kw) if kw else p for p, (kw, _) in zip(plans, rw)]
+    mem = [m for _, m in rw]
 
     def col(f, dtype=np.int64):
         return np.array([f(p) for p in eff], dtype=dtype)
