@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from cost_model.serving.calibration import ServeCalibration, load_default
+from cost_model.serving.constants import DEFAULT_MAX_RUNNING
 from cost_model.serving.memory import capacity
+from cost_model.serving.pd import pd_arrays
 from cost_model.serving.plans import effective, to_cols
 from cost_model.serving.sim import simulate
 from cost_model.serving.step import StepModel
@@ -75,7 +77,9 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
     c, sm, fp8 = _setup(model, cluster, plans, precision, tables, imbalance, routing_skew)
     w = workload
     isl, osl = float(w.isl), float(w.osl)
-    cap = capacity(model, cluster, c, isl, osl, sm.wbytes)
+    # phase prefill / decode price one pool of a disaggregated deployment: SGLang sizes such a
+    # server's memory by its role (memory.default_mem_frac)
+    cap = capacity(model, cluster, c, isl, osl, sm.wbytes, role={"prefill": "prefill", "decode": "decode"}.get(w.phase, "agg"))
     gpus_inst = c.tp * c.pp
     replicas = np.maximum(cluster.num_devices // gpus_inst, 1)
     s = cal.scale
@@ -115,6 +119,13 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
     res.update({"fits": reason == "", "reason": reason, "max_batch_per_gpu": cap["max_batch_instance"] / gpus_inst,
                 "memory_gib": cap["memory_gib"], "weights_gib": cap["weights_gib"], "mem_frac": cap["mem_frac"],
                 "kv_pool_tokens": cap["kv_pool_tokens"], "replicas": replicas})
+    pdm = c.pd_p > 0
+    res["pd_bound"] = np.full(len(c), "", dtype=object)
+    if w.phase == "both" and pdm.any():  # disaggregated plans: prefill pool + KV transfer + decode pool
+        pdr = pd_arrays(model, cluster, c, sm, w, s)
+        for k, v in pdr.items():
+            if k in res:
+                res[k] = np.where(pdm, v, res[k])
     return res
 
 
@@ -136,11 +147,15 @@ def _grid_fn(fn, xs, ys):
 
 def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=None, calibration=None,
                   imbalance=1.0, routing_skew=0.0, extra_reasons=(), n_requests: int = 0,
-                  burst: bool = False) -> ServePrediction:
+                  burst: bool = False, requests=None) -> ServePrediction:
     """One plan: memory, then the simulation (phase both / prefill) or the steady decode step.
     `burst`: all `n_requests` arrive at t=0 and are not replaced (how "N prompts sent at once"
     benchmarks run); otherwise a closed loop at `workload.concurrency` until `n_requests`
-    (default 4 x concurrency, at least 64) have been issued, measured after the first concurrency."""
+    (default 4 x concurrency, at least 64) have been issued, measured after the first concurrency.
+    `requests` (burst only): the (isl, osl) of every request (e.g. `lengths.sharegpt_lengths`);
+    default `n_requests` of exactly workload.isl / osl. Requests are dealt round robin to the
+    replicas and attention-DP ranks (SGLang's DP controller); one rank's share is simulated and
+    throughput = all its tokens / its makespan (bench_serving's total throughput)."""
     cal = calibration or load_default()
     w = workload
     est = rank_arrays(model, cluster, [plan], w, precision=precision, tables=tables, calibration=cal,
@@ -162,22 +177,37 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
                "mem_frac": float(est["mem_frac"][0]), "kv_pool_tokens_per_gpu": float(est["kv_pool_tokens"][0]),
                "replicas": int(est["replicas"][0]), "calibration_scale": cal.scale, "calibration_id": cal.id,
                "cuda_graphs_decode": bool(c.graph_bs[0] > 0)})
+    if c.pd_p[0] > 0 and w.phase == "both":
+        out.extra.update({"method": "pd-steady-state", "pd_bound": str(est["pd_bound"][0])})
+        return out
     if w.phase == "decode" or est["reason"][0] in ("weights_exceed_hbm", "weights_exceed_mem_fraction",
                                                      "kv_pool_below_one_request"):
         return out
     s = cal.scale
     max_b = int(max(est["max_batch_per_gpu"][0] * gpus_inst / a, 1))
+    if burst and requests is not None:
+        # lengths vary: the running cap is SGLang's request limit, the KV pool is enforced per request
+        max_b = int(max((c.max_running[0] or DEFAULT_MAX_RUNNING) // a, 1))
     chunk = int(c.chunk[0])
-    ctx_max = float(w.isl + w.osl)
+    if burst and requests is not None:
+        requests = [(int(a_), int(b_)) for a_, b_ in requests]
+        isl_max = max(r_[0] for r_ in requests)
+        ctx_max = float(max(a_ + b_ for a_, b_ in requests))
+    else:
+        isl_max = w.isl
+        ctx_max = float(w.isl + w.osl)
     bs = np.unique(np.geomspace(1, max(max_b, 2), 24).round())
     dec = _grid_fn(lambda b, x: s * sm.decode(b, x)[0], bs, np.linspace(1, ctx_max, 6))
     cs = np.unique(np.geomspace(1, max(chunk, 2), 16).round())
-    pre = _grid_fn(lambda t, p: s * sm.prefill(t, p)[0], cs, np.linspace(0, max(w.isl, 1), 5))
+    pre = _grid_fn(lambda t, p: s * sm.prefill(t, p)[0], cs, np.linspace(0, max(isl_max, 1), 5))
     replicas = int(est["replicas"][0])
     osl = 1 if w.phase == "prefill" else w.osl
     if burst:
-        n = max(n_requests // (replicas * a), 1)
-        reqs = [(0.0, w.isl, osl)] * n
+        if requests is None:
+            n = max(n_requests // (replicas * a), 1)
+            reqs = [(0.0, w.isl, osl)] * n
+        else:
+            reqs = [(0.0, i_, 1 if w.phase == "prefill" else o_) for i_, o_ in requests[::replicas * a]]
         r = simulate(pre, dec, reqs, chunk=chunk, max_batch=max_b, kv_tokens=est["kv_pool_tokens"][0])
         window, in_t, out_t = r["makespan_s"], r["in_tokens"], r["out_tokens"]
     else:

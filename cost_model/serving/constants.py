@@ -24,14 +24,5 @@ SCHED_OVERHEAD_S = 2e-3
 # at a time. Assumed; it only decides feasibility of very large chunks.
 ACT_HIDDEN_MULT = 12
 
-# CUDA-graph memory SGLang reserves when decode graphs are captured, MiB (memory_hook.py's graph
-# reserve; ~1 GiB at the default max batch on Hopper, resolver output for tp8 on H200:
-# mem_frac 0.897 with chunk 8192 -> reserve 14808 MiB = 512 + 1.5*8192 + 1024 + ~984).
-GRAPH_RESERVE_MIB = 984
-
-# DeepEP buffers SGLang reserves on top (resolver output for tp8 attn_dp8 deepep on H200:
-# mem_frac 0.754 -> 35368 MiB reserved, of which 10240 is the floor).
-DEEPEP_RESERVE_MIB = 25128
-
 # SGLang caps max_running_requests per instance when not given (scheduler default).
 DEFAULT_MAX_RUNNING = 4096

@@ -8,10 +8,12 @@ exact: log scale = mean(log(predicted / published)) over the rows (predicted wit
 
 How each row's benchmark is reproduced (the CSV has no lengths for ShareGPT; the assumptions are
 ours and are stated here):
-- ShareGPT, 1000 prompts sent at once: SGLang bench_serving's ShareGPT_V3 sample, 1000 prompts ~
-  215k input / ~198k output tokens (vLLM/SGLang benchmark logs print these totals), so 215 / 198
-  per request, all arriving at t=0 (burst).
-- r03 "random 2000 in / 100 out": prompt count not given; 1000 assumed (burst).
+- ShareGPT, 1000 prompts sent at once: bench_serving's ShareGPT sample, lengths from
+  `lengths.sharegpt_lengths` (means 215 / 198 from the published 1000-prompt totals, exponential
+  shape truncated by the sampler's filters; see that module), all arriving at t=0 (burst, an open
+  arrival that is never refilled); total throughput = all tokens / makespan.
+- r03 "random 2000 in / 100 out": prompt count not given; 1000 assumed (burst), exact lengths
+  (the benchmark client's random dataset at fixed lengths; the page gives no range ratio).
 - r04 "random 32000 in / 100 out, 100 prompts": burst of 100.
 - DeepSeek-R1 has DeepSeek-V3's architecture (the deepseek-v3 preset); fp8 weights.
 - `--enable-dp-attention` with tp 8 = attn_dp 8 (SGLang's rewrite); SGLang 0.5.3 / 0.5.5 defaults
@@ -28,6 +30,7 @@ from pathlib import Path
 from clusters import load_cluster
 from cost_model.serving import predict_serve
 from cost_model.serving.calibration import DEFAULT_PATH, LABEL, ServeCalibration
+from cost_model.serving.lengths import fixed_lengths, sharegpt_lengths
 from specs.models import load_model
 from specs.serve_plan import ServePlan, ServeWorkload
 
@@ -48,8 +51,9 @@ def predict_row(row: dict, cal: ServeCalibration) -> float:
     model, plan, isl, osl, n = ROWS[row["id"]]
     cl = load_cluster(row["hw"], int(row["gpus"]))
     w = ServeWorkload(isl=isl, osl=osl, concurrency=n)
+    reqs = sharegpt_lengths(n) if "sharegpt" in row["workload"].lower() else fixed_lengths(n, isl, osl)
     p = predict_serve(load_model(model), cl, ServePlan.parse(plan), w, precision=row["precision"],
-                      calibration=cal, n_requests=n, burst=True)
+                      calibration=cal, n_requests=n, burst=True, requests=reqs)
     return (p.input_tokens_per_s_per_gpu + p.output_tokens_per_s_per_gpu) * cl.num_devices
 
 

@@ -8,12 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from cost_model.flops import param_counts
-from cost_model.serving.constants import (
-    ACT_HIDDEN_MULT,
-    DEEPEP_RESERVE_MIB,
-    DEFAULT_MAX_RUNNING,
-    GRAPH_RESERVE_MIB,
-)
+from cost_model.serving.constants import ACT_HIDDEN_MULT, DEFAULT_MAX_RUNNING
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -46,26 +41,64 @@ def kv_bytes_per_token(spec, c, kv_bytes: float = 2.0) -> np.ndarray:
     return 2.0 * heads * spec.head_dim * kv_bytes * layers
 
 
-def default_mem_frac(c, gpu_mib: float) -> np.ndarray:
-    """SGLang's --mem-fraction-static when not given (memory_hook.py: reserve = 512 + 1.5 *
-    max(chunk, 2048) + tp*pp/8 * 1024 + graph reserve MiB, floored at 10 GiB on GPUs above 60 GB,
-    plus DeepEP buffers)."""
-    chunk_total = c.chunk * c.attn_dp
-    reserve = 512 + 1.5 * np.maximum(chunk_total, 2048) + c.tp * c.pp / 8 * 1024 + np.where(c.graph_bs > 0, GRAPH_RESERVE_MIB, 0)
-    if gpu_mib > 60 * 1000 / 1.048576:
+def default_mem_frac(c, gpu_mib: float, role: str = "agg") -> np.ndarray:
+    """SGLang 0.5.23's --mem-fraction-static when not given (arg_groups/memory_hook.py,
+    `_handle_gpu_memory_settings`, `reserve_for_graph_mb`, `reserve_for_deepep_a2a_mb`), MiB:
+
+        reserve = 512 + 1.5 * activation_tokens + tp*pp/8 * 1024 + graph reserve
+        graph   = 2 * max_bs (decode graphs on) + 3 * max_bs * attn_dp (attention-DP padding)
+                  + 1.5 * max_bs * attn_dp when max_bs > 300 (prefill graphs: off by default)
+        reserve = max(reserve, 10240) on GPUs above 60 GiB; + 2048 for DeepEP with decode graphs
+        mem_frac = round((gpu - reserve) / gpu, 3)
+
+    activation_tokens = max(chunked_prefill_size, 2048) (the size before attention-DP divides it)
+    or, on a pd decode server, max(max_running or max_bs, 2048); a pd prefill server drops the
+    decode-graph, attention-DP and DeepEP terms. Checked against SGLang's own resolver on H200
+    (144384 MiB): tp8 0.897, tp8 attn-dp8 0.770, + deepep (auto and normal) 0.755, Qwen3-30B tp1
+    0.907, tp2 attn-dp2 0.895, pd tp16 attn-dp16 deepep: prefill 0.897, decode 0.684."""
+    bs = c.graph_bs_mem.astype(float)
+    if role == "decode":
+        act_tokens = np.maximum(np.where(c.max_running > 0, c.max_running, np.maximum(bs, 1)), 2048)
+    else:
+        act_tokens = np.maximum(c.chunk * c.attn_dp, 2048)
+    reserve = 512 + 1.5 * act_tokens + c.tp * c.pp / 8 * 1024
+    if role != "prefill":
+        graph = 2.0 * bs + np.where(c.attn_dp > 1, 3.0 * bs * c.attn_dp + np.where(bs > 300, 1.5 * bs * c.attn_dp, 0.0), 0.0)
+        reserve = reserve + graph
+    if gpu_mib > 60 * 1024:
         reserve = np.maximum(reserve, 10240)
-    reserve = reserve + np.where(c.a2a > 0, DEEPEP_RESERVE_MIB, 0)
-    return np.clip((gpu_mib - reserve) / gpu_mib, 0.05, 0.95)
+    if role != "prefill":
+        reserve = reserve + np.where(c.deepep & (bs > 0), 2048, 0)
+    return np.clip(np.round((gpu_mib - reserve) / gpu_mib, 3), 0.05, 0.95)
 
 
-def capacity(spec, cluster, c, isl, osl, wbytes: float, kv_bytes: float = 2.0) -> dict:
+def deepep_buffer_bytes(spec, c) -> np.ndarray:
+    """Bytes of the DeepEP buffer SGLang allocates per GPU (token_dispatcher/deepep.py
+    `get_deepep_buffer`): the larger of the normal-mode NVLink buffer and, when low-latency kernels
+    are used, the low-latency RDMA buffer. They live outside mem_fraction_static (in the reserve).
+    - low latency (DeepEP csrc/config.hpp LowLatencyLayout): two buffers of send + receive, each
+      num_experts * tokens_per_rank * message bytes, message = hidden * 2 B (+16 B header), with
+      SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK = 128 (SGLang's default).
+    - normal (Config.get_nvl_buffer_size_hint): channels (num_sms / 2 = 12 at SGLang's 24 SMs) x
+      NVLink ranks (<= 8) x 256 chunked receive tokens x hidden * 2 B."""
+    h = spec.hidden_size
+    E = max(spec.num_experts, 1)
+    ll_tokens = 128
+    msg = 16 + h * 2.0
+    ll = 2.0 * 2.0 * E * ll_tokens * msg
+    normal = 12 * np.minimum(c.ep, 8) * 256 * h * 2.0
+    on = c.deepep
+    return np.where(on, np.maximum(normal, np.where(c.low_latency_decode, ll, 0.0)), 0.0)
+
+
+def capacity(spec, cluster, c, isl, osl, wbytes: float, kv_bytes: float = 2.0, role: str = "agg") -> dict:
     """Per-GPU memory and the decode batch it allows. Returns arrays: weights_gib, mem_frac,
     kv_pool_tokens (per GPU = per attention-DP rank's pool), act_gib, max_batch_rank (requests per
     attention-DP rank at full context isl+osl), max_batch_instance, memory_gib (weights + KV pool +
     activations), fits and a reason code per plan ('' when it fits)."""
     hbm = cluster.hbm_gib * GIB
     w = weight_bytes_per_gpu(spec, c, wbytes)
-    mf = np.where(c.mem_frac > 0, c.mem_frac, default_mem_frac(c, cluster.hbm_gib * 1024))
+    mf = np.where(c.mem_frac > 0, c.mem_frac, default_mem_frac(c, cluster.hbm_gib * 1024, role))
     pool = mf * hbm - w
     kvt = kv_bytes_per_token(spec, c, kv_bytes)
     tokens = np.maximum(pool, 0) / kvt
@@ -73,8 +106,12 @@ def capacity(spec, cluster, c, isl, osl, wbytes: float, kv_bytes: float = 2.0) -
     rank = np.floor(tokens / ctx)
     cap = np.where(c.max_running > 0, c.max_running, DEFAULT_MAX_RUNNING) // c.attn_dp
     rank = np.minimum(rank, np.maximum(cap, 1))
-    act = c.chunk * c.attn_dp * spec.hidden_size * 2.0 * ACT_HIDDEN_MULT / np.maximum(c.attn_tp, 1)
-    act = act + np.where(c.graph_bs > 0, GRAPH_RESERVE_MIB * MIB, 0)
+    # without an all-to-all backend attention-DP gathers every rank's chunk onto each GPU for the MoE;
+    # with one (DeepEP) a GPU holds its own rank's tokens (routed copies are in ACT_HIDDEN_MULT)
+    gathered = np.where(c.a2a > 0, 1, c.attn_dp)
+    act = c.chunk * gathered * spec.hidden_size * 2.0 * ACT_HIDDEN_MULT / np.maximum(c.attn_tp, 1)
+    # decode CUDA graphs: their captured buffers (SGLang's own estimate, 2 MiB per max_bs) + DeepEP's
+    act = act + np.where(c.graph_bs > 0, 2.0 * c.graph_bs * MIB, 0) + deepep_buffer_bytes(spec, c)
     reason = np.full(len(c), "", dtype=object)
     reason = np.where((1 - mf) * hbm < act, "activations_exceed_reserve", reason)
     reason = np.where(rank < 1, "kv_pool_below_one_request", reason)

@@ -8,12 +8,31 @@ synchronise them), so a step's tokens per instance are rank tokens x attn_dp.
 """
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
 import numpy as np
 
 from cost_model.flops import param_counts
 from cost_model.ops import TableOps
 from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNELS_PER_LAYER, SCHED_OVERHEAD_S
 from cost_model.serving.memory import kv_bytes_per_token
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "ep_dispatch_combine_bandwidth.csv"
+
+
+def _low_latency_rates() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """DeepEP low-latency kernel rates by EP size (ep, dispatch GB/s, combine GB/s): the DeepEP
+    README rows (H800, 128 tokens per rank, 7168 hidden, top-8, FP8 dispatch / BF16 combine) in
+    cost_model/data/ep_dispatch_combine_bandwidth.csv. Used as is on Hopper (same ConnectX-7 NICs
+    that bound the low-latency kernels); no other source exists for H200."""
+    rows = [r for r in csv.DictReader(DATA.open()) if r["kernel"] == "low_latency" and r["library"] == "deepep-v1"]
+    rows.sort(key=lambda r: int(r["ep"]))
+    return (np.array([float(r["ep"]) for r in rows]), np.array([float(r["dispatch_gbps"]) for r in rows]),
+            np.array([float(r["combine_gbps"]) for r in rows]))
+
+
+_LL = None
 
 
 class StepModel:
@@ -72,8 +91,14 @@ class StepModel:
         bytes_ = active * 3 * h * f_loc * self.wbytes  # decode: the weights the batch activates
         return np.maximum(up + down, bytes_ / self.hbm_bw)
 
-    def _comm(self, tokens_inst):
-        """Communication seconds on one GPU per (MoE layer, dense layer)."""
+    def _comm(self, tokens_inst, decode: bool = False):
+        """Communication seconds on one GPU per (MoE layer, dense layer).
+
+        DeepEP runs two kernel families that are priced apart: normal (prefill; decode with
+        deepep_mode=normal) at the table's NVLink/RDMA rates plus its latency, with a host sync
+        that keeps it out of CUDA graphs; low latency (decode in auto / low_latency mode, and
+        prefill in low_latency mode) at the DeepEP README low-latency rates, graph-capturable."""
+        global _LL
         s, c, o = self.s, self.c, self.ops
         h = s.hidden_size
         act = tokens_inst * h * 2.0  # bf16 hidden states of the instance
@@ -85,7 +110,18 @@ class StepModel:
         plain = np.where(c.attn_dp > 1, ar_attn + gather, 2 * ar_moe)
         # DeepEP: tokens of this GPU go to top-k experts (fp8 dispatch, bf16 combine)
         mine = tokens_inst / c.tp * s.moe_router_topk * self.imb
-        d, cb = o.ep_dispatch(np.where(c.a2a > 0, 2, 0), mine * h * 1.0, mine * h * 2.0, c.ep, 1)
+        bd, bc = mine * h * 1.0, mine * h * 2.0
+        d, cb = o.ep_dispatch(np.where(c.a2a > 0, 2, 0), bd, bc, c.ep, 1)
+        if _LL is None:
+            _LL = _low_latency_rates()
+        eps, dg, cg = _LL
+        lep = np.log(np.maximum(c.ep, 1.0))
+        ll_d = bd / (np.interp(lep, np.log(eps), dg) * 1e9)
+        ll_c = bc / (np.interp(lep, np.log(eps), cg) * 1e9)
+        lat = np.asarray(o.ep_dispatch(np.full(len(c), 2), 0.0 * bd, 0.0 * bc, c.ep, 1)[0])  # the table's latency
+        ll = (c.low_latency_decode if decode else c.low_latency_prefill)
+        d = np.where(ll, ll_d + lat, d)
+        cb = np.where(ll, ll_c + lat, cb)
         a2a = ar_attn + d + cb
         return np.where(c.a2a > 0, a2a, plain), plain
 
@@ -124,7 +160,7 @@ class StepModel:
         dense = self._gemm(T, pl["dense_mlp"] / c.tp)
         shared = self._gemm(T, (pl["shared_expert"] + pl["router"]) / c.tp)
         experts = self._experts(T)
-        comm, comm_dense = self._comm(T)
+        comm, comm_dense = self._comm(T, decode=True)
         head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp) / c.pp
         comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts) + head
         comm_t = self.L_moe * comm + self.L_dense * comm_dense
