@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 LAYOUT_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "etp")
-CHUNK = 4096
+CHUNK = 32768  # big chunks: the table lookups run once per distinct row key per chunk
 
 
 @dataclass(frozen=True)
