@@ -139,10 +139,13 @@ def run(args) -> int:
               f"{ranked['memory_infeasible']:,} scored plans memory-infeasible, excluded):")
         if ranked["bound_violated"]:
             print("  note: a scored plan beat its point's bound, so every plan was scored")
+        if any(r["variants"] > 1 for r in ranked["plans"]):
+            print("  (xN: N plans of one parallel point the model predicts equal, one row; --json lists the fields "
+                  "they differ in)")
         for r in ranked["plans"]:
-            same = f"  (+{r['variants'] - 1} predicted equal: {r['varies']})" if r["variants"] > 1 else ""
+            same = f"x{r['variants']}" if r["variants"] > 1 else ""
             print(f"  {r['tokens_per_s_per_gpu']:>10,.0f} tok/s/GPU  {fmt_seconds(r['step_time_s'], 8)}  "
-                  f"{fmt_gib(r['peak_memory_gib'], 6)}  {plan_text(Plan.parse(r['plan']), w, profile, args.canonical)}{same}")
+                  f"{fmt_gib(r['peak_memory_gib'], 6)} {same:>4}  {plan_text(Plan.parse(r['plan']), w, profile, args.canonical)}")
     return 0
 
 
