@@ -47,3 +47,26 @@ def test_a_violated_bound_falls_back_to_scoring_everything(monkeypatch):
     top = screen.rank_space_top(w, space, GPU_FULL, keep=10)
     assert top.bound_violated and top.exhaustive and top.pruned == 0
     assert _rows(top.pool) == _rows(screen.rank_space(w, space, GPU_FULL, keep=10, per_layout=False).pool)
+
+
+@pytest.mark.parametrize("model,kind,gpus,gbs,seq,precision", [
+    ("mixtral-8x7b", "h100-sxm", 64, 256, 4096, "bf16"), ("deepseek-v3", "h100-sxm", 1024, 8192, 4096, "fp8"),
+    ("qwen3-30b-a3b", "b200", 16, 64, 4096, "fp8"), ("tiny-moe", "cpu-local", 2, 16, 256, "bf16")])
+def test_recompute_never_shortens_a_predicted_step(model, kind, gpus, gbs, seq, precision):
+    """The one property of the cost model the bounds rest on, checked on the real model for a
+    sample of every preset's realizable plans with recompute: resetting recompute never makes the
+    predicted step longer. If the model's physics ever breaks it, this fails (and rank_space_top
+    would fall back to exhaustive scoring when it sees a scored plan beat its bound)."""
+    import cost_model
+    from specs.stack import cpu_profile
+    from tuner.space import iter_realizable
+    w = Workload(load_model(model), load_cluster(kind, gpus), gbs, seq)
+    profile = cpu_profile() if kind == "cpu-local" else GPU_FULL
+    space = default_space(w, profile, precision, level="full")
+    plans = [p for i, p in enumerate(iter_realizable(space, w, profile, 0, 37)) if p.recompute != "none" and i % 7 == 0]
+    plans = plans[:3000]
+    assert len(plans) > 20
+    reset = [p.replace(**screen._RECOMPUTE_RESET) for p in plans]
+    a = cost_model.predict_arrays(w, plans)["step_time_s"]
+    b = cost_model.predict_arrays(w, reset)["step_time_s"]
+    assert (a >= b * (1 - 1e-12)).all(), [plans[i].canonical() for i in range(len(plans)) if a[i] < b[i] * (1 - 1e-12)][:3]

@@ -136,12 +136,11 @@ def run(args) -> int:
                f"{ranked['scored']:,} scored, {ranked['pruned']:,} in {ranked['pruned_points']:,} parallel points skipped: "
                "their optimistic bound is below the list")
         print(f"top {len(ranked['plans'])} by predicted tokens/s/GPU ({ranked['realizable']:,} realizable plans, {how}; "
-              f"{ranked['memory_infeasible']:,} scored plans memory-infeasible, excluded):")
+              f"{ranked['memory_infeasible']:,} scored plans memory-infeasible, excluded"
+              + ("; xN: N plans of one parallel point predicted equal, one row" if any(
+                  r["variants"] > 1 for r in ranked["plans"]) else "") + "):")
         if ranked["bound_violated"]:
             print("  note: a scored plan beat its point's bound, so every plan was scored")
-        if any(r["variants"] > 1 for r in ranked["plans"]):
-            print("  (xN: N plans of one parallel point the model predicts equal, one row; --json lists the fields "
-                  "they differ in)")
         for r in ranked["plans"]:
             same = f"x{r['variants']}" if r["variants"] > 1 else ""
             print(f"  {r['tokens_per_s_per_gpu']:>10,.0f} tok/s/GPU  {fmt_seconds(r['step_time_s'], 8)}  "
