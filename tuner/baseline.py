@@ -66,13 +66,15 @@ def hand_tuned_baseline(workload, profile, precision: str = "bf16", calibration=
     return max(ok, key=lambda t: (t[1].tokens_per_s_per_gpu, -t[0].pp))
 
 
-def given_baseline(text: str, workload, profile, precision: str = "bf16", calibration=None, *, tables=None):
-    """(plan, prediction) of the user's `--baseline` plan completed for `profile`; UsageError if
-    it is not realizable. Arguments as for `hand_tuned_baseline`, plus the plan text."""
+def given_baseline(text: str, workload, profile, precision: str = "bf16", calibration=None, *, tables=None,
+                   complete: str = "defaults"):
+    """(plan, prediction) of the user's `--baseline` plan completed for `profile` as `complete`
+    says (`tuner.complete.complete`: best or defaults); UsageError if it is not realizable.
+    Arguments as for `hand_tuned_baseline`, plus the plan text."""
     import cost_model
-    from tuner.complete import complete_plan
+    from tuner.complete import complete as complete_as
     from tuner.realize import check
-    plan = complete_plan(text, workload, profile, precision)
+    plan = complete_as(text, workload, profile, precision, complete, tables=tables, calibration=calibration).plan
     reasons = check(workload, plan, profile)
     if reasons:
         raise UsageError(f"--baseline is not realizable: {'; '.join(str(r) for r in reasons)}")

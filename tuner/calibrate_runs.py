@@ -120,18 +120,19 @@ def _workload(r: dict):
     return Workload(model=model, cluster=cluster, gbs=int(r["gbs"]), seq=seq)
 
 
-def raw_predictions(rows: list[dict], tables=None, stack: str = "auto") -> tuple[np.ndarray, dict]:
+def raw_predictions(rows: list[dict], tables=None, stack: str = "auto", complete: str = "defaults") -> tuple[np.ndarray, dict]:
     """Uncalibrated predicted step time per row; {cluster kind: Tables used}.
 
     Args:
         rows: measured runs (see the module docstring).
         tables: Tables or a table directory; None: the cost model's lookup rule per cluster kind.
         stack: the stack profile plans are completed for (`specs.stack.profile_for`).
+        complete: how partial plans are completed (`tuner.complete.complete`: best or defaults).
     """
     import cost_model
     from cost_model.calibration import IDENTITY
     from specs.stack import profile_for
-    from tuner.complete import complete_plan
+    from tuner.complete import complete as complete_as
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(tuple(str(r.get(k, "")) for k in ("model", "cluster", "gpus", "gbs", "seq")), []).append(i)
@@ -142,7 +143,7 @@ def raw_predictions(rows: list[dict], tables=None, stack: str = "auto") -> tuple
         t = cost_model.resolve_tables(w, tables)
         used[w.cluster.kind] = t
         profile = profile_for(w.cluster, stack)
-        plans = [complete_plan(rows[i]["plan"], w, profile) for i in idx]
+        plans = [complete_as(rows[i]["plan"], w, profile, mode=complete, tables=t, calibration=IDENTITY).plan for i in idx]
         out = cost_model.predict_arrays(w, plans, tables=t, calibration=IDENTITY)
         pred[idx] = out["raw_step_time_s"]
         for i in idx:
@@ -168,12 +169,13 @@ def topk_overlap(pred_time, meas_time, k: int, tokens=None) -> float:
     return len(a & b) / k
 
 
-def calibrate(rows: list[dict], *, tables=None, stack: str = "auto", source: dict | None = None, ks=(3, 5)):
+def calibrate(rows: list[dict], *, tables=None, stack: str = "auto", source: dict | None = None, ks=(3, 5),
+              complete: str = "defaults"):
     """Fit and evaluate. Returns (Calibration, report dict).
 
     Args:
         rows: measured runs of one cluster kind, at least 2.
-        tables, stack: as for `raw_predictions`.
+        tables, stack, complete: as for `raw_predictions`.
         source: where the runs came from, kept in the calibration's provenance.
         ks: the k of the top-k overlap metrics.
     """
@@ -184,7 +186,7 @@ def calibrate(rows: list[dict], *, tables=None, stack: str = "auto", source: dic
     if len(kinds) != 1:
         raise CalibrateError(f"measurements span several cluster kinds ({', '.join(sorted(kinds))}); "
                              "choose one with --cluster")
-    raw, used = raw_predictions(rows, tables, stack)
+    raw, used = raw_predictions(rows, tables, stack, complete)
     bad = [r["plan"] for r, p in zip(rows, raw) if not np.isfinite(p) or p <= 0]
     if bad:
         raise CalibrateError(f"the cost model gave no finite prediction for {len(bad)} plan(s), e.g. {bad[0][:80]}")

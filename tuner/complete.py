@@ -19,6 +19,8 @@ lists of plans can show each configuration once.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from clusters import precision_recipe
 from specs.errors import InputError, LayoutError
 from specs.pipeline import balanced_layout
@@ -114,3 +116,178 @@ def effective_plan(plan: Plan, model) -> Plan:
     if all(getattr(plan, k) == v for k, v in d.items()):
         return plan  # the common case, and cheap: rankers call this for thousands of plans
     return plan.replace(**d)
+
+
+# ---- best completion --------------------------------------------------------------------------------
+COMPLETIONS = ("best", "defaults")
+# The tier-2/3 choices a best completion makes, in groups of fields chosen together (an option of a
+# group sets all of its fields; a group with a field the user gave keeps only the options that agree).
+_GROUPS = (("recompute", "recompute_modules", "recompute_method", "recompute_layers"),
+           ("dist_opt", "overlap_grad_reduce", "overlap_param_gather"),
+           ("shared_expert_overlap", "a2a_overlap"),
+           ("grouped_gemm", "dispatcher", "flex_backend", "precision"))
+_SPLIT = ("pp_first", "pp_last", "pp_layout")
+# Predicted throughputs this close (relative) are a tie; a tie goes to the plan nearest the defaults.
+_TIE = 1e-9
+
+
+@dataclass
+class Completion:
+    """How a partial plan was completed: `mode` (best or defaults), the plan, what the defaults
+    would have given, and for a best completion how many candidates were scored and the fields
+    it chose differently from the defaults (`chosen`)."""
+    mode: str
+    plan: Plan
+    defaults_plan: Plan
+    candidates: int = 0  # realizable completions scored
+    feasible: int = 0  # of them, within the memory budget
+    chosen: dict = field(default_factory=dict)  # field -> value where plan differs from defaults_plan
+    tokens_per_s_per_gpu: float = float("nan")
+    defaults_tokens_per_s_per_gpu: float = float("nan")  # nan: the defaults are not realizable or do not fit
+    note: str = ""
+
+    def describe(self) -> str:
+        """One line for a command's output."""
+        if self.mode == "defaults":
+            return "defaults (the documented completion defaults of tuner/complete.py)"
+        head = f"best of {self.candidates:,} realizable completions ({self.feasible:,} fit in memory)"
+        if self.note:
+            return f"{head}: {self.note}"
+        if not self.chosen:
+            return f"{head}: the defaults are the best"
+        gain = ""
+        if self.defaults_tokens_per_s_per_gpu == self.defaults_tokens_per_s_per_gpu:  # not nan
+            gain = f", {self.tokens_per_s_per_gpu / self.defaults_tokens_per_s_per_gpu - 1:+.1%} predicted tokens/s vs defaults"
+        else:
+            gain = ", the defaults are not realizable or do not fit"
+        return f"{head}: chose {format_fields(self.chosen)}{gain}"
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "plan": self.plan.canonical(), "defaults_plan": self.defaults_plan.canonical(),
+                "candidates": self.candidates, "feasible": self.feasible, "chosen": format_fields(self.chosen),
+                "tokens_per_s_per_gpu": None if self.tokens_per_s_per_gpu != self.tokens_per_s_per_gpu else self.tokens_per_s_per_gpu,
+                "defaults_tokens_per_s_per_gpu": None if self.defaults_tokens_per_s_per_gpu != self.defaults_tokens_per_s_per_gpu
+                else self.defaults_tokens_per_s_per_gpu, "note": self.note}
+
+
+def _group_options(space, given: dict) -> list[list[dict]]:
+    """Per group of `_GROUPS`: the space's options that agree with the fields the user gave (a
+    user value the space does not list, e.g. recompute_layers=3, is one option of its own)."""
+    out = []
+    for g in _GROUPS:
+        src = space.kernels if g is _GROUPS[3] else space.schedules
+        opts, seen = [], set()
+        for o in src:
+            sub = {k: o[k] for k in g if k in o}
+            key = tuple(sorted(sub.items()))
+            if key not in seen and all(sub.get(k, v) == v for k, v in given.items() if k in g):
+                seen.add(key)
+                opts.append(sub)
+        if not opts:
+            opts = [{}]  # the user's values, completed by the defaults
+        out.append(opts)
+    return out
+
+
+def _split_options(workload: Workload, plan: Plan, given: dict) -> list[dict]:
+    from tuner.space import pipeline_splits
+    if _SPLIT_GIVEN & given.keys() or plan.pp == 1:
+        return [{}]
+    opts = [{**dict(pp_first=0, pp_last=0, pp_layout=""), **s} for s in pipeline_splits(workload.model.num_layers, plan.pp, plan.vpp)]
+    return opts or [{}]
+
+
+_SPLIT_GIVEN = set(_SPLIT)
+
+
+def best_completion(given: str | dict, workload: Workload, profile: StackProfile, precision: str = "bf16", *,
+                    tables=None, calibration=None) -> Completion:
+    """The realizable, memory-feasible completion of `given` with the highest predicted throughput.
+
+    The fields the user gave are kept; the parallel fields not given take the defaults (tp=1, ...);
+    every unspecified tier-2/3 field (recompute, the optimizer overlaps, shared-expert and EP-A2A
+    overlap, grouped GEMM, dispatcher and flex backend, the precision recipe within the
+    `--precision` family, the pipeline split) ranges over the options of the full plan space
+    (`tuner.space.default_space`). Candidates are checked with `tuner.realize` and scored together
+    with `cost_model.predict_arrays`; of predictions within 1e-9 (relative) of the best, the one
+    with the fewest fields different from the defaults wins. When no candidate is realizable and
+    fits, the defaults completion is returned with a note."""
+    import numpy as np
+
+    import cost_model
+    from cost_model.plans import PlanArrays
+    from tuner.realize import check, check_parallel, check_schedule_kernels
+    from tuner.space import default_space
+    fields = parse_fields(given) if isinstance(given, str) else dict(given)
+    defaults = complete_plan(fields, workload, profile, precision)
+    out = Completion("best", defaults, defaults)
+    # the recipe family: `--precision fp8` (or precision=fp8 in the plan) lets the recipe vary
+    family = fields.get("precision", precision)
+    if "precision" in fields and fields["precision"] != "fp8":
+        family = fields["precision"]
+    space = default_space(workload, profile, family, level="full")
+    fixed = {k: v for k, v in defaults.__dict__.items() if k in fields}
+    if family == "fp8":
+        fixed.pop("precision", None)
+    groups = _group_options(space, fixed)
+    plans: list[Plan] = []
+    seen: set = set()
+    for split in _split_options(workload, defaults, fields):
+        base = defaults.replace(**split)
+        if check_parallel(workload, base, profile):
+            continue
+        for rec in groups[0]:
+            for dist in groups[1]:
+                for ovl in groups[2]:
+                    for kern in groups[3]:
+                        d = {**rec, **dist, **ovl, **kern}
+                        p = base.replace(**d) if d else base
+                        if p in seen:
+                            continue
+                        seen.add(p)
+                        if not check_schedule_kernels(workload, p, profile):
+                            plans.append(p)
+    if defaults not in seen and not check(workload, defaults, profile):
+        plans.append(defaults)
+    out.candidates = len(plans)
+    if not plans:
+        out.note = "no realizable completion; the defaults are shown"
+        return out
+    tables = cost_model.resolve_tables(workload, tables)
+    calibration = cost_model.resolve_calibration(workload, calibration, tables)
+    r = cost_model.predict_arrays(workload, PlanArrays.from_plans(plans), tables=tables, calibration=calibration)
+    tps = np.asarray(r["tokens_per_s_per_gpu"], float)
+    ok = np.asarray(r["fits"], bool) & np.isfinite(tps) & (tps > 0)
+    out.feasible = int(ok.sum())
+    try:
+        j = plans.index(defaults)
+        if ok[j]:
+            out.defaults_tokens_per_s_per_gpu = float(tps[j])
+    except ValueError:
+        pass
+    if not ok.any():
+        out.note = "no realizable completion fits in memory; the defaults are shown"
+        return out
+    best = tps[ok].max()
+    names = list(Plan.__dataclass_fields__)
+
+    def distance(p: Plan) -> int:
+        return sum(getattr(p, n) != getattr(defaults, n) for n in names)
+
+    tied = [plans[i] for i in np.flatnonzero(ok & (tps >= best * (1 - _TIE)))]
+    plan = min(tied, key=lambda p: (distance(p), p.canonical()))
+    out.plan = plan
+    out.tokens_per_s_per_gpu = float(tps[plans.index(plan)])
+    out.chosen = {n: getattr(plan, n) for n in names if getattr(plan, n) != getattr(defaults, n)}
+    return out
+
+
+def complete(given: str | dict, workload: Workload, profile: StackProfile, precision: str = "bf16",
+             mode: str = "best", *, tables=None, calibration=None) -> Completion:
+    """`best_completion` (mode "best") or the documented defaults (`complete_plan`, mode "defaults")."""
+    if mode not in COMPLETIONS:
+        raise InputError(f"--complete must be one of {', '.join(COMPLETIONS)}, got {mode!r}")
+    if mode == "defaults":
+        p = complete_plan(given, workload, profile, precision)
+        return Completion("defaults", p, p)
+    return best_completion(given, workload, profile, precision, tables=tables, calibration=calibration)

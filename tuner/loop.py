@@ -67,6 +67,7 @@ class TuneOptions:
     storage: str | None = None
     trials: int = 8
     baseline: str | None = None
+    complete: str = "best"  # how a partial `baseline` is completed (tuner.complete.complete)
     backend: str = "megatron"
     precision: str = "bf16"
     ray_address: str | None = None
@@ -463,8 +464,8 @@ def preregister(options: TuneOptions, workload, profile, pool: list, total: int,
     from tuner.screen import select_candidates
     if options.baseline:
         bplan, bpred = given_baseline(options.baseline, workload, profile, options.precision, calibration,
-                                      tables=tables)
-        bsrc = "--baseline"
+                                      tables=tables, complete=options.complete)
+        bsrc = f"--baseline (--complete {options.complete})"
     else:
         bplan, bpred = hand_tuned_baseline(workload, profile, options.precision, calibration, tables=tables)
         bsrc = "hand-tuning heuristic (tuner/baseline.py)"

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 LAYOUT_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "etp")
-CHUNK = 4096
+CHUNK = 32768  # big chunks: the table lookups run once per distinct row key per chunk
 
 
 @dataclass(frozen=True)
@@ -104,9 +104,10 @@ def _layout_codes(pa) -> np.ndarray:
 
 
 def _score_chunk(workload, pa, plan_at, calibration, tables, keep: int = 1 << 62,
-                 per_layout: bool = True) -> tuple[list[Scored], int]:
+                 per_layout: bool = True, tps_out: list | None = None) -> tuple[list[Scored], int]:
     """(rows that may survive pruning, #plans over the memory budget) for one chunk: `pa` the
-    chunk's PlanArrays, `plan_at(i)` its i-th Plan (built only for the rows looked at)."""
+    chunk's PlanArrays, `plan_at(i)` its i-th Plan (built only for the rows looked at).
+    `tps_out`, when given, receives the chunk's predicted throughputs (every row)."""
     import cost_model
     from tuner.complete import effective_plan
     r = cost_model.predict_arrays(workload, pa, calibration=calibration, tables=tables)
@@ -114,6 +115,8 @@ def _score_chunk(workload, pa, plan_at, calibration, tables, keep: int = 1 << 62
     tps = np.asarray(r["tokens_per_s_per_gpu"], float)
     fits = np.asarray(r["fits"], bool)
     ok = fits & np.isfinite(st) & (st > 0)
+    if tps_out is not None:
+        tps_out.append(tps)
     model, plans, effective = workload.model, {}, {}
 
     def config_of(i: int):
@@ -152,13 +155,14 @@ def _plan_chunks(plans, chunk: int):
 _POINT_COLS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last")
 
 
-def _space_chunks(points, chunk: int):
+def _space_chunks(points, chunk: int, with_points: bool = False):
     """(PlanArrays, plan_at) chunks of the realizable plans of a space, straight from its parallel
     points and option columns (`tuner.space.iter_realizable_points`): no Plan per plan, only for
-    the rows a ranking looks at."""
+    the rows a ranking looks at. `with_points`: (PlanArrays, plan_at, point number of every row),
+    points numbered in the order `points` yields them."""
     from cost_model.plans import PlanArrays
     from specs.plan import Plan
-    option_cols, blocks, n = None, [], 0
+    option_cols, blocks, n, first = None, [], 0, 0
 
     def assemble():
         counts = np.array([len(ok) for _, ok, _ in blocks])
@@ -176,7 +180,11 @@ def _space_chunks(points, chunk: int):
             sched, kern = options[J[i]]
             return base.replace(**sched, **kern)
 
-        return PlanArrays(int(counts.sum()), cols, list(layouts)), plan_at
+        return PlanArrays(int(counts.sum()), cols, list(layouts)), plan_at, which
+
+    def out(assembled):
+        pa, plan_at, which = assembled
+        return (pa, plan_at, which + first) if with_points else (pa, plan_at)
 
     for base, ok, options in points:
         if option_cols is None:  # the same option list for every point of a space
@@ -185,10 +193,19 @@ def _space_chunks(points, chunk: int):
         blocks.append((base, np.asarray(ok, np.int64), options))
         n += len(ok)
         if n >= chunk:
-            yield assemble()
+            yield out(assemble())
+            first += len(blocks)
             blocks, n = [], 0
     if blocks:
-        yield assemble()
+        yield out(assemble())
+
+
+def _by_row_key(points) -> list:
+    """The parallel points in an order that puts points with the same tp, cp, ep, etp and mbs next
+    to each other: the cost model's table lookups run once per distinct row key of a chunk
+    (`cost_model.model._row_key`), so grouped points cost far fewer lookups. The ranking does not
+    depend on the order."""
+    return sorted(points, key=lambda pt: (pt[0].tp, pt[0].cp, pt[0].ep, pt[0].etp, pt[0].mbs))
 
 
 def _rank_chunks(workload, chunks, *, tables, calibration, keep: int, per_layout: bool) -> Ranking:
@@ -220,9 +237,121 @@ def rank_space(workload, space, profile, shard: int = 0, num_shards: int = 1, *,
     (`tuner.space.default_space`), fed as columns: the same ranking as
     `rank_plans(workload, iter_realizable(space, workload, profile, shard, num_shards))`, faster."""
     from tuner.space import iter_realizable_points
-    points = iter_realizable_points(space, workload, profile, shard, num_shards)
+    points = _by_row_key(iter_realizable_points(space, workload, profile, shard, num_shards))
     return _rank_chunks(workload, _space_chunks(points, chunk), tables=tables, calibration=calibration,
                         keep=keep, per_layout=per_layout)
+
+
+# ---- the exact top of a space, by per-point bounds ---------------------------------------------------
+# Plan fields that only add work to a step (recompute re-runs forward passes); a plan with them
+# reset is the optimistic plan a parallel point's bound is evaluated on.
+_RECOMPUTE_RESET = dict(recompute="none", recompute_modules=(), recompute_method="", recompute_layers=0)
+# Relative slack for comparing a bound with a score computed in another chunk (table lookups batch
+# per chunk, so the same plan can differ in the last bits).
+_SLACK = 1e-9
+
+
+@dataclass
+class TopRanking(Ranking):
+    """`Ranking` of `rank_space_top`: `pruned` realizable plans were not scored because the bound of
+    their parallel point could not reach the kept pool; `bound_scored` optimistic plans were scored
+    for the bounds; `exhaustive` is True when every plan was scored (no pruning, or the fallback
+    after a bound was found violated: `bound_violated`)."""
+    pruned: int = 0
+    pruned_points: int = 0
+    points: int = 0
+    bound_scored: int = 0
+    exhaustive: bool = False
+    bound_violated: bool = False
+
+
+def _optimistic_options(options) -> tuple[list, np.ndarray]:
+    """(distinct optimistic options, class of every option): an option's optimistic version has its
+    recompute fields reset (`_RECOMPUTE_RESET`)."""
+    classes, index = [], {}
+    cls = np.empty(len(options), np.int64)
+    for j, (sched, kern) in enumerate(options):
+        s = {**sched, **_RECOMPUTE_RESET}
+        key = (tuple(sorted(s.items())), tuple(sorted(kern.items())))
+        if key not in index:
+            index[key] = len(classes)
+            classes.append((s, kern))
+        cls[j] = index[key]
+    return classes, cls
+
+
+def rank_space_top(workload, space, profile, shard: int = 0, num_shards: int = 1, *, tables=None,
+                   calibration=None, keep: int = 20, chunk: int = CHUNK, prune: bool = True) -> TopRanking:
+    """The best `keep` distinct feasible plans of the realizable space (shard `shard` of
+    `num_shards`), the same pool as `rank_space(..., keep=keep, per_layout=False)` (exhaustive
+    scoring), found by branch and bound over parallel points:
+
+    1. bound: every parallel point is scored on its optimistic plans, one per distinct realizable
+       option with the recompute fields reset, with the real cost model (`predict_arrays`); the
+       point's bound is the best of these throughputs, ignoring memory;
+    2. the points are scored exhaustively in order of their bound, best first, and scoring stops
+       at the first point whose bound is below the `keep`-th best distinct plan found so far
+       (every later point's bound is lower still).
+
+    The bound rests on one property of the model: recompute never makes a predicted step shorter
+    (it re-runs forward work). It is not assumed silently: every plan scored in step 2 is checked
+    against its point's bound, and if any beats it, the whole space is scored exhaustively
+    instead (`bound_violated`). `prune=False` scores exhaustively from the start."""
+    import cost_model
+    from tuner.space import iter_realizable_points
+    tables = cost_model.resolve_tables(workload, tables)
+    calibration = cost_model.resolve_calibration(workload, calibration, tables)
+    points = _by_row_key(iter_realizable_points(space, workload, profile, shard, num_shards))
+    out = TopRanking(points=len(points))
+    total = sum(len(ok) for _, ok, _ in points)
+    if not prune or not points:
+        r = _rank_chunks(workload, _space_chunks(iter(points), chunk), tables=tables, calibration=calibration,
+                         keep=keep, per_layout=False)
+        return TopRanking(r.seen, r.memory_infeasible, r.pool, points=len(points), exhaustive=True)
+    # 1. bounds
+    opt_options, opt_class = _optimistic_options(points[0][2])
+    classes_of: dict = {}  # the ok lists are shared by points with one schedule context
+
+    def classes(ok):
+        c = classes_of.get(id(ok))
+        if c is None:
+            c = classes_of[id(ok)] = (ok, np.unique(opt_class[np.asarray(ok, np.int64)]))
+        return c[1]
+
+    bound = np.full(len(points), -np.inf)
+    opt_points = ((base, classes(ok), opt_options) for base, ok, _ in points)
+    for pa, _, which in _space_chunks(opt_points, chunk, with_points=True):
+        r = cost_model.predict_arrays(workload, pa, tables=tables, calibration=calibration)
+        tps = np.asarray(r["tokens_per_s_per_gpu"], float)
+        np.maximum.at(bound, which, np.where(np.isfinite(tps), tps, -np.inf))
+        out.bound_scored += pa.n
+    # 2. best first, stop below the keep-th best
+    order = np.argsort(-bound, kind="stable")
+    i = 0
+    while i < len(order):
+        if len(out.pool) >= keep and bound[order[i]] * (1 + _SLACK) < out.pool[keep - 1].tokens_per_s_per_gpu:
+            break
+        batch, n = [], 0
+        while i < len(order) and n < chunk:
+            batch.append(int(order[i]))
+            n += len(points[order[i]][1])
+            i += 1
+        for pa, plan_at, which in _space_chunks((points[b] for b in batch), chunk, with_points=True):
+            tps: list = []
+            rows, unfit = _score_chunk(workload, pa, plan_at, calibration, tables, keep, False, tps)
+            limit = bound[np.asarray(batch)[which]] * (1 + _SLACK)
+            if np.any(np.isfinite(tps[0]) & (tps[0] > limit)):
+                r = rank_space_top(workload, space, profile, shard, num_shards, tables=tables,
+                                   calibration=calibration, keep=keep, chunk=chunk, prune=False)
+                r.bound_violated = True
+                return r
+            out.seen += pa.n
+            out.memory_infeasible += unfit
+            out.pool = _prune(out.pool + rows, keep, workload.model, per_layout=False)
+    out.pruned = total - out.seen
+    out.pruned_points = len(order) - i
+    out.seen = total
+    return out
 
 
 def score_shard(workload, profile, precision: str, level: str, shard: int, num_shards: int, *,

@@ -193,6 +193,17 @@ class _Verdicts:
                 self.first.setdefault(r.code, (i, r.sentence))
 
 
+def _with(base: Plan, sched: dict, kern: dict) -> Plan:
+    """`base.replace(**sched, **kern)` without re-validating: the space's own options are valid
+    field values, and checking thousands of them per schedule context is the walk's hot loop."""
+    p = object.__new__(Plan)
+    d = p.__dict__
+    d.update(base.__dict__)
+    d.update(sched)
+    d.update(kern)
+    return p
+
+
 class _Walker:
     """Checks parallel points once and schedule/kernel options once per schedule_context."""
 
@@ -207,7 +218,7 @@ class _Walker:
         key = (par_plan,) if self.exact else schedule_context(self.w, par_plan)
         hit = self.cache.get(key)
         if hit is None:
-            hit = _Verdicts([check_schedule_kernels(self.w, par_plan.replace(**s, **k), self.profile)
+            hit = _Verdicts([check_schedule_kernels(self.w, _with(par_plan, s, k), self.profile)
                              for s, k in self.sk])
             self.cache[key] = hit
         return hit

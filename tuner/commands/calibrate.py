@@ -23,7 +23,7 @@ from pathlib import Path
 
 from specs.errors import UsageError
 from specs.fileio import write_atomic
-from tuner.commands.common import add_stack_arg
+from tuner.commands.common import add_complete_arg, add_stack_arg
 
 DESCRIPTION = ("Fit the cost model's calibration term to measured runs, report the model's error before "
                "and after as a table and a scatter plot, and install the fit for the cluster kind.")
@@ -49,6 +49,7 @@ def add_parser(subparsers):
                    help="CSV column holding the measured step time (default: measured_step_time_s or "
                         "step_time_s); e.g. min_step_time_s for the least-interfered iteration on a shared host.")
     add_stack_arg(p)
+    add_complete_arg(p, "a partial plan of a measured run")
     p.add_argument("--tables", default=None,
                    help="Table directory to predict with (default: the cost model's lookup rule for the cluster kind).")
     p.add_argument("--out", default=None, help="Folder for the report (default: runs/calibrate-<kind>-<time>).")
@@ -96,7 +97,8 @@ def run(args) -> int:
         if len(rows) < 2:
             raise UsageError(f"{len(rows)} usable measured run(s) (need >= 2 with plan and a step time"
                              + (f" on cluster {args.cluster}" if args.cluster else "") + ")")
-        cal, rep = runs.calibrate(rows, tables=args.tables, stack=args.stack, source=dict(source, n=len(rows)))
+        cal, rep = runs.calibrate(rows, tables=args.tables, stack=args.stack, source=dict(source, n=len(rows)),
+                                  complete=args.complete)
     except runs.CalibrateError as e:
         raise UsageError(str(e)) from None
     kind = rep["tables"]["kind"]
@@ -119,7 +121,7 @@ def run(args) -> int:
     t = rep["tables"]
     md = [f"# Calibration of the cost model on {kind}", "",
           f"- measurements: {json.dumps(source)[:300]}",
-          f"- runs: {m['n']} ({m['distinct_plans']} distinct plans)",
+          f"- runs: {m['n']} ({m['distinct_plans']} distinct plans); partial plans completed with --complete {args.complete}",
           f"- tables: {t['dir']} ({'measured' if t['measured'] else 'shipped defaults'}), sha256 {t['digest']}",
           f"- fitted term: {cal.label}: scale {cal.scale:.4f}; calibration id {cal.id}",
           f"- installed: {installed or 'no (--no-install)'}", "", table, "",
@@ -132,11 +134,12 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"metrics": m, "calibration_id": cal.id, "scale": cal.scale, "tables": t,
                           "installed": str(installed) if installed else None, "out": str(out),
-                          "png": str(png)}, indent=1))
+                          "png": str(png), "completion": args.complete}, indent=1))
         return 0
     print(f"calibrated {kind}: {m['n']} runs ({m['distinct_plans']} distinct plans); tables {t['dir']} "
           f"sha256 {t['digest'][:16]} ({'measured' if t['measured'] else 'shipped defaults'})")
     print(table)
+    print(f"completion     --complete {args.complete} (for partial plans of the runs)")
     print(f"scale          {cal.scale:.4f} ({cal.label})")
     print(f"calibration    {cal.id} -> {out / 'calibration.json'}")
     if installed:

@@ -11,7 +11,8 @@ from specs.models import load_model
 from specs.workload import Workload
 
 __all__ = ["UsageError", "UnrealizablePlanError", "add_workload_args", "workload_from_args", "add_stack_arg",
-           "add_plan_args", "add_canonical_arg", "completed_plan", "unrealizable", "require_realizable", "plan_text", "positive_int",
+           "add_plan_args", "add_canonical_arg", "add_complete_arg", "completed_plan", "plan_completion",
+           "unrealizable", "require_realizable", "plan_text", "positive_int",
            "add_cost_model_args", "cost_model_inputs", "fmt_seconds", "fmt_gib", "fmt_flops"]
 
 
@@ -65,8 +66,18 @@ def add_plan_args(p: argparse.ArgumentParser, *, required: bool = False) -> None
     """--plan (partial or canonical) and --canonical (print full plan strings)."""
     p.add_argument("--plan", required=required, default=None if required else "",
                    help='Plan string, canonical or partial (e.g. "tp=2,pp=8,vpp=4,ep=64"); the fields '
-                        "not given are completed with the documented defaults of tuner/complete.py.")
+                        "not given are completed as --complete says.")
+    add_complete_arg(p)
     add_canonical_arg(p)
+
+
+def add_complete_arg(p: argparse.ArgumentParser, what: str = "--plan") -> None:
+    p.add_argument("--complete", choices=["best", "defaults"], default="best",
+                   help=f"How the fields {what} leaves out are completed: best (default: the realizable, "
+                        "memory-feasible choice of recompute, overlaps, dispatcher and flex backend, precision "
+                        "recipe within --precision, grouped GEMM and pipeline split with the highest predicted "
+                        "throughput; parallel fields not given take the defaults) or defaults (the documented "
+                        "defaults of tuner/complete.py).")
 
 
 def add_canonical_arg(p: argparse.ArgumentParser) -> None:
@@ -75,13 +86,24 @@ def add_canonical_arg(p: argparse.ArgumentParser) -> None:
                         "(only the fields that differ from the completion defaults).")
 
 
-def completed_plan(args, workload):
-    """(plan, profile): the user's (possibly partial) `--plan` completed by `tuner.complete.complete_plan`
-    for `--stack` and `--precision`. Every command that takes a plan goes through here."""
+def plan_completion(args, workload, tables=None, calibration=None, *, text: str | None = None):
+    """(Completion, profile): the user's (possibly partial) `--plan` (or `text`) completed for
+    `--stack` and `--precision` as `--complete` says (`tuner.complete.complete`; a best completion
+    scores its candidates with `tables` / `calibration`, None: the cost model's lookup rules).
+    Every command that takes a plan goes through here."""
     from specs.stack import profile_for
-    from tuner.complete import complete_plan
+    from tuner.complete import complete
     profile = profile_for(workload.cluster, getattr(args, "stack", "auto"))
-    return complete_plan(args.plan or "", workload, profile, getattr(args, "precision", "bf16")), profile
+    given = args.plan if text is None else text
+    c = complete(given or "", workload, profile, getattr(args, "precision", "bf16"),
+                 getattr(args, "complete", "defaults") or "defaults", tables=tables, calibration=calibration)
+    return c, profile
+
+
+def completed_plan(args, workload, tables=None, calibration=None):
+    """(plan, profile): `plan_completion`'s plan."""
+    c, profile = plan_completion(args, workload, tables, calibration)
+    return c.plan, profile
 
 
 class UnrealizablePlanError(UsageError):

@@ -15,15 +15,16 @@ from tuner.commands.common import (
     add_plan_args,
     add_stack_arg,
     add_workload_args,
-    completed_plan,
+    plan_completion,
     plan_text,
     positive_int,
     require_realizable,
     workload_from_args,
 )
 
-SUMMARY = "Write the launch script of a training plan (Megatron-LM) or a serving plan (SGLang)."
-DESCRIPTION = ("Complete a partial plan with the documented defaults and write the torchrun launch script for "
+SUMMARY = "Write the launch script of a training plan (Megatron-LM) or a serving plan (SGLang, vLLM)."
+DESCRIPTION = ("Complete a partial plan (--complete best: the fastest realizable completion the cost model "
+               "predicts; defaults: the documented defaults) and write the torchrun launch script for "
                "Megatron-LM's pretrain_gpt.py that reproduces it; a plan the target stack cannot run is refused "
                "with its reasons (exit code 2) and nothing is written. `emit sglang` prints the SGLang 0.5.23 launch "
                "commands of a serving plan and `emit vllm` the vLLM server command (--gbs is not used; for vllm, "
@@ -63,7 +64,8 @@ def run(args) -> int:
         raise UsageError("emit megatron: --gbs is required")
     from tuner.emit import megatron_script
     w = workload_from_args(args)
-    plan, profile = completed_plan(args, w)
+    completion, profile = plan_completion(args, w)
+    plan = completion.plan
     # one line: a script that wraps `emit` reads a single error line
     require_realizable(w, plan, profile, one_line=True)
     text = megatron_script(w, plan, profile, train_iters=args.train_iters)
@@ -73,6 +75,7 @@ def run(args) -> int:
         print(f"wrote {args.out}  ({plan_text(plan, w, profile, args.canonical)})", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    print(f"completion: {completion.describe()}", file=sys.stderr)
     return 0
 
 

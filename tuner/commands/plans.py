@@ -44,6 +44,9 @@ def add_parser(subparsers):
     p.add_argument("--rank", action="store_true",
                    help="Also rank the realizable plans by predicted tokens/s per GPU (memory-infeasible ones excluded).")
     p.add_argument("--top", type=positive_int, default=20, help="How many ranked plans to list with --rank (default 20).")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="With --rank, score every realizable plan instead of skipping the parallel points whose "
+                        "optimistic bound cannot reach the top (the same ranking, slower; for checking).")
     p.add_argument("--json", action="store_true", help="Print the counts, examples and ranking as one JSON object.")
     add_canonical_arg(p)
     return p
@@ -106,7 +109,8 @@ def run(args) -> int:
                   example_stride=max(1, points // max(1, 8 * args.examples)))
     prog.close()
     elapsed = time.time() - t0
-    ranked = _rank(w, space, profile, shard, nshards, args.top, tables, calibration) if args.rank else None
+    ranked = _rank(w, space, profile, shard, nshards, args.top, tables, calibration, not args.exhaustive) \
+        if args.rank else None
     if args.json:
         print(json.dumps({
             "model": w.model.name, "cluster": w.cluster.kind, "gpus": w.world, "gbs": w.gbs,
@@ -137,26 +141,50 @@ def run(args) -> int:
         for p in s.examples:
             print(f"  {plan_text(p, w, profile, args.canonical)}")
     if ranked is not None:
-        print(f"top {len(ranked['plans'])} by predicted tokens/s/GPU "
-              f"({ranked['scored']:,} realizable plans scored, {ranked['memory_infeasible']:,} memory-infeasible excluded):")
-        for code, n in ranked["infeasible_reasons"].items():
-            print(f"  excluded: {n:,} x {code}")
+        how = ("every one scored" if ranked["exhaustive"] else
+               f"{ranked['scored']:,} scored, {ranked['pruned']:,} in {ranked['pruned_points']:,} parallel points skipped: "
+               "their optimistic bound is below the list")
+        print(f"top {len(ranked['plans'])} by predicted tokens/s/GPU ({ranked['realizable']:,} realizable plans, {how}; "
+              f"{ranked['memory_infeasible']:,} scored plans memory-infeasible, excluded"
+              + ("; xN: N plans of one parallel point predicted equal, one row" if any(
+                  r["variants"] > 1 for r in ranked["plans"]) else "") + "):")
+        if ranked["bound_violated"]:
+            print("  note: a scored plan beat its point's bound, so every plan was scored")
         for r in ranked["plans"]:
+            same = f"x{r['variants']}" if r["variants"] > 1 else ""
             print(f"  {r['tokens_per_s_per_gpu']:>10,.0f} tok/s/GPU  {fmt_seconds(r['step_time_s'], 8)}  "
-                  f"{fmt_gib(r['peak_memory_gib'], 6)}  {plan_text(Plan.parse(r['plan']), w, profile, args.canonical)}")
+                  f"{fmt_gib(r['peak_memory_gib'], 6)} {same:>4}  {plan_text(Plan.parse(r['plan']), w, profile, args.canonical)}")
     return 0
 
 
 
-def _rank(w, space, profile, shard, nshards, top, tables, calibration) -> dict:
-    """The `top` distinct realizable plans by predicted throughput (tuner.screen.rank_space: the
-    vectorised cost model over chunks of plans, the same engine `moetune tune` screens with)."""
-    from tuner.screen import rank_space
-    r = rank_space(w, space, profile, shard, nshards, tables=tables, calibration=calibration,
-                   keep=top, per_layout=False)
-    rows = [{"plan": s.plan, "tokens_per_s_per_gpu": s.tokens_per_s_per_gpu, "step_time_s": s.step_time_s,
-             "peak_memory_gib": s.peak_memory_gib, "mfu": s.mfu} for s in r.pool[:top]]
-    return {"plans": rows, "scored": r.seen, "memory_infeasible": r.memory_infeasible,
+def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bool = True) -> dict:
+    """The `top` distinct realizable plans by predicted throughput (`tuner.screen.rank_space_top`:
+    the vectorised cost model over chunks of plans, parallel points whose optimistic bound cannot
+    reach the list skipped, exactly as exhaustive scoring ranks). Plans of one parallel point that
+    the model predicts equal (same step time and memory) are one row, `variants` of them."""
+    from specs.plan import Plan
+    from tuner.complete import short_form
+    from tuner.screen import rank_space_top
+    keep = top * _OVERSAMPLE
+    while True:
+        r = rank_space_top(w, space, profile, shard, nshards, tables=tables, calibration=calibration,
+                           keep=keep, prune=prune)
+        rows = _merge_equal(r.pool)
+        if len(rows) >= top or len(r.pool) < keep:
+            break
+        keep *= 2  # too many predicted-equal variants to fill the list: rank deeper
+    rows = rows[:top]
+    for row in rows:
+        plans = row.pop("_all")
+        # of predicted-equal variants, show the one nearest the completion defaults
+        row["plan"] = min(plans, key=lambda p: (len(short_form(Plan.parse(p), w, profile)), p))
+        fields = [dict(f.split("=", 1) for f in p.split(",")) for p in plans]
+        row["varies"] = ",".join(k for k in fields[0] if len({f[k] for f in fields}) > 1)
+    return {"plans": rows, "realizable": r.seen, "scored": r.seen - r.pruned, "pruned": r.pruned,
+            "pruned_points": r.pruned_points, "parallel_points": r.points, "bound_scored": r.bound_scored,
+            "exhaustive": r.exhaustive, "bound_violated": r.bound_violated,
+            "memory_infeasible": r.memory_infeasible,
             "infeasible_reasons": {"memory": r.memory_infeasible} if r.memory_infeasible else {}}
 
 
@@ -203,3 +231,31 @@ def _run_serve(args) -> int:
         for p in s.examples:
             print(f"  {p.canonical()}")
     return 0
+
+
+def _merge_equal(pool) -> list[dict]:
+    """Rows of the ranked pool, plans of one parallel point predicted equal merged into one."""
+    rows: list = []
+    for s in pool:
+        row = {"plan": s.plan, "tokens_per_s_per_gpu": s.tokens_per_s_per_gpu, "step_time_s": s.step_time_s,
+               "peak_memory_gib": s.peak_memory_gib, "mfu": s.mfu}
+        twin = next((x for x in rows if _equal(x, row)), None)
+        if twin is None:
+            rows.append({**row, "variants": 1, "_all": [s.plan]})
+        else:
+            twin["variants"] += 1
+            twin["_all"].append(s.plan)
+    return rows
+
+
+# rows kept before predicted-equal variants merge, per row listed
+_OVERSAMPLE = 4
+_POINT = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last", "pp_layout")
+
+
+def _equal(a: dict, b: dict) -> bool:
+    """Two ranked plans of one parallel point with the same predicted step time and memory."""
+    pa, pb = (dict(f.split("=", 1) for f in x["plan"].split(",")) for x in (a, b))
+    return all(pa[k] == pb[k] for k in _POINT) and \
+        abs(a["step_time_s"] - b["step_time_s"]) <= 1e-9 * b["step_time_s"] and \
+        abs(a["peak_memory_gib"] - b["peak_memory_gib"]) <= 1e-9 * max(b["peak_memory_gib"], 1e-12)

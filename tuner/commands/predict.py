@@ -9,11 +9,11 @@ from tuner.commands.common import (
     add_plan_args,
     add_stack_arg,
     add_workload_args,
-    completed_plan,
     cost_model_inputs,
     fmt_flops,
     fmt_gib,
     fmt_seconds,
+    plan_completion,
     plan_text,
     unrealizable,
     workload_from_args,
@@ -22,7 +22,8 @@ from tuner.predict_serve import add_serve_args, run_serve
 from tuner.realize import check
 
 SUMMARY = "Predict the step time, throughput, MFU and memory of one plan with the cost model."
-DESCRIPTION = ("Complete a partial plan with the documented defaults, check that the target stack can run "
+DESCRIPTION = ("Complete a partial plan (--complete best: the fastest realizable completion the cost model "
+               "predicts; defaults: the documented defaults), check that the target stack can run "
                "it, and print the cost model's prediction: step time and its breakdown, tokens/s per GPU, "
                "MFU, memory per pipeline stage, and which tables and calibration were used. A plan the "
                "stack cannot run exits with code 2 and its reasons, unless --force.")
@@ -81,12 +82,13 @@ def run(args) -> int:
     if not args.imbalance >= 1.0:
         raise UsageError(f"--imbalance must be >= 1.0 (1.0 = balanced routing), got {args.imbalance}")
     w = workload_from_args(args)
-    plan, profile = completed_plan(args, w)
+    tables, cal = cost_model_inputs(args, w)
+    completion, profile = plan_completion(args, w, tables, cal)
+    plan = completion.plan
     reasons = check(w, plan, profile)
     if reasons and not args.force:
         raise unrealizable(reasons, profile, hint="--force prints indicative numbers")
     realize_reasons = [str(r) for r in reasons]
-    tables, cal = cost_model_inputs(args, w)
     pred = cost_model.predict(w, plan, tables=tables, calibration=cal,
                               hbm_reserve=args.hbm_reserve, imbalance=args.imbalance)
     what_if = None
@@ -101,11 +103,13 @@ def run(args) -> int:
         d["realizable"] = not realize_reasons
         d["realize_reasons"] = realize_reasons
         d["calibration_scale"] = cal.scale
+        d["completion"] = completion.to_dict()
         print(json.dumps(d, indent=1))
         return 0
     if realize_reasons:
         print(f"NOT REALIZABLE — indicative only: {profile.name} cannot run this plan (--force)")
     print(f"plan           {plan_text(plan, w, profile, args.canonical)}")
+    print(f"completion     {completion.describe()}")
     print(f"workload       {w.model.name} on {w.world}x {w.cluster.kind}, gbs {w.gbs}, seq {w.seq}, stack {profile.name}")
     for r in realize_reasons:
         print(f"not realizable {r}")

@@ -19,7 +19,7 @@ from tuner.commands.common import (
     add_plan_args,
     add_stack_arg,
     add_workload_args,
-    completed_plan,
+    plan_completion,
     plan_text,
     positive_int,
     unrealizable,
@@ -62,7 +62,8 @@ def run(args) -> int:
     if args.memory_cap_gib is not None and args.memory_cap_gib <= 0:
         raise UsageError("--memory-cap-gib must be positive")
     workload = workload_from_args(args)
-    plan, profile = completed_plan(args, workload)
+    completion, profile = plan_completion(args, workload)
+    plan = completion.plan
     reasons = check(workload, plan, profile)
     if reasons and not args.no_check:
         raise unrealizable(reasons, profile, hint="--no-check hands it to megatron-core as given")
@@ -72,12 +73,13 @@ def run(args) -> int:
                          iters=args.iters, warmup=args.warmup)
     ok = not isinstance(result, Failure)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps({**result.to_dict(), "completion": completion.to_dict()}, indent=2))
         return 0 if ok else 1
     shown = plan_text(plan, workload, profile, args.canonical)  # result.plan is its canonical string
     if ok:
         m = result
         print(f"plan            {shown}")
+        print(f"completion      {completion.describe()}")
         print(f"step time       {m.step_time_s:.4f} s median (spread {m.step_time_spread_s:.4f} s, "
               f"{len(m.step_times_s)} iters)")
         print(f"tokens/s/device {m.tokens_per_s_per_gpu:.1f}")
@@ -86,5 +88,6 @@ def run(args) -> int:
         print(f"versions        {m.versions}")
     else:
         print(f"plan     {shown}")
+        print(f"complete {completion.describe()}")
         print(f"FAILED   {result.kind}: {result.message}")
     return 0 if ok else 1

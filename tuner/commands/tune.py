@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from specs.errors import UsageError
-from tuner.commands.common import add_cost_model_args, add_stack_arg, add_workload_args, workload_from_args
+from tuner.commands.common import add_complete_arg, add_cost_model_args, add_stack_arg, add_workload_args, workload_from_args
 
 DESCRIPTION = ("Find the fastest plan for a workload: screen the plan space with the cost model, "
                "pre-register the predictions, run real trials in a resumable Optuna study, and report "
@@ -54,6 +54,7 @@ def add_parser(subparsers):
                    help="Number of searched plans to try; the baseline runs on top of them (default 8).")
     p.add_argument("--baseline", default=None,
                    help="Baseline plan the winner must beat (default: the hand-tuning heuristic of tuner/baseline.py).")
+    add_complete_arg(p, "--baseline")
     p.add_argument("--backend", choices=("megatron", "predict-only"), default="megatron",
                    help="Trial backend: megatron runs real Megatron-core trials; predict-only reports the "
                         "cost model's ranking without running any.")
@@ -127,7 +128,8 @@ def run(args) -> int:
     # Everything is checked here, before Ray starts: a bad flag costs one line, not a cluster.
     options = TuneOptions(
         study=args.study, study_dir=Path(args.study_dir) if args.study_dir else default_study_dir(args.study),
-        storage=args.storage, trials=args.trials, baseline=args.baseline, backend=args.backend,
+        storage=args.storage, trials=args.trials, baseline=args.baseline, complete=args.complete,
+        backend=args.backend,
         precision=args.precision, ray_address=args.ray_address, dashboard=args.dashboard,
         ray_no_auth=args.ray_no_auth,
         trial_timeout_s=args.trial_timeout, memory_cap_gib=args.memory_cap_gib, iters=args.iters,

@@ -1,0 +1,73 @@
+"""`plans --rank` finds the exact top of a space by per-parallel-point bounds
+(`tuner.screen.rank_space_top`): the same pool as scoring every realizable plan, with most points
+skipped; a bound that a scored plan beats makes it score everything instead."""
+import pytest
+
+from clusters import load_cluster
+from specs.models import load_model
+from specs.stack import GPU_FULL
+from specs.workload import Workload
+from tuner import screen
+from tuner.space import default_space
+
+
+@pytest.fixture(autouse=True)
+def _home(monkeypatch, tmp_path):
+    monkeypatch.setenv("MOETUNE_HOME", str(tmp_path))
+
+
+def _rows(pool):
+    return [(s.effective, round(s.tokens_per_s_per_gpu, 6), round(s.peak_memory_gib, 6)) for s in pool]
+
+
+@pytest.mark.parametrize("model,gpus,precision,keep", [("tiny-moe-shared", 8, "bf16", 20),
+                                                       ("qwen3-30b-a3b", 16, "fp8", 7)])
+def test_pruned_top_equals_exhaustive_scoring(model, gpus, precision, keep):
+    w = Workload(load_model(model), load_cluster("h100-sxm", gpus), 256, 4096 if gpus > 8 else 256)
+    space = default_space(w, GPU_FULL, precision, level="full" if gpus == 8 else "core")
+    shard, n = (0, 1) if gpus == 8 else (1, 4)
+    exhaustive = screen.rank_space(w, space, GPU_FULL, shard, n, keep=keep, per_layout=False)
+    top = screen.rank_space_top(w, space, GPU_FULL, shard, n, keep=keep)
+    assert not top.exhaustive and not top.bound_violated
+    assert top.pruned > 0 and top.pruned_points > 0  # it did skip work
+    assert top.seen == exhaustive.seen and len(top.pool) == keep
+    assert _rows(top.pool) == _rows(exhaustive.pool)
+    # prune=False is the exhaustive ranking itself
+    full = screen.rank_space_top(w, space, GPU_FULL, shard, n, keep=keep, prune=False)
+    assert full.exhaustive and _rows(full.pool) == _rows(exhaustive.pool)
+
+
+def test_a_violated_bound_falls_back_to_scoring_everything(monkeypatch):
+    """Bounds evaluated on a pessimistic plan (full recompute) are beaten by scored plans: the
+    ranker notices and scores every plan, so the answer stays exact."""
+    w = Workload(load_model("tiny-moe-shared"), load_cluster("h100-sxm", 8), 256, 256)
+    space = default_space(w, GPU_FULL, "bf16", level="full")
+    monkeypatch.setattr(screen, "_RECOMPUTE_RESET", dict(recompute="full", recompute_modules=(),
+                                                         recompute_method="uniform", recompute_layers=1))
+    top = screen.rank_space_top(w, space, GPU_FULL, keep=10)
+    assert top.bound_violated and top.exhaustive and top.pruned == 0
+    assert _rows(top.pool) == _rows(screen.rank_space(w, space, GPU_FULL, keep=10, per_layout=False).pool)
+
+
+@pytest.mark.parametrize("model,kind,gpus,gbs,seq,precision", [
+    ("mixtral-8x7b", "h100-sxm", 64, 256, 4096, "bf16"), ("deepseek-v3", "h100-sxm", 1024, 8192, 4096, "fp8"),
+    ("qwen3-30b-a3b", "b200", 16, 64, 4096, "fp8"), ("tiny-moe", "cpu-local", 2, 16, 256, "bf16")])
+def test_recompute_never_shortens_a_predicted_step(model, kind, gpus, gbs, seq, precision):
+    """The one property of the cost model the bounds rest on, checked on the real model for a
+    sample of every preset's realizable plans with recompute: resetting recompute never makes the
+    predicted step longer. If the model's physics ever breaks it, this fails (and rank_space_top
+    would fall back to exhaustive scoring when it sees a scored plan beat its bound)."""
+    import cost_model
+    from specs.stack import cpu_profile
+    from tuner.space import iter_realizable
+    w = Workload(load_model(model), load_cluster(kind, gpus), gbs, seq)
+    profile = cpu_profile() if kind == "cpu-local" else GPU_FULL
+    # the full space where walking it is cheap; the core one (fewer schedule options) for the big ones
+    space = default_space(w, profile, precision, level="full" if gpus <= 64 and kind != "b200" else "core")
+    plans = [p for i, p in enumerate(iter_realizable(space, w, profile, 0, 37)) if p.recompute != "none" and i % 7 == 0]
+    plans = plans[:3000]
+    assert len(plans) > 20
+    reset = [p.replace(**screen._RECOMPUTE_RESET) for p in plans]
+    a = cost_model.predict_arrays(w, plans)["step_time_s"]
+    b = cost_model.predict_arrays(w, reset)["step_time_s"]
+    assert (a >= b * (1 - 1e-12)).all(), [plans[i].canonical() for i in range(len(plans)) if a[i] < b[i] * (1 - 1e-12)][:3]
