@@ -58,13 +58,16 @@ def test_mtp_layers_cost_time_and_memory_on_the_loss_stage():
 
 
 def test_sliding_window_attention_cuts_core_attention():
-    spec = load_model("gpt-oss-120b")
+    # the preset carries GPT-OSS's real window (128, every other layer full); start from full attention
+    assert load_model("gpt-oss-120b").window_size == 128
+    spec = dataclasses.replace(load_model("gpt-oss-120b"), window_size=0, window_attn_skip_freq=0)
     assert window_fraction(spec, 4096) == 1.0
     swa = dataclasses.replace(spec, window_size=128, window_attn_skip_freq=2)
     f = window_fraction(swa, 4096)
     assert f == pytest.approx(0.5 + 0.5 * (128 - 128 * 128 / 8192) / 2048)
     plan = [Plan(pp=4, ep=8)]
-    a = _bd(_w("gpt-oss-120b", gpus=64, gbs=256), plan)["breakdown_s"]["core_attention"][0]
+    a = _bd(_w("gpt-oss-120b", gpus=64, gbs=256, window_size=0, window_attn_skip_freq=0),
+            plan)["breakdown_s"]["core_attention"][0]
     b = _bd(_w("gpt-oss-120b", gpus=64, gbs=256, window_size=128, window_attn_skip_freq=2),
             plan)["breakdown_s"]["core_attention"][0]
     assert b == pytest.approx(a * f, rel=1e-9)
