@@ -26,6 +26,10 @@ def add_serve_args(p) -> None:
                         "the decode batch per GPU (default 16).")
     g.add_argument("--routing-skew", type=float, default=0.0,
                    help="Zipf exponent of expert popularity for the distinct-experts term (0 = uniform).")
+    g.add_argument("--ttft-slo", type=float, default=None,
+                   help="TTFT p90 bound in seconds; plans above it are excluded from rankings.")
+    g.add_argument("--tpot-slo", type=float, default=None,
+                   help="TPOT p90 bound in seconds; plans above it are excluded from rankings.")
 
 
 def serve_prediction(args, extra_reasons=()) -> dict:
@@ -71,6 +75,9 @@ def serve_prediction(args, extra_reasons=()) -> dict:
         out["effective_plan"] = verdict.effective.plan.canonical()
         out["rewrites"] = list(verdict.effective.rewrites)
     out["realizable"] = verdict.ok
+    slo = {"ttft_p90_s": args.ttft_slo, "tpot_p90_s": args.tpot_slo}
+    if any(slo.values()):  # None when a bound is given but the phase has no such latency
+        out["slo_met"] = all(v is None or (out[k] is not None and out[k] <= v) for k, v in slo.items())
     if getattr(args, "what_if", None) == "megakernel":
         from tuner.whatif import megakernel_serving
         out["what_if"] = megakernel_serving(model, cluster, priced, w, pred, precision=args.precision,

@@ -35,12 +35,17 @@ class Ranked:
     excluded: Counter  # reason -> count
 
 
-def score(effs: list, model, cluster, workload, *, precision="bf16", tables=None, calibration=None,
-          imbalance=1.0, routing_skew=0.0) -> dict:
+def score(effs: list, model, cluster, workload, **kw) -> dict:
     """`rank_arrays` of the EffectivePlans `effs` (arrays, one entry per plan) plus `objective`
-    and `excluded` (\"\" when the plan is kept; else the memory reason or the SLO it misses)."""
+    and `excluded` ("" when the plan is kept; else the memory reason or the SLO it misses)."""
+    return score_plans([priced_plan(e) for e in effs], model, cluster, workload, **kw)
+
+
+def score_plans(plans: list, model, cluster, workload, *, precision="bf16", tables=None, calibration=None,
+                imbalance=1.0, routing_skew=0.0) -> dict:
+    """`score` of plans already in the cost model's convention (`priced_plan` outputs)."""
     from cost_model.serving import rank_arrays
-    r = rank_arrays(model, cluster, [priced_plan(e) for e in effs], workload, precision=precision,
+    r = rank_arrays(model, cluster, list(plans), workload, precision=precision,
                     tables=tables, calibration=calibration, imbalance=imbalance, routing_skew=routing_skew)
     obj = np.asarray(r[workload.objective], float)
     why = np.where(r["fits"], "", r["reason"]).astype(object)

@@ -114,8 +114,8 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
     sm = StepModel(model, cluster, tables, c, fp8=precision.startswith(("fp8", "mxfp8")),
                    imbalance=imbalance, routing_skew=routing_skew)
     tp, pp, a = int(c.tp[0]), int(c.pp[0]), int(c.attn_dp[0])
-    n_moe = float(sm.L_moe * pp)
-    n_layers = float((sm.L_moe + sm.L_dense) * pp)
+    n_moe = float(np.ravel(sm.L_moe)[0] * pp)
+    n_layers = float(np.ravel(sm.L_moe + sm.L_dense)[0] * pp)
     if n_moe <= 0:
         return _not_applicable("the model has no MoE layer to replace")
     shape, cv = LayerShape.from_model(model), curves or load_curves(cluster.kind)

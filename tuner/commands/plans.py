@@ -48,9 +48,6 @@ def add_parser(subparsers):
     add_canonical_arg(p)
     from tuner.predict_serve import add_serve_args
     add_serve_args(p)
-    g = p.add_argument_group("serving SLOs (--mode serve --rank)")
-    g.add_argument("--ttft-slo", type=float, default=None, help="TTFT p90 bound in seconds; plans above it are excluded.")
-    g.add_argument("--tpot-slo", type=float, default=None, help="TPOT p90 bound in seconds; plans above it are excluded.")
     return p
 
 
