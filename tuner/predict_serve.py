@@ -75,7 +75,7 @@ def serve_prediction(args, extra_reasons=()) -> dict:
         out["effective_plan"] = verdict.effective.plan.canonical()
         out["rewrites"] = list(verdict.effective.rewrites)
     out["realizable"] = verdict.ok
-    slo = {"ttft_p90_s": args.ttft_slo, "tpot_p90_s": args.tpot_slo}
+    slo = {"ttft_p90_s": getattr(args, "ttft_slo", None), "tpot_p90_s": getattr(args, "tpot_slo", None)}
     if any(slo.values()):  # None when a bound is given but the phase has no such latency
         out["slo_met"] = all(v is None or (out[k] is not None and out[k] <= v) for k, v in slo.items())
     if getattr(args, "what_if", None) == "megakernel":
