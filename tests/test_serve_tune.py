@@ -29,11 +29,11 @@ def cpu_task():
 def test_screening_keeps_only_what_vllm_cpu_runs(cpu_task):
     total, pool, rejected = screen(cpu_task)
     assert 0 < len(pool) <= total
-    assert rejected["vllm-cpu-ep"] > 0 and rejected["vllm-attn-dp"] > 0
+    assert rejected["vllm-cpu-ep"] > 0 and rejected["vllm-attn-dp"] > 0 and rejected["vllm-cpu-dp"] > 0
     keys = set()
     for r in pool:
         p = ServePlan.parse(r["plan"])
-        assert p.tp <= 2 and p.ep == 1 and p.pp == 1 and p.gpus == 2
+        assert p.tp == 2 and p.ep == 1 and p.pp == 1 and p.dp == 1  # vllm-cpu: no EP, pp or dp
         assert vllm_reasons(p, cpu=True) == [] and realize(p, cpu_task.model, cpu_task.cluster).ok
         keys.add(command_key(cpu_task, p))
     assert len(keys) == len(pool)  # one plan per distinct server command
@@ -43,11 +43,11 @@ def test_screening_keeps_only_what_vllm_cpu_runs(cpu_task):
     assert cpu_task.model.name == "tiny-moe-serve"
 
 
-def test_candidates_cover_layouts_first(cpu_task):
-    _, pool, _ = screen(cpu_task)
+def test_candidates_cover_layouts_first():
+    pool = [{"plan": ServePlan(tp=8, chunked_prefill=c).canonical()} for c in (2048, 4096)] + \
+           [{"plan": ServePlan(tp=4, dp=2).canonical()}]
     c = select_candidates(pool, 2)
-    layouts = {(ServePlan.parse(r["plan"]).tp, ServePlan.parse(r["plan"]).dp) for r in c}
-    assert layouts == {(1, 2), (2, 1)}
+    assert [ServePlan.parse(r["plan"]).tp for r in c] == [8, 4]
 
 
 def test_serving_fit_recovers_a_known_scale():

@@ -44,11 +44,13 @@ def distance(a: dict, b: dict) -> float:
 
 
 class GuidedSampler:
-    def __init__(self, pool, *, beta: float = 1.0, length: float = 1.5, parse=Plan.parse, fit=None):
+    def __init__(self, pool, *, beta: float = 1.0, length: float = 1.5, parse=Plan.parse, fit=None,
+                 scale: float = 1.0):
         """pool: Scored rows (tuner.screen) or dicts with plan/raw_step_time_s. parse: the plan
         class's parser (serving plans: ServePlan.parse). fit: pairs [(raw, measured, plan)] ->
         (calibration, report with rows[].loo_rel_err); default the training model's
-        `cost_model.calibration.fit_calibration`."""
+        `cost_model.calibration.fit_calibration`. scale: the calibration term before the first
+        refit (the serving study starts from the shipped serving fit)."""
         self.parse, self.fit = parse, fit
         self.rows = {}
         for s in pool:
@@ -59,7 +61,7 @@ class GuidedSampler:
         self.measured: dict[str, float] = {}  # plan -> measured step time
         self.raw_measured: dict[str, float] = {}  # plan -> raw prediction for the pair
         self.failed: set[str] = set()
-        self.scale, self.sigma0, self.cal, self.cal_report = 1.0, DEFAULT_SIGMA, None, None
+        self.scale, self.sigma0, self.cal, self.cal_report = scale, DEFAULT_SIGMA, None, None
 
     def add(self, plan: str, raw_pred_s: float) -> None:
         """Add a plan (e.g. the baseline) to the pool if it is not there."""

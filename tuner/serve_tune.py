@@ -301,7 +301,7 @@ def tune_serve(options, task: ServeTask, *, tables, calibration):
         study.set_user_attr("preregistration_sha256", prereg["sha256"])
         study.set_user_attr("mode", "serve")
         sampler = GuidedSampler([{"plan": r["plan"], "raw_step_time_s": r["predicted_raw_step_time_s"]} for r in pool],
-                                parse=ServePlan.parse, fit=fit)
+                                parse=ServePlan.parse, fit=fit, scale=calibration.scale)
         loop = TrialLoop(study, storage, workload=task, prereg=prereg, sampler=sampler, options=options,
                          tables=tables, calibration=calibration, mode=ServeMode(task, tables))
         loop.run()
