@@ -19,6 +19,9 @@ sampler.py, report.py):
    fields are the Optuna trial's params, the results its user attributes;
 4. feedback: after every measured trial the calibration is refitted and the rest re-ranked;
 5. report: `<study dir>/report.md`, trials.csv and plots; its path is printed last.
+`--mode serve` runs the serving study (tuner/serve_tune.py: the same pre-registration, study, claim
+protocol and trial loop; vLLM or SGLang servers as trials; tuner/serve_report.py):
+  moetune tune --mode serve --model tiny-moe --cluster cpu-local --gpus 2 --isl 128 --osl 32 --concurrency 16 --trials 4
 Rerunning the same command resumes the study; a tuner that died is noticed by its trials'
 heartbeats (see tuner/study.py), and an interrupted plan is retried once.
 """
