@@ -198,7 +198,7 @@ class TrialLoop:
     """
 
     def __init__(self, study, storage, *, workload, prereg: dict, sampler, options: TuneOptions,
-                 tables=None, calibration=None):
+                 tables=None, calibration=None, mode=None):
         """
         Args:
             study, storage: the Optuna study and the storage it was opened on (for heartbeats).
@@ -206,10 +206,14 @@ class TrialLoop:
             sampler: a `tuner.sampler.GuidedSampler` over the screened pool.
             options: run options (budget, backend, per-trial limits, progress).
             tables, calibration: the cost model's inputs for plans outside the screened pool.
+            mode: what the plans are (`TrainMode`, the default, or tuner.serve_tune.ServeMode):
+                the Ray task body of a trial and the cost model's raw prediction of a plan. The
+                workload needs `world` (devices a trial holds) and `cluster`.
         """
         self.study, self.storage = study, storage
         self.workload, self.prereg, self.sampler, self.options = workload, prereg, sampler, options
         self.tables = tables
+        self.mode = mode or TrainMode(workload, tables, calibration)
         self.calibration, self.cal_report = calibration, None
         self.base_plan = prereg["baseline"]["plan"]
         self.pre_plans = [p["plan"] for p in prereg["plans"]]
@@ -247,13 +251,13 @@ class TrialLoop:
 
         from tuner.metrics import study_metrics
         wl = self.workload
-        self._layout = trial_layout(wl)
+        self._layout = trial_layout(wl) if self.mode.multi_node else None
         if self._layout:  # the task only drives: the placement group's launchers hold the devices
-            self._remote = ray.remote(_run_trial).options(num_gpus=0, num_cpus=0, max_retries=0)
+            self._remote = ray.remote(self.mode.run_trial).options(num_gpus=0, num_cpus=0, max_retries=0)
             logger.info("trials span %d Ray nodes (%s ranks per node)", len(self._layout),
                         "+".join(map(str, self._layout)))
         else:
-            self._remote = ray.remote(_run_trial).options(
+            self._remote = ray.remote(self.mode.run_trial).options(
                 num_gpus=wl.world if wl.cluster.is_gpu else 0,
                 num_cpus=0 if wl.cluster.is_gpu else wl.world, max_retries=0)
         self.metrics = study_metrics(self.options.study)
@@ -390,7 +394,7 @@ class TrialLoop:
         if self.sampler.measured:
             self.calibration, self.cal_report = self.sampler.refit()
         if self.sampler.cal is not None:
-            self.study.set_user_attr("calibration", self.sampler.cal.to_dict() | {"provenance": {}})
+            self.study.set_user_attr("calibration", prereg_mod.calibration_dict(self.sampler.cal) | {"provenance": {}})
         what = (f"{result['tokens_per_s_per_gpu']:.1f} tok/s/GPU" if result.get("ok")
                 else f"FAIL {result.get('kind')}")
         self._bar.update(1)
@@ -419,25 +423,41 @@ class TrialLoop:
     # helpers ----------------------------------------------------------------------------------
     def _attrs_for(self, plan: str) -> dict:
         """User attributes of a trial of `plan`, written once it is owned: roles and predictions
-        at the calibration of this moment."""
-        import cost_model
-        from specs.plan import Plan
-        pred = cost_model.predict(self.workload, Plan.parse(plan), tables=self.tables,
-                                  calibration=self.calibration)
-        raw = self.sampler.rows.get(plan)
-        if raw is None:
-            raw = pred.extra["raw_step_time_s"]
-            self.sampler.add(plan, raw)
+        at the calibration of this moment (the mode prices the plan; the sampler holds the scale)."""
+        raw, extra = self.mode.predict(plan)
+        raw = self.sampler.rows.get(plan, raw)
+        self.sampler.add(plan, raw)
         mean, sigma = self.sampler.estimate(plan)
         pred_step = self.sampler.scale * raw
-        peak = float(pred.peak_memory_gib)
         return {"roles": self.roles_of(plan), "predicted_step_time_s": pred_step,
                 "predicted_raw_step_time_s": raw,
-                "predicted_tokens_per_s_per_gpu": self.workload.tokens_per_step / (pred_step * self.workload.world),
-                "predicted_peak_memory_gib": peak if math.isfinite(peak) else -1.0,
+                "predicted_tokens_per_s_per_gpu": self.mode.tokens_per_s_per_gpu(pred_step),
+                **extra,
                 "calibration_scale": self.sampler.scale,
                 "calibration_id": self.sampler.cal.id if self.sampler.cal else self.prereg["hashes"]["calibration_id"],
                 "sampler_mean_step_time_s": mean, "sampler_sigma": sigma}
+
+
+class TrainMode:
+    """What `TrialLoop` needs to know about training plans: the Ray task body that runs one, and
+    the cost model's raw step time of one (`predict` -> (raw step seconds, extra trial attributes)).
+    tuner/serve_tune.py's `ServeMode` is the serving counterpart."""
+
+    run_trial = staticmethod(_run_trial)
+    multi_node = True  # a trial wider than one Ray node runs through a placement group
+
+    def __init__(self, workload, tables=None, calibration=None):
+        self.workload, self.tables, self.calibration = workload, tables, calibration
+
+    def predict(self, plan: str) -> tuple[float, dict]:
+        import cost_model
+        from specs.plan import Plan
+        pred = cost_model.predict(self.workload, Plan.parse(plan), tables=self.tables, calibration=self.calibration)
+        peak = float(pred.peak_memory_gib)
+        return pred.extra["raw_step_time_s"], {"predicted_peak_memory_gib": peak if math.isfinite(peak) else -1.0}
+
+    def tokens_per_s_per_gpu(self, step_s: float) -> float:
+        return self.workload.tokens_per_step / (step_s * self.workload.world)
 
 
 # the run --------------------------------------------------------------------------------------------

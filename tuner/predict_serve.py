@@ -1,8 +1,10 @@
 """`moetune predict --mode serve`: the serving cost model's prediction for one SGLang plan.
 
-`serve_prediction(args, extra_reasons)` is the one entry point: callers that know more reasons
-against the plan (SGLang realizability rules) pass them in and they are reported with the
-model's own (memory) reasons; any reason makes the prediction infeasible."""
+`serve_prediction(args, extra_reasons)` is the one entry point. It checks the plan with our SGLang
+rules (tuner/serve_realize: reason codes in `reasons`, any reason makes it infeasible) and prices
+the *effective* plan, the one SGLang runs after its silent rewrites (tuner/serve_price); an
+unrealizable plan is priced as written, indicative only. Callers that know more reasons pass them
+in `extra_reasons`. `--what-if megakernel` adds the Weave megakernel what-if (tuner/whatif.py)."""
 from __future__ import annotations
 
 import json
@@ -24,6 +26,10 @@ def add_serve_args(p) -> None:
                         "the decode batch per GPU (default 16).")
     g.add_argument("--routing-skew", type=float, default=0.0,
                    help="Zipf exponent of expert popularity for the distinct-experts term (0 = uniform).")
+    g.add_argument("--ttft-slo", type=float, default=None,
+                   help="TTFT p90 bound in seconds; plans above it are excluded from rankings.")
+    g.add_argument("--tpot-slo", type=float, default=None,
+                   help="TPOT p90 bound in seconds; plans above it are excluded from rankings.")
 
 
 def serve_prediction(args, extra_reasons=()) -> dict:
@@ -33,6 +39,8 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     from cost_model.tables import load_tables, tables_dir_for
     from specs.models import load_model
     from specs.serve_plan import ServePlan, ServeWorkload
+    from tuner.serve_price import priced_plan
+    from tuner.serve_realize import realize
     if args.isl is None or args.osl is None:
         raise UsageError("--mode serve needs --isl and --osl")
     if args.routing_skew < 0:
@@ -44,11 +52,11 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     conc = args.concurrency or (16 if args.phase == "decode" else 8 * cluster.num_devices)
     w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=conc, phase=args.phase)
     plan = ServePlan.parse(args.plan or "")
-    reasons = list(extra_reasons)
-    if plan.instance_gpus > cluster.num_devices:
-        reasons.append(f"plan_exceeds_gpus: one instance needs tp*pp = {plan.instance_gpus} GPUs, "
-                       f"the deployment has {cluster.num_devices}")
-        plan = plan.replace(tp=max(1, cluster.num_devices // plan.pp))  # price what fits, flagged
+    verdict = realize(plan, model, cluster)
+    reasons = list(extra_reasons) + [str(r) for r in verdict.reasons]
+    priced = priced_plan(verdict.effective) if verdict.ok else plan
+    if priced.instance_gpus > cluster.num_devices:  # reasons say why; price what fits, flagged
+        priced = priced.replace(tp=max(1, cluster.num_devices // priced.pp))
     tables = load_tables(args.tables or tables_dir_for(cluster.kind))
     cal = None
     if args.calibration:
@@ -57,11 +65,24 @@ def serve_prediction(args, extra_reasons=()) -> dict:
             cal = ServeCalibration.load(args.calibration)
         except (OSError, ValueError, KeyError) as e:
             raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
-    pred = predict_serve(model, cluster, plan, w, precision=args.precision, tables=tables, calibration=cal,
+    pred = predict_serve(model, cluster, priced, w, precision=args.precision, tables=tables, calibration=cal,
                          imbalance=args.imbalance, routing_skew=args.routing_skew, extra_reasons=reasons)
     d = pred.to_dict()
     out = {k: d[k] for k in SERVE_FIELDS}
     out.update({k: v for k, v in d.items() if k not in SERVE_FIELDS})
+    out["plan"] = plan.canonical()
+    if verdict.ok:  # what SGLang runs (chunked_prefill per attention-DP rank, -1 = no CUDA graphs)
+        out["effective_plan"] = verdict.effective.plan.canonical()
+        out["rewrites"] = list(verdict.effective.rewrites)
+    out["realizable"] = verdict.ok
+    slo = {"ttft_p90_s": getattr(args, "ttft_slo", None), "tpot_p90_s": getattr(args, "tpot_slo", None)}
+    if any(slo.values()):  # None when a bound is given but the phase has no such latency
+        out["slo_met"] = all(v is None or (out[k] is not None and out[k] <= v) for k, v in slo.items())
+    if getattr(args, "what_if", None) == "megakernel":
+        from tuner.whatif import megakernel_serving
+        out["what_if"] = megakernel_serving(model, cluster, priced, w, pred, precision=args.precision,
+                                            tables=tables, calibration=cal, imbalance=args.imbalance,
+                                            routing_skew=args.routing_skew)
     out.update({"mode": "serve", "phase": args.phase, "isl": args.isl, "osl": args.osl, "concurrency": conc,
                 "model": model.name, "cluster": cluster.kind, "gpus": cluster.num_devices,
                 "precision": args.precision, "tables_digest": tables.digest})
@@ -89,6 +110,9 @@ def run_serve(args, extra_reasons=()) -> int:
     print(f"TPOT p90       {f(d['tpot_p90_s'])}")
     print(f"max batch/GPU  {d['max_batch']:.1f}   memory {d['memory_gib']:.1f} GiB/GPU "
           f"(weights {d['extra']['weights_gib']:.1f}, mem_frac {d['extra']['mem_frac']:.3f})")
+    if "what_if" in d:
+        from tuner.whatif import describe
+        print(f"what-if        {describe(d['what_if'])}")
     print(f"method         {d['extra']['method']}; calibration {d['extra']['calibration_id']} "
           f"(scale {d['extra']['calibration_scale']:.2f})")
     return 0

@@ -38,6 +38,13 @@ def canonical_hash(doc: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def calibration_dict(cal) -> dict:
+    """A calibration as a dict: training's `Calibration.to_dict()`, or the serving model's
+    `ServeCalibration` dataclass fields."""
+    import dataclasses
+    return cal.to_dict() if hasattr(cal, "to_dict") else dataclasses.asdict(cal)
+
+
 def code_version() -> dict:
     """{'describe': git describe (or the installed version), 'source_sha256': hash of the sources}."""
     h = hashlib.sha256()
@@ -61,7 +68,7 @@ def code_version() -> dict:
 
 def build(*, study: str, workload, precision: str, plans: list[dict], baseline: dict,
           baseline_source: str, tables_digest: str, calibration, trials_budget: int,
-          sampler: str, space: dict) -> dict:
+          sampler: str, space: dict, workload_fields: dict | None = None) -> dict:
     """The pre-registration document, with its embedded `sha256`.
 
     Args:
@@ -71,16 +78,18 @@ def build(*, study: str, workload, precision: str, plans: list[dict], baseline: 
         tables_digest: digest of the tables predicted with. calibration: the Calibration used.
         trials_budget: searched trials to run. sampler: the proposer's name.
         space: what was screened (level, counts).
+        workload_fields: the `workload` entry, when it is not a training Workload's (a serving
+            study's isl / osl / concurrency); the model and cluster hashes come from `workload`.
     """
-    cal = calibration.to_dict()
+    cal = calibration_dict(calibration)
     cal_hash = hashlib.sha256(json.dumps(cal, sort_keys=True).encode()).hexdigest()
     doc = {
         "format": FORMAT,
         "study": study,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "workload": {"model": workload.model.name, "cluster": workload.cluster.kind,
-                     "devices": workload.world, "gbs": workload.gbs, "seq": workload.seq,
-                     "precision": precision},
+        "workload": workload_fields or {"model": workload.model.name, "cluster": workload.cluster.kind,
+                                        "devices": workload.world, "gbs": workload.gbs, "seq": workload.seq,
+                                        "precision": precision},
         "hashes": {"model_spec_sha256": workload.model.digest(),
                    "cluster_sha256": workload.cluster.digest(),
                    "tables_digest": tables_digest,

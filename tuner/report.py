@@ -44,13 +44,13 @@ def adjudicate(rows: list[dict], prereg: dict) -> dict:
     return out
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
-    """`rows` (tuner.study.trial_rows) as CSV, the CSV_COLS columns, written atomically."""
+def write_csv(rows: list[dict], path: Path, cols=CSV_COLS) -> None:
+    """`rows` (tuner.study.trial_rows) as CSV, the `cols` columns, written atomically."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_COLS, extrasaction="ignore")
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
     for r in rows:
-        w.writerow({k: r.get(k, "") for k in CSV_COLS})
+        w.writerow({k: r.get(k, "") for k in cols})
     write_atomic(path, buf.getvalue())
 
 

@@ -30,8 +30,8 @@ PRIOR_W = 0.5
 DEFAULT_SIGMA = 0.3
 
 
-def plan_fields(plan: str) -> dict:
-    p = Plan.parse(plan)
+def plan_fields(plan: str, parse=Plan.parse) -> dict:
+    p = parse(plan)
     return {f: getattr(p, f) for f in p.__dataclass_fields__}
 
 
@@ -44,29 +44,35 @@ def distance(a: dict, b: dict) -> float:
 
 
 class GuidedSampler:
-    def __init__(self, pool, *, beta: float = 1.0, length: float = 1.5):
-        """pool: Scored rows (tuner.screen) or dicts with plan/raw_step_time_s."""
+    def __init__(self, pool, *, beta: float = 1.0, length: float = 1.5, parse=Plan.parse, fit=None,
+                 scale: float = 1.0):
+        """pool: Scored rows (tuner.screen) or dicts with plan/raw_step_time_s. parse: the plan
+        class's parser (serving plans: ServePlan.parse). fit: pairs [(raw, measured, plan)] ->
+        (calibration, report with rows[].loo_rel_err); default the training model's
+        `cost_model.calibration.fit_calibration`. scale: the calibration term before the first
+        refit (the serving study starts from the shipped serving fit)."""
+        self.parse, self.fit = parse, fit
         self.rows = {}
         for s in pool:
             d = s if isinstance(s, dict) else s.to_dict()
             self.rows[d["plan"]] = float(d["raw_step_time_s"])
-        self.fields = {p: plan_fields(p) for p in self.rows}
+        self.fields = {p: plan_fields(p, parse) for p in self.rows}
         self.beta, self.length = beta, length
         self.measured: dict[str, float] = {}  # plan -> measured step time
         self.raw_measured: dict[str, float] = {}  # plan -> raw prediction for the pair
         self.failed: set[str] = set()
-        self.scale, self.sigma0, self.cal, self.cal_report = 1.0, DEFAULT_SIGMA, None, None
+        self.scale, self.sigma0, self.cal, self.cal_report = scale, DEFAULT_SIGMA, None, None
 
     def add(self, plan: str, raw_pred_s: float) -> None:
         """Add a plan (e.g. the baseline) to the pool if it is not there."""
         self.rows.setdefault(plan, float(raw_pred_s))
         if plan not in self.fields:
-            self.fields[plan] = plan_fields(plan)
+            self.fields[plan] = plan_fields(plan, self.parse)
 
     # feedback -------------------------------------------------------------------------------
     def observe(self, plan: str, measured_step_time_s: float | None, raw_pred_s: float | None = None):
         if plan not in self.fields:
-            self.fields[plan] = plan_fields(plan)
+            self.fields[plan] = plan_fields(plan, self.parse)
         if raw_pred_s is not None:
             self.rows.setdefault(plan, float(raw_pred_s))
         if measured_step_time_s is None:
@@ -80,11 +86,14 @@ class GuidedSampler:
 
     def refit(self):
         """Refit the calibration on all measured pairs; returns (Calibration, report) or None."""
-        from cost_model.calibration import fit_calibration
         if not self.measured:
             return None
         pairs = [(self.raw_measured[p], self.measured[p], p) for p in self.measured]
-        self.cal, self.cal_report = fit_calibration(pairs, provenance={"source": "moetune tune trials"})
+        if self.fit is None:
+            from cost_model.calibration import fit_calibration
+            self.cal, self.cal_report = fit_calibration(pairs, provenance={"source": "moetune tune trials"})
+        else:
+            self.cal, self.cal_report = self.fit(pairs)
         self.scale = self.cal.scale
         loo = [r["loo_rel_err"] for r in self.cal_report["rows"] if not math.isnan(r["loo_rel_err"])]
         if len(loo) >= 2:

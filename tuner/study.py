@@ -53,6 +53,7 @@ import optuna
 from optuna.trial import TrialState
 
 from specs.plan import DISPATCHERS, FLEX_BACKENDS, PRECISIONS, RECOMPUTE, RECOMPUTE_METHODS, Plan
+from specs.serve_plan import A2A_BACKENDS, DEEPEP_MODES, ServePlan
 from trials.base import FAILURE_KINDS
 
 logger = logging.getLogger(__name__)
@@ -160,10 +161,23 @@ _CHOICES = {"recompute": RECOMPUTE, "recompute_method": RECOMPUTE_METHODS, "disp
 _NOT_PARAMS = ("recompute_modules", "pp_layout")
 
 
+_SERVE_CHOICES = {"a2a": A2A_BACKENDS, "deepep_mode": DEEPEP_MODES}
+_SERVE_NOT_PARAMS = ("mem_frac", "pd")  # a float and an open-ended ratio: in the `plan` attribute only
+
+
+def is_serve_plan(plan: str) -> bool:
+    """Whether a canonical plan string is a serving plan (only ServePlan has attention-DP)."""
+    return "attn_dp=" in plan
+
+
 def plan_params(plan: str) -> dict:
-    """The plan's fields recorded as Optuna parameters (all but recompute_modules and pp_layout)."""
-    p = Plan.parse(plan)
-    return {f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.name not in _NOT_PARAMS}
+    """The plan's fields recorded as Optuna parameters (training: all but recompute_modules and
+    pp_layout; serving: all but mem_frac and pd)."""
+    if is_serve_plan(plan):
+        p, skip = ServePlan.parse(plan), _SERVE_NOT_PARAMS
+    else:
+        p, skip = Plan.parse(plan), _NOT_PARAMS
+    return {f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.name not in skip}
 
 
 def _record_params(trial, plan: str) -> None:
@@ -173,7 +187,7 @@ def _record_params(trial, plan: str) -> None:
         elif isinstance(value, int):
             trial.suggest_int(field, value, value)
         else:
-            trial.suggest_categorical(field, _CHOICES[field])
+            trial.suggest_categorical(field, (_SERVE_CHOICES if is_serve_plan(plan) else _CHOICES)[field])
 
 
 class PlanSampler(optuna.samplers.BaseSampler):
@@ -387,6 +401,8 @@ def record(study, trial, result: dict) -> None:
         trial.set_user_attr("measured_peak_memory_gib", max(result.get("peak_memory_gib") or [0.0]))
         trial.set_user_attr("measured_step_times_s", list(result.get("step_times_s", ())))
         trial.set_user_attr("losses", list(result.get("losses", ())))
+        for k, v in result.get("attrs", {}).items():  # mode-specific measurements (serving: TTFT, TPOT)
+            trial.set_user_attr(k, v)
         trial.set_user_attr("failure_kind", "")
         study.tell(trial, float(result["tokens_per_s_per_gpu"]))
     else:

@@ -12,6 +12,11 @@ domain, so only the forward MoE part of a training step is replaced (the backwar
 recomputed forward keep their cost-model prices), and a plan whose expert-parallel group leaves the
 scale-up domain gets no what-if (`applicable: false`, with the reason).
 
+`megakernel_serving` does the same for a serving plan: the serving cost model's routed-expert GEMMs
+plus MoE communication of one MoE layer of a prefill step (the chunk's tokens per GPU) and of a
+decode step (the running batch), against Weave's time for that layer, and what that does to the
+workload's objective through the same steady-state composition the model ranks with.
+
 This module composes two sibling engines (cost_model and kernels), which is why it lives in tuner/.
 """
 from __future__ import annotations
@@ -72,10 +77,106 @@ def megakernel_training(workload, plan, pred, *, imbalance: float = 1.0, curves=
             "speedup": float(np.float64(pred.step_time_s) / step - 1.0) if step > 0 else 0.0}
 
 
+def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16", tables=None, calibration=None,
+                       imbalance: float = 1.0, routing_skew: float = 0.0, curves=None) -> dict:
+    """The Weave-megakernel what-if of one serving plan.
+
+    Args:
+        model, cluster: the ModelSpec and Cluster. plan: the `ServePlan` the serving cost model
+            priced (tuner.serve_price.priced_plan of the effective plan). workload: its ServeWorkload.
+        pred: its `cost_model.serving.ServePrediction` (max batch, replicas).
+        precision, tables, calibration, imbalance, routing_skew: as the prediction was made.
+    Returns:
+        dict: applicable, reason_code, reason; when applicable the per-layer times of a prefill
+        step (prefill_baseline_ms, prefill_weave_ms at prefill_tokens_per_gpu) and of a decode step
+        (decode_*; absent for phase prefill), (c, K, n_steal) of the prefill layer, and speedup:
+        the fractional gain of the workload's objective (steady state), >= 0.
+
+    The serving model's MoE communication per layer is taken as its communication per layer
+    averaged over all layers (the step model reports communication of the whole step); a model
+    with dense layers (DeepSeek-V3: 3 of 61) is priced with that small bias, stated here.
+    """
+    from cost_model.serving import load_default
+    from cost_model.serving.plans import to_cols
+    from cost_model.serving.step import StepModel
+    from cost_model.tables import load_tables, tables_dir_for
+    from kernels.weave import LayerShape, load_curves, megakernel_whatif
+    if not model.is_moe:
+        return _not_applicable(f"{model.name} has no routed experts")
+    if not cluster.is_gpu:
+        return _not_applicable(f"{cluster.kind} is not a GPU: the megakernel splits a GPU's SMs")
+    if plan.ep > cluster.scaleup_domain:
+        return _not_applicable(f"the EP group ({plan.ep} GPUs) spans more than one NVLink domain "
+                               f"({cluster.scaleup_domain} GPUs): Weave's kernel moves tokens through peer memory")
+    cal = calibration or load_default()
+    tables = tables if tables is not None else load_tables(tables_dir_for(cluster.kind))
+    c = to_cols([plan], cluster.hbm_gib)
+    sm = StepModel(model, cluster, tables, c, fp8=precision.startswith(("fp8", "mxfp8")),
+                   imbalance=imbalance, routing_skew=routing_skew)
+    tp, pp, a = int(c.tp[0]), int(c.pp[0]), int(c.attn_dp[0])
+    n_moe = float(np.ravel(sm.L_moe)[0] * pp)
+    n_layers = float(np.ravel(sm.L_moe + sm.L_dense)[0] * pp)
+    if n_moe <= 0:
+        return _not_applicable("the model has no MoE layer to replace")
+    shape, cv = LayerShape.from_model(model), curves or load_curves(cluster.kind)
+    isl, osl = float(workload.isl), float(workload.osl)
+    replicas = max(int(pred.extra.get("replicas", 1)), 1)
+    K_req = max(max(workload.concurrency, 1) / replicas / a, 1.0)
+
+    def layer(step_s, parts, tokens_gpu):
+        base_ms = (float(parts["experts"][0]) / n_moe + float(parts["communication"][0]) / n_layers) * 1e3
+        r = megakernel_whatif(shape, tokens_gpu, plan.ep, imbalance, base_ms, cv)
+        new_s = float(step_s[0]) - n_moe * base_ms * 1e-3 * float(r["saving"])
+        return base_ms, r, cal.scale * float(step_s[0]), cal.scale * new_s
+
+    C = float(min(c.chunk[0], isl * K_req)) if workload.phase != "decode" else 0.0
+    out = {"what_if": "megakernel", "applicable": True, "reason_code": REASON_CODE,
+           "reason": "the Weave megakernel is not part of SGLang 0.5.23: a what-if, not a plan to run",
+           "moe_layers": int(round(n_moe))}
+    if C > 0:
+        t, parts = sm.prefill(C, isl / 2 if workload.phase != "prefill" else 0.0)
+        tok = C * a / tp  # tokens of one prefill step entering one GPU's MoE layer
+        b_ms, r, pre_old, pre_new = layer(t, parts, tok)
+        out.update({"c": int(r["c"]), "K": int(r["K"]), "n_steal": int(r["n_steal"]),
+                    "prefill_tokens_per_gpu": tok, "prefill_baseline_ms": b_ms,
+                    "prefill_weave_ms": float(r["weave_ms"]), "baseline_ms": b_ms, "weave_ms": float(r["weave_ms"])})
+    if workload.phase != "prefill":
+        if workload.phase == "decode":
+            B = float(max(workload.concurrency, 1)) * tp * pp / a
+        else:
+            B = max(min(K_req, pred.max_batch * tp * pp / a), 1.0)
+        t, parts = sm.decode(B, isl + osl / 2)
+        tok = B * a / tp
+        b_ms, r, dec_old, dec_new = layer(t, parts, tok)
+        out.update({"decode_batch_tokens_per_gpu": tok, "decode_baseline_ms": b_ms,
+                    "decode_weave_ms": float(r["weave_ms"])})
+        if "c" not in out:
+            out.update({"c": int(r["c"]), "K": int(r["K"]), "n_steal": int(r["n_steal"]),
+                        "baseline_ms": b_ms, "weave_ms": float(r["weave_ms"])})
+    # the objective's time per token, as cost_model.serving.rank_arrays composes it
+    if workload.phase == "prefill":
+        old, new = pre_old / C, pre_new / C
+    elif workload.phase == "decode":
+        old, new = dec_old / B, dec_new / B
+    else:
+        old, new = dec_old / B + isl / osl * pre_old / C, dec_new / B + isl / osl * pre_new / C
+    out["speedup"] = max(old / new - 1.0, 0.0) if new > 0 else 0.0
+    return out
+
+
 def describe(w: dict) -> str:
     """One line for a report or the CLI."""
     if not w["applicable"]:
         return f"megakernel what-if: not applicable ({w['why']})"
+    if "step_time_s" not in w:  # serving
+        parts = []
+        if "prefill_baseline_ms" in w:
+            parts.append(f"prefill MoE layer {w['prefill_baseline_ms']:.3f} -> {w['prefill_weave_ms']:.3f} ms")
+        if "decode_baseline_ms" in w:
+            parts.append(f"decode MoE layer {w['decode_baseline_ms']:.3f} -> {w['decode_weave_ms']:.3f} ms")
+        return (f"megakernel what-if: {w['speedup']:.1%} more throughput with a Weave-style megakernel "
+                f"(c*={w['c']}, K*={w['K']}; {', '.join(parts)} x {w['moe_layers']} layers); unrealizable "
+                f"on the pinned stacks [{w['reason_code']}]")
     return (f"megakernel what-if: this plan would be {w['speedup']:.1%} faster with a Weave-style megakernel "
             f"(c*={w['c']}, K*={w['K']}, n_steal={w['n_steal']}; forward MoE layer {w['baseline_ms']:.3f} -> "
             f"{w['weave_ms']:.3f} ms x {w['moe_layers']} layers); unrealizable on the pinned stacks "

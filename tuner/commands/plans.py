@@ -49,6 +49,8 @@ def add_parser(subparsers):
                         "optimistic bound cannot reach the top (the same ranking, slower; for checking).")
     p.add_argument("--json", action="store_true", help="Print the counts, examples and ranking as one JSON object.")
     add_canonical_arg(p)
+    from tuner.predict_serve import add_serve_args
+    add_serve_args(p)
     return p
 
 
@@ -188,11 +190,14 @@ def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bo
             "infeasible_reasons": {"memory": r.memory_infeasible} if r.memory_infeasible else {}}
 
 
-def rank_serve_plans(effective_plans: list, model, cluster, top: int) -> list[dict]:
-    """Hook for `plans --mode serve --rank`: rank EffectivePlans (what SGLang runs) by the serving
-    cost model's predicted throughput. The serving cost model (cost_model/serving/) is not wired
-    in yet, so this refuses rather than pretend."""
-    raise UsageError("plans --mode serve --rank needs the serving cost model, which is not wired in yet")
+def rank_serve_plans(effective_plans: list, model, cluster, workload, top: int, **kw) -> dict:
+    """`plans --mode serve --rank`: the EffectivePlans (what SGLang runs) ranked by the serving cost
+    model's objective (tuner.serve_price.rank: one vectorised pass over all of them)."""
+    from tuner.serve_price import rank
+    t0 = time.time()
+    r = rank(effective_plans, model, cluster, workload, top=top, **kw)
+    return {"objective": workload.objective, "plans": r.plans, "scored": r.scored,
+            "excluded": dict(r.excluded.most_common()), "elapsed_s": round(time.time() - t0, 3)}
 
 
 def _run_serve(args) -> int:
@@ -204,10 +209,11 @@ def _run_serve(args) -> int:
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
     space = default_serve_space(cluster.num_devices)
+    workload, kw = _serve_rank_inputs(args, cluster) if args.rank else (None, {})
     t0 = time.time()
     s = summarize(space, model, cluster, max_examples=args.examples, keep_effective=args.rank)
     elapsed = time.time() - t0
-    ranked = rank_serve_plans(s.effective, model, cluster, args.top) if args.rank else None
+    ranked = rank_serve_plans(s.effective, model, cluster, workload, args.top, **kw) if args.rank else None
     if args.json:
         print(json.dumps({
             "mode": "serve", "model": model.name, "cluster": cluster.kind, "gpus": cluster.num_devices,
@@ -230,6 +236,17 @@ def _run_serve(args) -> int:
         print("realizable examples:")
         for p in s.examples:
             print(f"  {p.canonical()}")
+    if ranked is not None:
+        unit = "input" if workload.phase == "prefill" else "output"
+        print(f"top {len(ranked['plans'])} by predicted {unit} tok/s/GPU ({ranked['scored']:,} distinct effective "
+              f"plans scored in {ranked['elapsed_s']:.2f} s; phase {workload.phase}, isl {workload.isl}, "
+              f"osl {workload.osl}, concurrency {workload.concurrency}):")
+        for code, n in ranked["excluded"].items():
+            print(f"  excluded: {n:,} x {code}")
+        for r in ranked["plans"]:
+            ttft = "n/a" if r["ttft_p90_s"] is None else f"{r['ttft_p90_s'] * 1e3:.0f} ms"
+            tpot = "n/a" if r["tpot_p90_s"] is None else f"{r['tpot_p90_s'] * 1e3:.1f} ms"
+            print(f"  {r['objective']:>10,.0f}  TTFT {ttft:>8}  TPOT {tpot:>8}  {r['plan']}")
     return 0
 
 
@@ -259,3 +276,36 @@ def _equal(a: dict, b: dict) -> bool:
     return all(pa[k] == pb[k] for k in _POINT) and \
         abs(a["step_time_s"] - b["step_time_s"]) <= 1e-9 * b["step_time_s"] and \
         abs(a["peak_memory_gib"] - b["peak_memory_gib"]) <= 1e-9 * max(b["peak_memory_gib"], 1e-12)
+
+
+def _serve_rank_inputs(args, cluster):
+    """The serving workload and cost-model inputs of `plans --mode serve --rank` (checked before
+    the walk, so a bad flag costs one line)."""
+    from specs.errors import SpecError
+    from specs.serve_plan import ServeWorkload
+    if args.isl is None or args.osl is None:
+        raise UsageError("plans --mode serve --rank needs --isl and --osl")
+    if args.concurrency is not None and args.concurrency <= 0:
+        raise UsageError(f"--concurrency must be a positive whole number, got {args.concurrency}")
+    conc = args.concurrency or (16 if args.phase == "decode" else 8 * cluster.num_devices)
+    try:
+        w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=conc, phase=args.phase,
+                          ttft_p90_s=args.ttft_slo or 0.0, tpot_p90_s=args.tpot_slo or 0.0)
+    except SpecError as e:
+        raise UsageError(str(e)) from None
+    if args.routing_skew < 0:
+        raise UsageError(f"--routing-skew must be >= 0, got {args.routing_skew}")
+    kw = {"precision": args.precision, "routing_skew": args.routing_skew}
+    if args.tables:
+        from cost_model.tables import load_tables
+        try:
+            kw["tables"] = load_tables(args.tables)
+        except (OSError, ValueError, KeyError) as e:
+            raise UsageError(f"--tables {args.tables}: cannot be read: {e}") from None
+    if args.calibration:
+        from cost_model.serving.calibration import ServeCalibration
+        try:
+            kw["calibration"] = ServeCalibration.load(args.calibration)
+        except (OSError, ValueError, KeyError) as e:
+            raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
+    return w, kw

