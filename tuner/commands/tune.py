@@ -173,7 +173,7 @@ def _run_serve(args) -> int:
     except SpecError as e:
         raise UsageError(str(e)) from None
     study = args.study or f"serve-{model.name}-{cluster.num_devices}"
-    options = _options(args, study, backend, args.trial_timeout or 600.0)
+    options = _options(args, study, backend, 600.0 if args.trial_timeout is None else args.trial_timeout)
     try:
         tables = load_tables(args.tables or tables_dir_for(cluster.kind))
     except (OSError, ValueError, KeyError) as e:
@@ -208,7 +208,7 @@ def run(args) -> int:
     if backend not in ("megatron", "predict-only"):
         raise UsageError(f"--mode train runs training trials: --backend megatron or predict-only, not {backend}")
     # Everything is checked here, before Ray starts: a bad flag costs one line, not a cluster.
-    options = _options(args, args.study, backend, args.trial_timeout or 300.0)
+    options = _options(args, args.study, backend, 300.0 if args.trial_timeout is None else args.trial_timeout)
     workload = workload_from_args(args)
     profile = profile_for(workload.cluster, args.stack)
     tables, calibration = _cost_model_inputs(args, workload)
