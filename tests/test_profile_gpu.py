@@ -230,3 +230,19 @@ def test_gpu_grouped_and_attention_record_their_backend():
     assert {r["source"] for _, r in rows} == {f"measured:{be}/{op}" for op in grouped_mlp.OPS}
     rows = attention.measure(dict(dtype="bf16", seq=1024, head_dim=128), ctx)
     assert all(r["source"].startswith("measured:sdpa-") and "b8xh16" in r["source"] for _, r in rows)
+
+
+def test_collectives_the_profile_did_not_reach_keep_their_shipped_rows():
+    # a budget that ran out after all_reduce: send_recv (pipeline P2P) must still be priceable
+    from cost_model.tables import TABLE_ROOT, read_rows
+    shipped = read_rows(TABLE_ROOT / "cpu-local" / "collectives.csv", "collectives")
+    measured = [dict(r, source="measured:collectives (test)", layout="contiguous")
+                for r in shipped if r["collective"] == "all_reduce" and r["scope"] == "scaleup"]
+    fam, notes = build_family_rows("cpu-local", {"collectives": measured})
+    kinds = {(r["collective"], r["scope"]) for r in fam["collectives"]}
+    assert ("send_recv", "scaleup") in kinds and ("all_to_all", "scaleout") in kinds
+    sr = [r for r in fam["collectives"] if r["collective"] == "send_recv"]
+    assert sr and all(str(r["source"]).startswith("default:") for r in sr)
+    ar = [r for r in fam["collectives"] if r["collective"] == "all_reduce" and r["scope"] == "scaleup"]
+    assert ar and all(str(r["source"]).startswith("measured") for r in ar)
+    assert any("send_recv/scaleup: not measured" in n for n in notes)

@@ -591,6 +591,16 @@ def build_family_rows(kind: str, rows: dict[str, list[dict]]) -> tuple[dict[str,
                 if r["op"] not in have:
                     fam[f].append(dict(r, source=f"default: {r['source']}"))
                     notes.append(f"membw {r['op']}: not measured, default kept")
+        elif f == "collectives":
+            # a budget can run out before every collective was measured: a (collective, scope) the
+            # profile never reached keeps its shipped rows, or the cost model could not price it
+            have = {(r["collective"], r["scope"]) for r in fam[f]}
+            missing = sorted({(r["collective"], r["scope"]) for r in dflt} - have)
+            fam[f] += [dict(r, source=f"default: {r['source']}") for r in dflt
+                       if (r["collective"], r["scope"]) in missing]
+            if missing:
+                notes.append("collectives " + ", ".join("/".join(k) for k in missing)
+                             + ": not measured, shipped default rows kept")
         elif f == "dispatch_gap" and not any(r["mode"] == "eager" for r in fam[f]):
             fam[f] += [dict(r, source=f"default: {r['source']}") for r in dflt if r["mode"] == "eager"]
     return fam, notes
