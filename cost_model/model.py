@@ -464,12 +464,12 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     nd, nm, smask = st.dense, st.moe, st.mask
     stage_compute = terms.stage_compute(st)
     stage_fwd = terms.stage_fwd(st)
-    stage_bwd = stage_compute - stage_fwd
     # CPU floor: kernels per microbatch x dispatch gap (structural kernel counts, fwd; bwd = 2x)
     k_attn, k_dense, k_moe = structural_kernels(spec, x.tp, x.cp, pa.grouped_gemm.astype(bool),
                                                 experts.local_experts if experts is not None else z)
     kern = KERNEL_PASSES * (nd * col(k_attn + k_dense) + nm * col(k_attn + k_moe) + st.embedding * KERNELS_EMBEDDING
                             + st.loss * KERNELS_LM_HEAD_LOSS)
+    kern_fwd = kern / KERNEL_PASSES  # the forward launches once, the backward twice
     kern = kern + (pa.recompute > 0)[:, None] * st.layers * col(k_attn) * st.recompute_fraction
     floor = kern * ops.gap
     # GPU: the host enqueues asynchronously, so the floor overlaps compute (max). CPU: one thread
@@ -478,12 +478,18 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     slow = np.argmax(stage_time, axis=1)
     rows = np.arange(pa.n)
     C = stage_time[rows, slow]
+    # the backward's wall time (what the gradient reduce-scatter can hide under): the stage's wall
+    # time less its forward's, not the backward's GPU seconds: on a launch-bound stage extra
+    # backward compute (recompute) runs under the launch floor and lengthens no window
+    fwd_floor = kern_fwd * ops.gap
+    fwd_wall = np.maximum(stage_fwd, fwd_floor) if ops.async_launch else stage_fwd + fwd_floor
+    bwd_wall = C - fwd_wall[rows, slow]
 
     # -- per step: pipeline, DP collectives, optimizer -------------------------------------------------
     pipe = pipeline(x, C)
     params = stage_params(x, st)
     Pd, Pe = params.dense[rows, slow], params.expert[rows, slow]
-    dpc = dp_collectives(x, Pd, Pe, stage_fwd[rows, slow], stage_bwd[rows, slow])
+    dpc = dp_collectives(x, Pd, Pe, stage_fwd[rows, slow], bwd_wall)
     opt_t = optimizer_step(x, Pd, Pe, st.layers[rows, slow])
 
     # -- step ---------------------------------------------------------------------------------------

@@ -249,6 +249,8 @@ _RECOMPUTE_RESET = dict(recompute="none", recompute_modules=(), recompute_method
 # Relative slack for comparing a bound with a score computed in another chunk (table lookups batch
 # per chunk, so the same plan can differ in the last bits).
 _SLACK = 1e-9
+# plans in the first best-first batch of `rank_space_top` (each next one twice as many, up to CHUNK)
+_FIRST_BATCH = 512
 
 
 @dataclass
@@ -286,17 +288,21 @@ def rank_space_top(workload, space, profile, shard: int = 0, num_shards: int = 1
     `num_shards`), the same pool as `rank_space(..., keep=keep, per_layout=False)` (exhaustive
     scoring), found by branch and bound over parallel points:
 
-    1. bound: every parallel point is scored on its optimistic plans, one per distinct realizable
-       option with the recompute fields reset, with the real cost model (`predict_arrays`); the
-       point's bound is the best of these throughputs, ignoring memory;
-    2. the points are scored exhaustively in order of their bound, best first, and scoring stops
+    1. optimistic plans: for every parallel point, one plan per distinct realizable option with
+       the recompute fields reset (its class), scored with the real cost model (`predict_arrays`);
+    2. a class whose optimistic plan does not fit in memory bounds nothing useful (its realizable
+       plans only fit by recomputing): those plans are scored exactly here;
+    3. a point's bound is the best throughput of its classes whose optimistic plan fits; the rest
+       of its plans are scored point by point in order of that bound, best first, and scoring stops
        at the first point whose bound is below the `keep`-th best distinct plan found so far
        (every later point's bound is lower still).
 
     The bound rests on one property of the model: recompute never makes a predicted step shorter
-    (it re-runs forward work). It is not assumed silently: every plan scored in step 2 is checked
-    against its point's bound, and if any beats it, the whole space is scored exhaustively
-    instead (`bound_violated`). `prune=False` scores exhaustively from the start."""
+    (it only adds work: `cost_model.model` hides DP communication under the backward's wall time,
+    which grows no more than the step; tests/test_rank_top.py checks it on every preset). It is not
+    assumed silently: every plan scored in 2 and 3 is checked against its optimistic plan resp. its
+    point's bound, and if any beats it, the whole space is scored exhaustively instead
+    (`bound_violated`). `prune=False` scores exhaustively from the start."""
     import cost_model
     from tuner.space import iter_realizable_points
     tables = cost_model.resolve_tables(workload, tables)
@@ -308,7 +314,14 @@ def rank_space_top(workload, space, profile, shard: int = 0, num_shards: int = 1
         r = _rank_chunks(workload, _space_chunks(iter(points), chunk), tables=tables, calibration=calibration,
                          keep=keep, per_layout=False)
         return TopRanking(r.seen, r.memory_infeasible, r.pool, points=len(points), exhaustive=True)
-    # 1. bounds
+
+    def exhaustive():
+        r = rank_space_top(workload, space, profile, shard, num_shards, tables=tables,
+                           calibration=calibration, keep=keep, chunk=chunk, prune=False)
+        r.bound_violated = True
+        return r
+
+    # 1. optimistic plans
     opt_options, opt_class = _optimistic_options(points[0][2])
     classes_of: dict = {}  # the ok lists are shared by points with one schedule context
 
@@ -318,36 +331,67 @@ def rank_space_top(workload, space, profile, shard: int = 0, num_shards: int = 1
             c = classes_of[id(ok)] = (ok, np.unique(opt_class[np.asarray(ok, np.int64)]))
         return c[1]
 
-    bound = np.full(len(points), -np.inf)
-    opt_points = ((base, classes(ok), opt_options) for base, ok, _ in points)
+    point_classes = [classes(ok) for _, ok, _ in points]
+    opt_tps = [None] * len(points)  # per point: optimistic throughput of each of its classes
+    opt_fits = [None] * len(points)
+    opt_points = ((base, c, opt_options) for (base, _, _), c in zip(points, point_classes))
     for pa, _, which in _space_chunks(opt_points, chunk, with_points=True):
         r = cost_model.predict_arrays(workload, pa, tables=tables, calibration=calibration)
         tps = np.asarray(r["tokens_per_s_per_gpu"], float)
-        np.maximum.at(bound, which, np.where(np.isfinite(tps), tps, -np.inf))
+        good = np.isfinite(tps)
+        fits = np.asarray(r["fits"], bool) & good
+        tps = np.where(good, tps, -np.inf)
+        starts = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])
+        for s0, s1 in zip(starts, np.r_[starts[1:], len(which)]):
+            opt_tps[which[s0]], opt_fits[which[s0]] = tps[s0:s1], fits[s0:s1]
         out.bound_scored += pa.n
-    # 2. best first, stop below the keep-th best
-    order = np.argsort(-bound, kind="stable")
-    i = 0
-    while i < len(order):
-        if len(out.pool) >= keep and bound[order[i]] * (1 + _SLACK) < out.pool[keep - 1].tokens_per_s_per_gpu:
-            break
-        batch, n = [], 0
-        while i < len(order) and n < chunk:
-            batch.append(int(order[i]))
-            n += len(points[order[i]][1])
-            i += 1
-        for pa, plan_at, which in _space_chunks((points[b] for b in batch), chunk, with_points=True):
+    # split every point's options: those of a class whose optimistic plan fits (bounded by it) and
+    # the rest (scored exactly in 2)
+    bound = np.full(len(points), -np.inf)
+    fit_pts, unfit_pts, unfit_limit = [], [], []
+    for k, ((base, ok, options), c) in enumerate(zip(points, point_classes)):
+        ok = np.asarray(ok, np.int64)
+        pos = np.searchsorted(c, opt_class[ok])  # each option's class, as a position in c
+        fit = opt_fits[k][pos]
+        fit_pts.append((base, ok[fit], options))
+        if fit.any():
+            bound[k] = opt_tps[k][pos][fit].max()
+        if not fit.all():
+            unfit_pts.append((base, ok[~fit], options))
+            unfit_limit.append(opt_tps[k][pos][~fit])
+
+    def score(pts, limits):
+        """Score the plans of `pts` into the pool; False when one beats its limit."""
+        for pa, plan_at, which in _space_chunks(iter(pts), chunk, with_points=True):
             tps: list = []
             rows, unfit = _score_chunk(workload, pa, plan_at, calibration, tables, keep, False, tps)
-            limit = bound[np.asarray(batch)[which]] * (1 + _SLACK)
+            limit = limits(which) * (1 + _SLACK)
             if np.any(np.isfinite(tps[0]) & (tps[0] > limit)):
-                r = rank_space_top(workload, space, profile, shard, num_shards, tables=tables,
-                                   calibration=calibration, keep=keep, chunk=chunk, prune=False)
-                r.bound_violated = True
-                return r
+                return False
             out.seen += pa.n
             out.memory_infeasible += unfit
             out.pool = _prune(out.pool + rows, keep, workload.model, per_layout=False)
+        return True
+
+    # 2. the plans whose optimistic plan does not fit, each checked against its optimistic plan
+    if unfit_pts and not score(unfit_pts, lambda which: np.concatenate([unfit_limit[w] for w in np.unique(which)])):
+        return exhaustive()
+    # 3. best first, stop below the keep-th best
+    order = [k for k in np.argsort(-bound, kind="stable") if len(fit_pts[k][1])]
+    # batches grow from a small first one: the stop test runs between batches, and the best few
+    # points usually settle the pool
+    i, size = 0, min(chunk, _FIRST_BATCH)
+    while i < len(order):
+        if len(out.pool) >= keep and bound[order[i]] * (1 + _SLACK) < out.pool[keep - 1].tokens_per_s_per_gpu:
+            break
+        batch, n, size = [], 0, min(chunk, 2 * size)
+        while i < len(order) and n < size // 2:
+            batch.append(int(order[i]))
+            n += len(fit_pts[order[i]][1])
+            i += 1
+        batch_bound = bound[np.asarray(batch)]
+        if not score([fit_pts[b] for b in batch], batch_bound.__getitem__):
+            return exhaustive()
     out.pruned = total - out.seen
     out.pruned_points = len(order) - i
     out.seen = total
