@@ -106,6 +106,10 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
     import ray
     configure_auth(joining=bool(address), no_auth=no_auth)
     quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
+    if address == "auto" and os.environ.get("RAY_ADDRESS"):
+        # inside a Ray job (or a shell told which cluster to use) RAY_ADDRESS names the cluster;
+        # Ray's own "auto" reads the newest cluster started on this host, which may be another one
+        address = os.environ["RAY_ADDRESS"]
     if address:
         return ray.init(address=address, runtime_env=runtime_env, **quiet)
     loopback_only()
