@@ -89,7 +89,7 @@ class Plan:
 
     # ---- canonical string ---------------------------------------------------------------------
     def canonical(self) -> str:
-        return ",".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in dataclasses.fields(self))
+        return ",".join(f"{f.name}={format_value(getattr(self, f.name))}" for f in dataclasses.fields(self))
 
     __str__ = canonical
 
@@ -109,12 +109,15 @@ _ALIASES = {"dist-opt": "dist_opt", "do": "dist_opt", "ogr": "overlap_grad_reduc
 def format_fields(fields: dict) -> str:
     """`k=v,...` for some of a plan's fields, in canonical order and canonical value syntax (so
     `parse_fields(format_fields(d)) == d`); "" for no fields."""
-    return ",".join(f"{name}={_fmt(fields[name])}" for name in _FIELDS if name in fields)
+    return ",".join(f"{name}={format_value(fields[name])}" for name in _FIELDS if name in fields)
 
 
-def _fmt(v) -> str:
+def format_value(v) -> str:
+    """One field value in canonical syntax (shared by `ServePlan`)."""
     if isinstance(v, bool):
         return "1" if v else "0"
+    if isinstance(v, float):
+        return f"{v:g}"
     if isinstance(v, tuple):
         return "+".join(v) if v else "-"
     if isinstance(v, str):
@@ -124,6 +127,14 @@ def _fmt(v) -> str:
 
 def parse_fields(text: str) -> dict:
     """Parse `k=v,k=v` into typed Plan fields, rejecting unknown keys and bad values."""
+    return parse_key_values(text, _FIELDS, _ALIASES, "plan")
+
+
+def parse_key_values(text: str, fields: dict, aliases: dict, what: str) -> dict:
+    """Parse `k=v,k=v` into the typed values of a frozen dataclass's `fields` (name -> Field, with
+    string annotations: int, float, bool, tuple[...], str); `aliases` maps other spellings to field
+    names; `what` names the kind of plan in error messages. Unknown keys, repeated keys and bad
+    values raise PlanSyntaxError."""
     out: dict = {}
     text = text.strip()
     if not text:
@@ -133,17 +144,19 @@ def parse_fields(text: str) -> dict:
         if not part:
             continue
         if "=" not in part:
-            raise PlanSyntaxError(f"plan item {part!r} is not key=value")
+            raise PlanSyntaxError(f"{what} item {part!r} is not key=value")
         k, v = (s.strip() for s in part.split("=", 1))
-        k = _ALIASES.get(k, k.replace("-", "_"))
-        if k not in _FIELDS:
-            raise PlanSyntaxError(f"unknown plan key {k!r}; keys: {', '.join(_FIELDS)}")
+        k = aliases.get(k, k.replace("-", "_"))
+        if k not in fields:
+            raise PlanSyntaxError(f"unknown {what} key {k!r}; keys: {', '.join(fields)}")
         if k in out:
-            raise PlanSyntaxError(f"plan key {k!r} given twice")
-        typ = _FIELDS[k].type
+            raise PlanSyntaxError(f"{what} key {k!r} given twice")
+        typ = fields[k].type
         try:
             if typ == "int":
                 out[k] = int(v)
+            elif typ == "float":
+                out[k] = float(v)
             elif typ == "bool":
                 if v.lower() not in ("0", "1", "true", "false", "on", "off"):
                     raise ValueError(v)
@@ -153,5 +166,5 @@ def parse_fields(text: str) -> dict:
             else:
                 out[k] = "" if v == "-" else v.replace("/", ",")
         except ValueError:
-            raise PlanSyntaxError(f"plan key {k!r} has bad value {v!r}") from None
+            raise PlanSyntaxError(f"{what} key {k!r} has bad value {v!r}") from None
     return out

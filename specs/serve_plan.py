@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from specs.errors import PlanSyntaxError, SpecError
+from specs.plan import format_value, parse_key_values
 
 A2A_BACKENDS = ("none", "deepep", "mooncake", "nixl", "mori", "flashinfer", "pplx")
 DEEPEP_MODES = ("auto", "normal", "low_latency")
@@ -96,7 +97,7 @@ class ServePlan:
         return int(a), int(b)
 
     def canonical(self) -> str:
-        return ",".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in dataclasses.fields(self))
+        return ",".join(f"{f.name}={format_value(getattr(self, f.name))}" for f in dataclasses.fields(self))
 
     __str__ = canonical
 
@@ -113,45 +114,9 @@ _ALIASES = {"attn-dp": "attn_dp", "dp_attn": "attn_dp", "moe_a2a_backend": "a2a"
             "two_batch_overlap": "tbo", "cuda_graph": "cuda_graph_max_bs", "mem": "mem_frac"}
 
 
-def _fmt(v) -> str:
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, str):
-        return v or "-"
-    return str(v)
-
-
 def parse_serve_fields(text: str) -> dict:
     """Parse `k=v,k=v` into typed ServePlan fields, rejecting unknown keys and bad values."""
-    out: dict = {}
-    for part in (p.strip() for p in text.strip().split(",")):
-        if not part:
-            continue
-        if "=" not in part:
-            raise PlanSyntaxError(f"serving plan item {part!r} is not key=value")
-        k, v = (s.strip() for s in part.split("=", 1))
-        k = _ALIASES.get(k, k.replace("-", "_"))
-        if k not in _FIELDS:
-            raise PlanSyntaxError(f"unknown serving plan key {k!r}; keys: {', '.join(_FIELDS)}")
-        if k in out:
-            raise PlanSyntaxError(f"serving plan key {k!r} given twice")
-        typ = _FIELDS[k].type
-        try:
-            if typ == "int":
-                out[k] = int(v)
-            elif typ == "float":
-                out[k] = float(v)
-            elif typ == "bool":
-                if v.lower() not in ("0", "1", "true", "false", "on", "off"):
-                    raise ValueError(v)
-                out[k] = v.lower() in ("1", "true", "on")
-            else:
-                out[k] = "" if v == "-" else v
-        except ValueError:
-            raise PlanSyntaxError(f"serving plan key {k!r} has bad value {v!r}") from None
-    return out
+    return parse_key_values(text, _FIELDS, _ALIASES, "serving plan")
 
 
 @dataclass(frozen=True)
