@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from specs.serve_plan import ServePlan
+from specs.serve_plan import ServePlan, sglang_memory_tier_defaults
 
 # code -> (source, what the rule says); the sentence of a rejection names the plan's numbers
 RULES: dict[str, tuple[str, str]] = {
@@ -102,20 +102,6 @@ class ServeVerdict:
         return not any(r.source == "sglang" for r in self.reasons)
 
 
-def default_chunk_and_graph_bs(gpu_mem_mib: float, tp: int) -> tuple[int, int]:
-    """SGLang's memory-tier defaults: (chunked_prefill_size, decode CUDA-graph max batch) (memory_hook.py:89-170)."""
-    g = gpu_mem_mib / 1024
-    if g < 20:
-        return 2048, 8
-    if g < 35:
-        return 4096, 48 if tp < 4 else 160
-    if g < 60:
-        return 4096, 32 if tp < 4 else 160
-    if g < 160:
-        return 8192, 256 if tp < 4 else 512
-    return 16384, 512
-
-
 def gpu_mem_mib(cluster) -> float:
     return cluster.hbm_gib * 1024
 
@@ -167,7 +153,7 @@ def realize(plan: ServePlan, model, cluster, *, gpus: int | None = None) -> Serv
     if nnodes > 1 and p.instance_gpus % nnodes:
         rs.append(_r("instance-whole-nodes", f"tp*pp={p.instance_gpus} over {nnodes} nodes of {gpn}"))
     gmem = gpu_mem_mib(cluster)
-    default_chunk, default_bs = default_chunk_and_graph_bs(gmem, p.tp)
+    default_chunk, default_bs = sglang_memory_tier_defaults(gmem / 1024, p.tp)
     chunk = (p.chunked_prefill or default_chunk) // p.attn_dp
     if chunk > 0 and chunk % p.page_size:
         rs.append(_r("chunk-page", f"chunked prefill {chunk} per rank, page_size={p.page_size}"))

@@ -12,23 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specs.serve_plan import ServePlan
+from specs.serve_plan import ServePlan, sglang_memory_tier_defaults
 
 A2A_CODE = {"none": 0, "deepep": 2, "mooncake": 2, "nixl": 2, "mori": 2, "flashinfer": 2, "pplx": 2}
-
-
-def default_chunk_and_graph_bs(gpu_gib: float, tp: int) -> tuple[int, int]:
-    """SGLang's (chunked_prefill_size, cuda_graph_max_bs) by GPU memory tier (memory_hook.py)."""
-    gb = gpu_gib * 1.0737  # GiB -> GB, the tiers are in GB
-    if gb < 20:
-        return 2048, 8
-    if gb < 35:
-        return 4096, 48 if tp < 4 else 160
-    if gb < 60:
-        return 4096, 32 if tp < 4 else 160
-    if gb < 160:
-        return 8192, 256 if tp < 4 else 512
-    return 16384, 512
 
 
 @dataclass
@@ -71,7 +57,7 @@ def _rewrites(plan: ServePlan, gpu_gib: float) -> tuple[dict, int]:
     p, kw = plan, {}
     if p.a2a != "none" and p.ep != p.tp:
         kw["ep"] = p.tp
-    chunk, gbs = default_chunk_and_graph_bs(gpu_gib, p.tp)
+    chunk, gbs = sglang_memory_tier_defaults(gpu_gib, p.tp)
     if p.chunked_prefill == 0:
         kw["chunked_prefill"] = chunk
     bs = p.cuda_graph_max_bs
