@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 
 from specs.serve_plan import ServePlan
+from trials.serving.sglang_backend import sglang_flags
 from tuner.serve_realize import server_nodes
 
 ROUTER_PORT = 8000
@@ -23,47 +24,12 @@ def attention_backend(model, cluster) -> str:
     return "fa3"  # Hopper: SGLang's default for MLA and GQA models alike
 
 
-def plan_args(plan: ServePlan) -> list[str]:
-    """The flags that carry one instance's plan (no model path, no node layout)."""
-    p = plan
-    a = ["--tp-size", str(p.tp)]
-    if p.pp > 1:
-        a += ["--pp-size", str(p.pp)]
-    if p.dp > 1 and not p.pd:
-        a += ["--dp-size", str(p.dp)]
-    if p.attn_dp > 1:
-        a += ["--attn-dp-size", str(p.attn_dp)]
-    if p.ep > 1:
-        a += ["--ep-size", str(p.ep)]
-    if p.a2a != "none":
-        a += ["--moe-a2a-backend", p.a2a]
-        if p.a2a == "deepep":
-            a += ["--deepep-mode", p.deepep_mode]
-    if p.tbo:
-        a += ["--enable-two-batch-overlap"]
-    if p.eplb_redundant:
-        a += ["--enable-eplb", "--ep-num-redundant-experts", str(p.eplb_redundant)]
-    if p.chunked_prefill:
-        a += ["--chunked-prefill-size", str(p.chunked_prefill)]
-    if p.max_running:
-        a += ["--max-running-requests", str(p.max_running)]
-    if p.cuda_graph_max_bs == -1:
-        a += ["--disable-decode-cuda-graph"]
-    elif p.cuda_graph_max_bs:
-        a += ["--cuda-graph-max-bs-decode", str(p.cuda_graph_max_bs)]
-    if p.mem_frac:
-        a += ["--mem-fraction-static", f"{p.mem_frac:g}"]
-    if p.page_size != 1:
-        a += ["--page-size", str(p.page_size)]
-    return a
-
-
 def server_argv(plan: ServePlan, model_path: str, model, cluster, *, nnodes: int = 1, node_rank: int = 0,
                 dist_init_addr: str = "", mode: str = "", port: int = 30000) -> list[str]:
     """Arguments of `python -m sglang.launch_server` for one node of one server."""
     a = ["--model-path", model_path, "--load-format", "dummy", "--device", "cuda",
          "--attention-backend", attention_backend(model, cluster), "--host", "0.0.0.0", "--port", str(port)]
-    a += plan_args(plan)
+    a += sglang_flags(plan)
     if nnodes > 1:
         a += ["--dist-init-addr", dist_init_addr or "NODE0_IP:5000", "--nnodes", str(nnodes), "--node-rank", str(node_rank)]
     if mode:

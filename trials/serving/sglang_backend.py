@@ -34,38 +34,40 @@ from trials.serving.server import ServerProcess, tail
 
 
 def sglang_flags(plan: ServePlan) -> list[str]:
-    """SGLang 0.5.23 server flags for one instance of `plan` (the spelling of issue 11: --attn-dp-size,
-    --cuda-graph-max-bs-decode; the undecorated cuda-graph flag is rejected as ambiguous there)."""
-    f = ["--tp-size", str(plan.tp)]
-    if plan.pp > 1:
-        f += ["--pp-size", str(plan.pp)]
-    if plan.dp > 1:
-        f += ["--dp-size", str(plan.dp)]
-    if plan.attn_dp > 1:
-        f += ["--attn-dp-size", str(plan.attn_dp)]
-    if plan.ep > 1:
-        f += ["--ep-size", str(plan.ep)]
-    if plan.a2a != "none":
-        f += ["--moe-a2a-backend", plan.a2a]
-        if plan.a2a == "deepep":
-            f += ["--deepep-mode", plan.deepep_mode]
-    if plan.tbo:
-        f.append("--enable-two-batch-overlap")
-    if plan.eplb_redundant:
-        f += ["--enable-eplb", "--ep-num-redundant-experts", str(plan.eplb_redundant)]
-    if plan.chunked_prefill:
-        f += ["--chunked-prefill-size", str(plan.chunked_prefill)]
-    if plan.max_running:
-        f += ["--max-running-requests", str(plan.max_running)]
-    if plan.cuda_graph_max_bs == -1:
-        f.append("--disable-cuda-graph")
-    elif plan.cuda_graph_max_bs > 0:
-        f += ["--cuda-graph-max-bs-decode", str(plan.cuda_graph_max_bs)]
-    if plan.mem_frac:
-        f += ["--mem-fraction-static", f"{plan.mem_frac:g}"]
-    if plan.page_size > 1:
-        f += ["--page-size", str(plan.page_size)]
-    return f
+    """SGLang 0.5.23 server flags that carry one instance's plan (no model path, no node layout); the
+    one spelling of `moetune emit sglang` and of this backend, checked by SGLang's own resolver in
+    tests/test_serve_oracle.py (--attn-dp-size, --cuda-graph-max-bs-decode, --disable-decode-cuda-graph)."""
+    p = plan
+    a = ["--tp-size", str(p.tp)]
+    if p.pp > 1:
+        a += ["--pp-size", str(p.pp)]
+    if p.dp > 1 and not p.pd:
+        a += ["--dp-size", str(p.dp)]
+    if p.attn_dp > 1:
+        a += ["--attn-dp-size", str(p.attn_dp)]
+    if p.ep > 1:
+        a += ["--ep-size", str(p.ep)]
+    if p.a2a != "none":
+        a += ["--moe-a2a-backend", p.a2a]
+        if p.a2a == "deepep":
+            a += ["--deepep-mode", p.deepep_mode]
+    if p.tbo:
+        a += ["--enable-two-batch-overlap"]
+    if p.eplb_redundant:
+        a += ["--enable-eplb", "--ep-num-redundant-experts", str(p.eplb_redundant)]
+    if p.chunked_prefill:
+        a += ["--chunked-prefill-size", str(p.chunked_prefill)]
+    if p.max_running:
+        a += ["--max-running-requests", str(p.max_running)]
+    if p.cuda_graph_max_bs == -1:
+        a += ["--disable-decode-cuda-graph"]
+    elif p.cuda_graph_max_bs:
+        a += ["--cuda-graph-max-bs-decode", str(p.cuda_graph_max_bs)]
+    if p.mem_frac:
+        a += ["--mem-fraction-static", f"{p.mem_frac:g}"]
+    if p.page_size != 1:
+        a += ["--page-size", str(p.page_size)]
+    return a
 
 
 def bench_argv(module: str, *, port: int, model_dir: str, isl: int, osl: int, num_prompts: int, concurrency: int,
