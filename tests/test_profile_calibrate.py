@@ -147,6 +147,10 @@ def test_profile_then_calibrate_end_to_end(home, tmp_path, capsys):
         assert rows, fam
         assert any(r["source"].startswith("measured") for r in rows) == (fam in rep["measured"]), fam
     assert set(t.meta["statistic"]) == set(FAMILIES) and "minimum" in t.meta["statistic"]["gemm"]
+    # the stack floor's first round always completes, whatever the budget: without it the CPU model
+    # would price Megatron's per-layer Python with the bare eager gap
+    gaps = {r["mode"]: r for r in csv.DictReader(open(out / "dispatch_gap.csv"))}
+    assert {"stack", "stack_step"} <= set(gaps) and gaps["stack"]["source"].startswith("measured:stack-floor")
     # the per-runner point counts add up to the totals the CLI printed
     pts = t.meta["profile"]["points_by_runner"]
     assert sum(n for _, n in pts.values()) == t.meta["profile"]["points_total"]

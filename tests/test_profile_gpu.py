@@ -246,3 +246,13 @@ def test_collectives_the_profile_did_not_reach_keep_their_shipped_rows():
     ar = [r for r in fam["collectives"] if r["collective"] == "all_reduce" and r["scope"] == "scaleup"]
     assert ar and all(str(r["source"]).startswith("measured") for r in ar)
     assert any("send_recv/scaleup: not measured" in n for n in notes)
+
+
+def test_attention_backward_is_timed_alone_on_cpu():
+    """The backward row is timed on its own (retained graph), so its rate is that of the backward
+    kernels: within a small factor of the forward's, never the 100-1000x a difference of two
+    noisy timings gave on a loaded host."""
+    rows = attention.measure(dict(dtype="fp32", seq=128, head_dim=16), Ctx(device="cpu", min_time_s=0.005))
+    rate = {r["direction"]: r["tflops"] for fam, r in rows if r["dtype"] == "fp32"}
+    assert set(rate) == {"fwd", "bwd"} and all(v > 0 for v in rate.values())
+    assert 0.2 < rate["bwd"] / rate["fwd"] < 10, rate

@@ -105,11 +105,11 @@ def measure(p: dict, ctx: Ctx) -> list[tuple[str, dict]]:
     with torch.no_grad():
         tf_ = timeit(lambda: fwd(q, k, v), ctx)
 
-    def fb():
-        out = fwd(q, k, v)
-        torch.autograd.grad(out, (q, k, v), go)
-    tfb = timeit(fb, ctx)
-    tb = max(tfb - tf_, 1e-3 * tfb)
+    # the backward is timed alone over a retained graph, not as (fwd + bwd) - fwd: the difference
+    # of two noisy timings went near zero on a loaded CPU and wrote backward rates 100-1000x too
+    # high (e.g. 3.6 TFLOPS next to a 0.001 TFLOPS forward at seq 128, head_dim 16)
+    out = fwd(q, k, v)
+    tb = timeit(lambda: torch.autograd.grad(out, (q, k, v), go, retain_graph=True), ctx)
     flops = (shape[0] * shape[1] if ctx.on_gpu else HEADS) * s * s * 2.0 * d
     rows = []
     for kk in keys:

@@ -44,7 +44,7 @@ def skip_reason(ctx):
 
 def points(ctx) -> list[dict]:
     # round-major, so the rounds interleave (and a budget cut leaves whole rounds)
-    return [dict(id=f"stack|{REF_MODEL}|L{n}|m{m}|r{r}", layers=n, microbatches=m, level=0)
+    return [dict(id=f"stack|{REF_MODEL}|L{n}|m{m}|r{r}", layers=n, microbatches=m, level=0, round=r)
             for r in range(ROUNDS) for n, m in GRID]
 
 
