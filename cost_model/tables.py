@@ -140,19 +140,39 @@ class GridTable:
 
 
 def _fill_nearest(grid: np.ndarray, logax: list[np.ndarray]) -> np.ndarray:
-    """Fill holes (NaN) from the nearest filled grid point (Euclidean in log-axis space)."""
+    """Fill holes (NaN): by log-space linear interpolation between the nearest filled points on
+    both sides along an axis (averaged over the axes that bracket the hole), else from the nearest
+    filled grid point (Euclidean in log-axis space). A profile cut by its budget measures a coarse
+    subset of a grid: a hole between two measured sequence lengths is their interpolation, not a
+    copy of whichever one happens to be nearer."""
     mask = np.isnan(grid)
     if not mask.any():
         return grid
     if mask.all():
         raise TableError("a table key has no values")
+    out = grid.copy()
+    for idx in zip(*np.nonzero(mask)):
+        est = []
+        for d, la in enumerate(logax):
+            line = [grid[idx[:d] + (j,) + idx[d + 1:]] for j in range(len(la))]
+            lo = next((j for j in range(idx[d] - 1, -1, -1) if not np.isnan(line[j])), None)
+            hi = next((j for j in range(idx[d] + 1, len(la)) if not np.isnan(line[j])), None)
+            if lo is not None and hi is not None:
+                w = (la[idx[d]] - la[lo]) / (la[hi] - la[lo])
+                est.append((1.0 - w) * line[lo] + w * line[hi])
+        if est:
+            out[idx] = float(np.mean(est))
+    rest = np.isnan(out)
+    if not rest.any():
+        return out
     coords = np.stack(np.meshgrid(*logax, indexing="ij"), axis=-1).reshape(-1, len(logax)) if logax \
         else np.zeros((1, 0))
-    flat = grid.ravel().copy()
-    have = ~np.isnan(flat)
-    for i in np.flatnonzero(~have):
-        d = ((coords[have] - coords[i]) ** 2).sum(axis=1)
-        flat[i] = flat[have][int(np.argmin(d))]
+    flat = out.ravel()
+    have = ~np.isnan(grid.ravel())
+    src = grid.ravel()
+    for i in np.flatnonzero(rest.ravel()):
+        dist = ((coords[have] - coords[i]) ** 2).sum(axis=1)
+        flat[i] = src[have][int(np.argmin(dist))]
     return flat.reshape(grid.shape)
 
 

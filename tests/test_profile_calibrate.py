@@ -251,3 +251,18 @@ def test_calibrate_from_optuna_study(home, tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)
     assert rc == 0 and res["metrics"]["n"] == 5 and res["scale"] == pytest.approx(1.5, rel=1e-3)
     assert res["metrics"]["mape_loo"] < 1e-3 and res["metrics"]["top3_loo"] == 1.0
+
+
+def test_grid_holes_between_measured_points_are_interpolated():
+    """A budget-cut profile measures a subset of the (seq, head_dim) grid: a hole between two
+    measured sequence lengths is their log-space interpolation, not the nearer one's copy; a hole
+    outside every bracket still takes the nearest point."""
+    from cost_model.tables import GridTable
+    rows = [dict(dtype="bf16", direction="fwd", seq=s, head_dim=d, tflops=v, source="t")
+            for s, d, v in [(256, 16, 4.0), (2048, 16, 0.5), (256, 64, 8.0), (512, 64, 8.0), (1024, 64, 8.0),
+                            (2048, 64, 8.0), (4096, 64, 8.0)]]
+    t = GridTable("attention", rows)
+    at = lambda s, d: float(t.lookup(("bf16", "fwd"), seq=s, head_dim=d))  # noqa: E731
+    assert at(1024, 16) == pytest.approx(math.exp(math.log(4.0) + 2 / 3 * (math.log(0.5) - math.log(4.0))))
+    assert at(512, 16) == pytest.approx(2.0)
+    assert at(4096, 16) == pytest.approx(0.5)  # beyond the last measured seq: nearest
