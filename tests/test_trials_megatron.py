@@ -214,3 +214,18 @@ def test_cli_measurement_json(capsys):
     assert d["ok"] and d["plan"].startswith(f"tp=1,cp=1,pp=1,vpp=1,{ep}") and d["tokens_per_s_per_gpu"] > 0
     if not GPU:  # cpu-local defaults
         assert "dist_opt=0" in d["plan"] and "grouped_gemm=0" in d["plan"]
+
+
+@slow
+def test_trace_step_writes_per_rank_op_tables(tmp_path):
+    """MOETUNE_TRIAL_TRACE: one extra, untimed step under torch.profiler, per rank an op table
+    (sorted by self time) and a Chrome trace; the timed steps are unchanged in number."""
+    world = 2
+    r = launch(plan("ep=2").canonical(), MODEL.to_dict(), GBS, SEQ, world, timeout_s=180, iters=2, warmup=1,
+               env={"MOETUNE_TRIAL_TRACE": str(tmp_path)})
+    assert r["ok"], r
+    assert all(len(rk["step_times_s"]) == 2 for rk in r["ranks"])
+    for rank in range(world):
+        table = (tmp_path / f"trace_rank{rank}.txt").read_text()
+        assert "Self CPU" in table and "aten::mm" in table
+        assert (tmp_path / f"trace_rank{rank}.json").stat().st_size > 0

@@ -279,6 +279,23 @@ class TrialWorker:
             self.opt.step()
         return loss
 
+    def _trace_step(self, batch, trace_dir: str) -> None:
+        """Run one more step under torch.profiler and write, per rank, the ops by self CPU time
+        (trace_rank<r>.txt) and a Chrome trace (trace_rank<r>.json) into `trace_dir`."""
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_gpu else [])
+        self.dist.barrier()
+        with profile(activities=acts, record_shapes=False) as prof:
+            self.step(batch)
+            if self.on_gpu:
+                torch.cuda.synchronize()
+        os.makedirs(trace_dir, exist_ok=True)
+        sort = "self_cuda_time_total" if self.on_gpu else "self_cpu_time_total"
+        with open(os.path.join(trace_dir, f"trace_rank{self.rank}.txt"), "w") as f:
+            f.write(prof.key_averages().table(sort_by=sort, row_limit=60))
+        prof.export_chrome_trace(os.path.join(trace_dir, f"trace_rank{self.rank}.json"))
+        self.dist.barrier()
+
     # ---- modes -----------------------------------------------------------------------------------
     def dump_grads(self) -> dict:
         from trials.megatron.model import global_param_names
@@ -316,6 +333,9 @@ class TrialWorker:
                 times.append(dt)
             losses.append(loss)
         memory = self.peak_memory()
+        trace_dir = os.environ.get("MOETUNE_TRIAL_TRACE")
+        if trace_dir:  # one extra, untimed step under torch.profiler: where a step's time goes
+            self._trace_step(batches[-1], trace_dir)
         # losses live on the last pipeline stage: gather them to every rank.
         obj = [None] * self.world
         dist.all_gather_object(obj, {"rank": self.rank, "losses": losses, "is_last": self.is_last,
