@@ -7,8 +7,8 @@ source (`measured:sdpa-<backend> b<batch>xh<heads>`), never silently. The call h
 heads of a training micro-batch, not one small head group that underfills the SMs at short
 seq: heads = ctx.extra["attn_heads"] (a model's heads per rank; default 32) and batch such that
 batch x seq = ctx.extra["attn_tokens"] (default 8192 tokens per micro-batch, at least 1 sequence).
-CPU: the math of Megatron's local (non-TE) DotProductAttention, which the CPU trials run:
-scores = baddbmm(q, k^T) * 1/sqrt(d), causal mask, fp32 softmax, bmm with V (unfused, full s^2)."""
+CPU: Megatron's local (non-TE) DotProductAttention op for op, which the CPU trials run
+(`_cpu_attention`: unfused, full s^2), forward timed with autograd recording as in training."""
 from __future__ import annotations
 
 from trials.profile.common import Ctx, grid_points, timeit
@@ -69,12 +69,19 @@ def pick_sdpa_backend(shape, dtype, device, order=SDPA_BACKENDS):
 
 
 def _cpu_attention(q, k, v, mask, scale):
+    """Megatron-core 0.16.1's local DotProductAttention op for op (transformer/
+    dot_product_attention.py forward; fusions/fused_softmax.py forward_torch_softmax;
+    transformer/utils.py attention_mask_func): baddbmm into a new buffer, the [b, np, sq, sk] view
+    masked IN PLACE (in training autograd turns that into CopySlices: a clone of the scores in the
+    forward and copies in the backward), softmax, bmm with V, the context permuted and made
+    contiguous. q, k, v: [b*np, s, d]."""
     import torch
     scores = torch.baddbmm(torch.empty(q.shape[0], q.shape[1], k.shape[1], dtype=q.dtype),
                            q, k.transpose(1, 2), beta=0.0, alpha=scale)
-    scores = scores.masked_fill(mask, -10000.0)
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return torch.bmm(probs, v)
+    view = scores.view(1, *scores.shape)
+    view.masked_fill_(mask, -10000.0)
+    probs = torch.softmax(view, dim=-1).view(scores.shape)
+    return torch.bmm(probs, v).transpose(0, 1).contiguous()
 
 
 def measure(p: dict, ctx: Ctx) -> list[tuple[str, dict]]:
@@ -101,14 +108,17 @@ def measure(p: dict, ctx: Ctx) -> list[tuple[str, dict]]:
         def fwd(q, k, v):
             return _cpu_attention(q, k, v, mask, scale)
     q, k, v = (torch.randn(*shape, dtype=tdt, device=ctx.device, requires_grad=True) for _ in range(3))
-    go = torch.randn(*shape, dtype=tdt, device=ctx.device)
-    with torch.no_grad():
+    out = fwd(q, k, v)
+    go = torch.randn(*out.shape, dtype=tdt, device=ctx.device)
+    if ctx.on_gpu:
+        with torch.no_grad():
+            tf_ = timeit(lambda: fwd(q, k, v), ctx)
+    else:  # as training runs it: with autograd recording (the in-place mask's clone happens here)
         tf_ = timeit(lambda: fwd(q, k, v), ctx)
 
     # the backward is timed alone over a retained graph, not as (fwd + bwd) - fwd: the difference
     # of two noisy timings went near zero on a loaded CPU and wrote backward rates 100-1000x too
     # high (e.g. 3.6 TFLOPS next to a 0.001 TFLOPS forward at seq 128, head_dim 16)
-    out = fwd(q, k, v)
     tb = timeit(lambda: torch.autograd.grad(out, (q, k, v), go, retain_graph=True), ctx)
     flops = (shape[0] * shape[1] if ctx.on_gpu else HEADS) * s * s * 2.0 * d
     rows = []
