@@ -230,8 +230,11 @@ def router_permutation(x: Inputs) -> FwdBwd:
     E, K = max(spec.num_experts, 1), max(spec.moe_router_topk, 1)
     router_f = (4.0 * Tsp * E * 6) / ops.bw["router"] + 2.0 * Tsp * E * h / (
         ops.router_gemm_bf16_tflops(Tsp, E, h) * 1e12 / FP32_ROUTER_GEMM_SLOWDOWN)
-    # permute (read Tsp rows, write the routed copies) and unpermute (the reverse)
-    perm_f = 2 * 2.0 * (Tsp + Tsp * K * x.imbalance) * h / ops.bw["permute"]
+    # permute (read Tsp rows, write the routed copies) and unpermute (the reverse); HybridEP
+    # permutes inside its dispatch and combine kernels (Megatron's fused_a2a calls
+    # dispatch_with_permute / combine_with_unpermute; Automodel docs/deepep_vs_hybridep_benchmark.md
+    # §5.2), so no separate pass
+    perm_f = 2 * 2.0 * (Tsp + Tsp * K * x.imbalance) * h / ops.bw["permute"] * (x.pa.dispatch != 3)
     return FwdBwd(router_f + perm_f, 2 * router_f + perm_f)
 
 
@@ -258,10 +261,13 @@ def _p_not_hit(total, local, k):
     return p
 
 
-def distinct_ranks(E, topk, ep):
-    """Expected number of distinct EP ranks a token's top-k experts land on (uniform routing)."""
+def distinct_ranks(spec, E, topk, ep):
+    """Expected number of distinct EP ranks a token's top-k experts land on: uniform routing, or
+    group-limited routing where the router groups align with the ranks (`distinct_domains` with
+    one rank per domain, the token's own rank counted like any other)."""
     ep = np.asarray(ep, float)
-    return ep * (1.0 - _p_not_hit(E, E / ep, topk))
+    others = distinct_domains(spec, E, topk, ep, np.ones_like(ep))
+    return np.where(ep > 1, others * ep / np.maximum(ep - 1.0, 1e-9), 1.0)
 
 
 def distinct_domains(spec, E, topk, ep, per):
@@ -292,15 +298,23 @@ def ep_dispatch_combine(x: Inputs, experts: RoutedExperts) -> FwdBwd:
     eti = pa.etp
     disp = pa.dispatch
     # copies of a token on the wire: topk (alltoall) or the distinct destination ranks (flex)
-    copies = np.where(disp >= 2, distinct_ranks(E, K, ep), float(K))
-    d_bytes = np.where((disp >= 2) & x.fp8, 1.0 + 4.0 / 128, 2.0) * Tsp * copies * h * imb
+    copies = np.where(disp >= 2, distinct_ranks(spec, E, K, ep), float(K))
+    tok_d = np.where((disp >= 2) & x.fp8, 1.0 + 4.0 / 128, 2.0) * h  # bytes per dispatched token
+    d_bytes = tok_d * Tsp * copies * imb
     c_bytes = 2.0 * Tsp * copies * h * imb
-    # cross-domain share: alltoall (NCCL) sends every copy; flex sends once per remote domain
+    # cross-domain share: alltoall (NCCL) sends every copy; flex sends once per remote domain.
+    # Flex rows count what DeepEP / HybridEP benchmarks count (`constants`, "DeepEP / HybridEP"):
+    # every received row on the NVLink leg, and one copy per domain reached, the token's own
+    # included (by symmetry it is hit as often as any other: all = remote x nd / (nd - 1)).
     _, per_ep = ops.scope(ep, eti)
     remote = distinct_domains(spec, E, K, ep, per_ep)
-    inter = np.where(disp >= 2, remote / np.maximum(copies, 1e-9),
-                     (ep - np.minimum(per_ep, ep)) / ep)
-    ep_d, ep_c = ops.ep_dispatch(disp, d_bytes, c_bytes, ep, eti, inter=inter)
+    nd = np.maximum(ep / np.maximum(np.minimum(per_ep, ep), 1.0), 1.0)
+    reached = remote * nd / np.maximum(nd - 1.0, 1e-9)
+    flex = disp >= 2
+    inter = np.where(flex, reached / np.maximum(copies, 1e-9), (ep - np.minimum(per_ep, ep)) / ep)
+    intra = np.where(flex, 1.0, (np.minimum(per_ep, ep) - 1) / ep)
+    ep_d, ep_c = ops.ep_dispatch(disp, d_bytes, c_bytes, ep, eti, inter=inter, intra=intra,
+                                 token_bytes=(tok_d, 2.0 * h + 0.0 * tok_d))
     # allgather dispatcher: every EP rank gathers all tokens of the group, reduce-scatters back
     ag = ops.collective("all_gather", 2.0 * Tsp * h * ep, ep, eti)
     rs = ops.collective("reduce_scatter", 2.0 * Tsp * h * ep, ep, eti)

@@ -111,6 +111,36 @@ FP8_QUANT_BYTES_PER_ELEMENT = (0.0, 2 + 2 + 1 + 1, 2 + 1 + 1, 2 + 1 + 1 + 2 * 4 
 MOE_KERNELS_AFTER_SYNC = 8
 D2H_SYNC_S = 10e-6
 
+# ---- DeepEP / HybridEP: what their bandwidth figures count, and the per-token cost ------------------
+# The `ep_dispatch` rows of the flex backends are the libraries' own benchmark figures, which count
+# per-token *deduplicated destination* bytes with the local rank / local node included (DeepEP
+# tests/test_internode.py: num_rdma_token_sent counts every node a token reaches, its own among
+# them; test_intranode.py: the received rows, the rank's own included; NVIDIA-NeMo/Automodel
+# docs/deepep_vs_hybridep_benchmark.md §2 "per-token deduplicated destination bytes, local rank
+# included"; the H100 EP16 figures of 80-86 GB/s exceed the 50 GB/s NIC, which only that counting
+# allows). The model therefore charges the same counted bytes: every received row on the NVLink
+# leg (in multi-node runs the RDMA peer forwards each remote token over NVLink too: Automodel §5.4,
+# HybridEP EP16 sustains 285.8 GB/s NVLink and 85.7 GB/s RDMA in one kernel) and, on the RDMA leg,
+# one copy per domain the token reaches, its own included.
+# Small tokens run below the large-token rate: the same benchmark at hidden 2048 (Qwen3-30B dims)
+# and 7168 (DeepSeek-V3 dims) fits t = tokens x c0 + bytes / peak per backend, leg and direction
+# (two points each; H100, 24 SMs except HybridEP RDMA at 7168, measured at 8 SMs where it already
+# saturates). c0 in seconds per counted token; FLEX_REF_TOKEN_BYTES are the token sizes of the
+# table rows (FP8 dispatch 7168 + 7168/128 x 4 B scales, BF16 combine 2 x 7168 B), at which the
+# correction is zero. The same c0 is used on other GPUs (no second measurement exists).
+#   HybridEP NVLink:  dispatch FP8 358 / 272 GB/s, combine 364 / 304  -> c0 2.6 / 3.1 ns
+#   HybridEP RDMA:    dispatch FP8 81.6 / 61.4,   combine 76.5 / 49.3  -> c0 11.9 / 41.4 ns
+#   DeepEP NVLink:    dispatch FP8 323 / 210,     combine 326 / 287    -> c0 4.9 / 2.4 ns
+#   DeepEP RDMA:      dispatch FP8 79.5 / 36.2,   combine 68.2 / 59.1  -> c0 44.5 / 12.9 ns
+# (rates at 7168 / 2048; copied into cost_model/data/ep_dispatch_combine_bandwidth.csv)
+FLEX_REF_TOKEN_BYTES = (7168 + 7168 / 128 * 4, 2 * 7168)  # (dispatch, combine)
+FLEX_PER_TOKEN_S = {  # (backend, leg): (dispatch, combine) seconds per counted token
+    ("hybridep", "scaleup"): (2.6e-9, 3.1e-9),
+    ("hybridep", "scaleout"): (11.9e-9, 41.4e-9),
+    ("deepep", "scaleup"): (4.9e-9, 2.4e-9),
+    ("deepep", "scaleout"): (44.5e-9, 12.9e-9),
+}
+
 # ---- memory: allocator and runtime reserve ---------------------------------------------------------
 # Share of HBM a plan may not count on: the CUDA context and cuBLAS/cuDNN workspaces (~1-2 GiB),
 # NCCL's per-communicator buffers and the PyTorch caching allocator's fragmentation. Megatron-core

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_model.constants import ATTN_BWD_FLOPS_FACTOR
+from cost_model.constants import ATTN_BWD_FLOPS_FACTOR, FLEX_PER_TOKEN_S, FLEX_REF_TOKEN_BYTES
 from specs.ranks import members_per_node, nodes_spanned
 
 
@@ -124,14 +124,17 @@ class TableOps:
             vol = nbytes
         return np.where(size > 1, vol / bw, 0.0)
 
-    def ep_dispatch(self, backend_code, nbytes_d, nbytes_c, ep, etp, inter=None):
+    def ep_dispatch(self, backend_code, nbytes_d, nbytes_c, ep, etp, inter=None, intra=None, token_bytes=None):
         """fwd seconds of (dispatch, combine) for per-GPU payloads (all copies). `inter`: the share of
-        the payload that crosses the scale-up domain (default: uniform, (ep - per)/ep); the share
-        that stays inside is (per - 1)/ep. Slower fabric sets the time."""
+        the payload charged on the scale-out fabric (default: uniform, (ep - per)/ep); `intra`: the
+        share charged on the scale-up fabric (default (per - 1)/ep). Slower fabric sets the time.
+        `token_bytes` = (dispatch, combine) bytes per token: the DeepEP / HybridEP rows then get the
+        per-token cost of tokens smaller than the rows' own (`constants` FLEX_PER_TOKEN_S)."""
         ep = np.asarray(ep, float)
         out, per = self.scope(ep, etp)
         per = np.minimum(per, ep)
-        intra = (per - 1) / ep
+        if intra is None:
+            intra = (per - 1) / ep
         if inter is None:
             inter = (ep - per) / ep
         tab = self.t["ep_dispatch"]
@@ -151,8 +154,19 @@ class TableOps:
             do = lk("scaleout", "dispatch_gbps") * 1e9
             co = lk("scaleout", "combine_gbps") * 1e9
             lat = np.where(out, lk("scaleout", "latency_us"), lk("scaleup", "latency_us")) * 1e-6
-            td = np.maximum(nbytes_d * intra / du, nbytes_d * inter / do) + lat
-            tc = np.maximum(nbytes_c * intra / cu, nbytes_c * inter / co) + lat
+            up_d, up_c = nbytes_d * intra / du, nbytes_c * intra / cu
+            out_d, out_c = nbytes_d * inter / do, nbytes_c * inter / co
+            if token_bytes is not None and (name, "scaleup") in FLEX_PER_TOKEN_S:
+                # t = tokens x c0 + bytes / peak, the table rate holding at the rows' token size
+                sd, sc = (np.maximum(np.asarray(b, float), 1.0) for b in token_bytes)
+                fd, fc = 1.0 - sd / FLEX_REF_TOKEN_BYTES[0], 1.0 - sc / FLEX_REF_TOKEN_BYTES[1]
+                (ud, uc), (od, oc) = FLEX_PER_TOKEN_S[(name, "scaleup")], FLEX_PER_TOKEN_S[(name, "scaleout")]
+                up_d = up_d + nbytes_d * intra / sd * ud * fd
+                up_c = up_c + nbytes_c * intra / sc * uc * fc
+                out_d = out_d + nbytes_d * inter / sd * od * fd
+                out_c = out_c + nbytes_c * inter / sc * oc * fc
+            td = np.maximum(up_d, out_d) + lat
+            tc = np.maximum(up_c, out_c) + lat
             res_d = np.where(sel, td, res_d)
             res_c = np.where(sel, tc, res_c)
         return np.where(ep > 1, res_d, 0.0), np.where(ep > 1, res_c, 0.0)
