@@ -133,3 +133,34 @@ def test_activation_offloading_trades_memory_for_pcie_time():
     assert c.peak_memory_gib == pytest.approx(d.peak_memory_gib)
     with pytest.raises(ValueError, match="offload_modules"):
         predict(w, p, calibration=IDENTITY, offload_modules=("bogus",))
+
+
+def test_flex_rdma_leg_counts_the_tokens_own_node_and_small_tokens_cost_more():
+    """DeepEP / HybridEP rows count one copy per node a token reaches, its own included
+    (constants "DeepEP / HybridEP"): on two nodes that doubles the RDMA bytes of the remote copies
+    alone. The per-token cost is zero at the rows' token size and positive below it."""
+    import numpy as np
+
+    from cost_model import resolve_tables
+    from cost_model.constants import FLEX_REF_TOKEN_BYTES
+    from cost_model.ops import TableOps
+    w = _w(gpus=16)
+    ops = TableOps(resolve_tables(w, None), w.cluster, np.array([False]))
+    ep, code = np.array([16.0]), np.array([3])
+    nb = np.array([1e8])
+    remote_only = ops.ep_dispatch(code, nb, nb, ep, 1, inter=np.array([0.5]), intra=np.array([0.0]))[0]
+    both_nodes = ops.ep_dispatch(code, nb, nb, ep, 1, inter=np.array([1.0]), intra=np.array([0.0]))[0]
+    lat = ops.ep_dispatch(code, 0 * nb, 0 * nb, ep, 1)[0]
+    assert (both_nodes - lat)[0] == pytest.approx(2 * (remote_only - lat)[0], rel=1e-9)
+    ref = [np.array([b]) for b in FLEX_REF_TOKEN_BYTES]
+    at_ref = ops.ep_dispatch(code, nb, nb, ep, 1, token_bytes=ref)
+    plain = ops.ep_dispatch(code, nb, nb, ep, 1)
+    assert at_ref[0][0] == pytest.approx(plain[0][0], rel=1e-12) and at_ref[1][0] == pytest.approx(plain[1][0], rel=1e-12)
+    small = ops.ep_dispatch(code, nb, nb, ep, 1, token_bytes=[r / 4 for r in ref])
+    assert small[0][0] > plain[0][0] and small[1][0] > plain[1][0]
+
+
+def test_hybridep_permutes_inside_its_kernels():
+    w = _w(gpus=16)
+    r = _bd(w, [Plan(ep=16, dispatcher="flex", flex_backend=b) for b in ("deepep", "hybridep")])["breakdown_s"]
+    assert r["router_permutation"][1] < r["router_permutation"][0]
