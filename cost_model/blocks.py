@@ -235,7 +235,15 @@ def router_permutation(x: Inputs) -> FwdBwd:
     # dispatch_with_permute / combine_with_unpermute; Automodel docs/deepep_vs_hybridep_benchmark.md
     # §5.2), so no separate pass
     perm_f = 2 * 2.0 * (Tsp + Tsp * K * x.imbalance) * h / ops.bw["permute"] * (x.pa.dispatch != 3)
-    return FwdBwd(router_f + perm_f, 2 * router_f + perm_f)
+    # the alltoall dispatcher regroups the received rows by local expert after the exchange and
+    # back before the combine (megatron-core 0.16.1 token_dispatcher.py MoEAlltoAllTokenDispatcher
+    # dispatch_postprocess / combine_preprocess: sort_chunks_by_idxs, or a transpose().contiguous()
+    # under drop-and-pad, when num_local_experts > 1): two passes reading and writing the R routed
+    # rows this GPU computes (ETP-gathered), fwd and (the inverse sorts) bwd
+    R = Tsp * K * x.imbalance * x.etp
+    regroup = (x.pa.dispatch == 0) & (E / x.ep > 1)
+    sort_f = 2 * 2 * 2.0 * R * h / ops.bw["permute"] * regroup
+    return FwdBwd(router_f + perm_f + sort_f, 2 * router_f + perm_f + sort_f)
 
 
 def shared_experts(x: Inputs, tp: TPComm) -> FwdBwd:
