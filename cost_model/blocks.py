@@ -16,10 +16,14 @@ from cost_model.constants import (
     ADAM_STEP_BYTES_PER_PARAM,
     CE_BWD_BYTES_PER_LOGIT,
     CE_FWD_BYTES_PER_LOGIT,
+    EXPERT_FC2_BIAS_BWD_BYTES_PER_ELEMENT,
+    EXPERT_FC2_BIAS_FWD_BYTES_PER_ELEMENT,
     D2H_SYNC_S,
     DDP_BUCKET_MIN_PARAMS,
     DDP_BUCKET_PARAMS_PER_DP_RANK,
     FP8_QUANT_BYTES_PER_ELEMENT,
+    GLU_CLAMP_BWD_BYTES_PER_ELEMENT,
+    GLU_CLAMP_FWD_BYTES_PER_ELEMENT,
     FP32_ROUTER_GEMM_SLOWDOWN,
     KERNELS_ATTENTION,
     KERNELS_CP_PER_STEP,
@@ -219,8 +223,17 @@ def routed_experts(x: Inputs) -> RoutedExperts:
     grouped = x.pa.grouped_gemm.astype(bool)
     e1 = ops.grouped(G, Me, nmat * fe / etp, h, grouped)
     e2 = ops.grouped(G, Me, h, fe / etp, grouped)
-    act_f = 3 * 2.0 * R * fe / etp / x.bw_elementwise
-    return RoutedExperts(e1[0] + e2[0] + act_f, e1[1] + e2[1] + 2 * act_f, act_f, R, Me, G)
+    BWe = x.bw_elementwise
+    act_f = 3 * 2.0 * R * fe / etp / BWe
+    act_b = 2 * act_f
+    if spec.activation_clamp and nmat == 2:  # the clamp runs unfused (`constants`, "GPT-OSS expert epilogues")
+        act_f = act_f + GLU_CLAMP_FWD_BYTES_PER_ELEMENT * R * 2 * fe / etp / BWe
+        act_b = act_b + GLU_CLAMP_BWD_BYTES_PER_ELEMENT * R * 2 * fe / etp / BWe
+    bias_f = bias_b = 0.0
+    if getattr(spec, "moe_expert_bias", False):  # fc2 bias added per expert in Python, outside the GEMM
+        bias_f = EXPERT_FC2_BIAS_FWD_BYTES_PER_ELEMENT * R * h / BWe
+        bias_b = EXPERT_FC2_BIAS_BWD_BYTES_PER_ELEMENT * R * h / BWe
+    return RoutedExperts(e1[0] + e2[0] + act_f + bias_f, e1[1] + e2[1] + act_b + bias_b, act_f, R, Me, G)
 
 
 def router_permutation(x: Inputs) -> FwdBwd:

@@ -53,6 +53,25 @@ CE_FWD_BYTES_PER_LOGIT = 2 + 4 + 4
 CE_BWD_BYTES_PER_LOGIT = 4 + 2 + 4
 CE_TRANSIENT_BYTES_PER_LOGIT = 2 + 4
 
+# ---- GPT-OSS expert epilogues (megatron-core 0.16.1, unchanged in 0.17.0/0.17.1) ----------------------
+# Bytes per element moved by passes that run outside the fused kernels, memory-bound at the
+# `membw` "elementwise" rate (bf16 tensors, 2 B; probs taken as bf16 too, a lower bound).
+# Clamped GLU (activation_clamp): fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl
+# (:424-432) clamps the two halves of the fc1 output [rows, 2 ffn] with two torch clamps and
+# torch.cat's them back before the fused activation: fwd = clamp (read 2 + write 2) + cat (read 2
+# + write 2) = 8 B per element of [rows, 2 ffn]; bwd = clamp backward (read grad, read input,
+# write grad: 6) + the chunk's backward cat of the two grads (4) = 10 B. Inside the "moe_act"
+# recompute checkpoint (transformer/moe/experts.py bias_act_func), so recomputed with it.
+GLU_CLAMP_FWD_BYTES_PER_ELEMENT = 2 + 2 + 2 + 2
+GLU_CLAMP_BWD_BYTES_PER_ELEMENT = 6 + 4
+# Expert fc2 bias (moe_expert_bias): TEGroupedMLP builds linear_fc2 with skip_bias_add=True
+# (transformer/moe/experts.py:571-572) and adds the prob-weighted bias per local expert in Python,
+# `torch.cat([t + b * p ...])` (experts.py:609-626 _apply_bias): fwd = b*p written (2) + add
+# (read 2 + 2, write 2) + cat (read 2, write 2) = 12 B per element of [rows, hidden]; bwd = the
+# mul's two reductions, grad*p and grad*b each written, read back and the grad read (2 x 6) = 12 B.
+EXPERT_FC2_BIAS_FWD_BYTES_PER_ELEMENT = 2 + 6 + 4
+EXPERT_FC2_BIAS_BWD_BYTES_PER_ELEMENT = 2 * 6
+
 # ---- CPU launch floor: structural kernel counts ---------------------------------------------------
 # Forward kernels per layer and microbatch that the CPU launch floor charges (backward = 2x, see
 # KERNEL_PASSES). Design choice: approximate counts of the ops Megatron-core's local layer spec
