@@ -420,7 +420,9 @@ def embedding(x: Inputs, tp: TPComm) -> FwdBwd:
 def lm_head_loss(x: Inputs, tp: TPComm, attn: Attention) -> FwdBwd:
     """Final norm, LM head GEMM and vocab-parallel cross-entropy (last stage)."""
     ops, T, V, tpd = x.ops, x.tokens, x.spec.vocab_size, x.tp
-    head = ops.gemm(T, V / tpd, x.hidden)
+    # the output layer is megatron-core's own ColumnParallelLinear, not a TransformerEngine module
+    # (models/gpt/gpt_model.py:241 in 0.16.1), so fp8 autocast leaves it in bf16
+    head = ops.gemm(T, V / tpd, x.hidden, bf16=True)
     ce_f = T * V / tpd * CE_FWD_BYTES_PER_LOGIT / ops.bw["cross_entropy"]
     ce_b = T * V / tpd * CE_BWD_BYTES_PER_LOGIT / ops.bw["cross_entropy"]
     return FwdBwd(head[0] + ce_f + tp.all_gather + attn.norm_f / 2, head[1] + ce_b + tp.reduce_scatter + attn.norm_f)

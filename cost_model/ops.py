@@ -50,7 +50,7 @@ class TableOps:
                 return np.asarray(sub)[inv] if np.ndim(sub) else np.full(n, float(sub))
         return fn(*arrays)
 
-    def _tf(self, fam, m, n, k, groups=None):
+    def _tf(self, fam, m, n, k, groups=None, bf16=False):
         tab = self.t[fam]
         if groups is None:
             look = lambda key: self._q(lambda m_, n_, k_: tab.lookup(key, m=m_, n=n_, k=k_), m, n, k)  # noqa: E731
@@ -58,17 +58,18 @@ class TableOps:
             look = lambda key: self._q(lambda g_, m_, n_, k_: tab.lookup(key, groups=g_, m=m_, n=n_, k=k_),  # noqa: E731
                                        groups, m, n, k)
         bf = look("bf16")
-        if not self.any_fp8:
+        if bf16 or not self.any_fp8:
             return bf
         f8 = look("fp8")
         return np.where(self.fp8, f8, bf)
 
-    def gemm(self, m, n, k):
-        """fwd, bwd seconds of one linear layer y[m,n] = x[m,k] w[k,n] (bwd = dgrad + wgrad)."""
+    def gemm(self, m, n, k, bf16=False):
+        """fwd, bwd seconds of one linear layer y[m,n] = x[m,k] w[k,n] (bwd = dgrad + wgrad);
+        `bf16`: a layer that stays bf16 under an fp8 recipe (not a TransformerEngine module)."""
         m, n, k = (np.maximum(np.asarray(x, float), 1.0) for x in (m, n, k))
         fl = 2.0 * m * n * k
-        f = fl / (self._tf("gemm", m, n, k) * 1e12)
-        b = fl / (self._tf("gemm", m, k, n) * 1e12) + fl / (self._tf("gemm", k, n, m) * 1e12)
+        f = fl / (self._tf("gemm", m, n, k, bf16=bf16) * 1e12)
+        b = fl / (self._tf("gemm", m, k, n, bf16=bf16) * 1e12) + fl / (self._tf("gemm", k, n, m, bf16=bf16) * 1e12)
         # fp8 operand casts are charged once, per recipe, in `blocks.fp8_quantize`
         return f, b
 
