@@ -87,6 +87,14 @@ class TableOps:
         b = np.where(use_grouped, gb, sb)
         return f, b
 
+    def fp8_cast(self, elements):
+        """Seconds of quantising `elements` bf16 activations to fp8 where the plan runs fp8 (read
+        2 B, write 1 B, memory-bound): the serving step's per-GEMM input cast. Training charges
+        its casts per recipe in `blocks.fp8_quantize` instead."""
+        if not self.any_fp8:
+            return 0.0
+        return self.fp8 * 3.0 * np.asarray(elements, float) / self.bw["elementwise"]
+
     def attention(self, flops_f, seq, head_dim):
         """fwd, bwd seconds of flash attention doing `flops_f` forward (causal) FLOPs."""
         tab = self.t["attention"]

@@ -164,3 +164,39 @@ def test_hybridep_permutes_inside_its_kernels():
     w = _w(gpus=16)
     r = _bd(w, [Plan(ep=16, dispatcher="flex", flex_backend=b) for b in ("deepep", "hybridep")])["breakdown_s"]
     assert r["router_permutation"][1] < r["router_permutation"][0]
+
+
+def test_fp8_gemm_carries_no_cast_of_its_own():
+    # the cast is charged once, in fp8_quantize: the fp8 GEMM time is FLOPs at the fp8 table rate
+    import numpy as np
+
+    from cost_model import resolve_tables
+    from cost_model.ops import TableOps
+    w = _w()
+    ops = TableOps(resolve_tables(w, None), w.cluster, np.array([True]))
+    m, n, k = (np.array([float(v)]) for v in (4096, 2048, 2048))
+    f8, _ = ops.gemm(m, n, k)
+    f16, _ = ops.gemm(m, n, k, bf16=True)
+    assert f8[0] < f16[0]
+    rate = ops.t["gemm"].lookup("fp8", m=m, n=n, k=k)
+    assert f8[0] == pytest.approx(float(2.0 * 4096 * 2048 * 2048 / (np.ravel(rate)[0] * 1e12)), rel=1e-12)
+
+
+def test_alltoall_regroup_by_local_expert_only_with_several_local_experts():
+    w = _w()
+    rp = _bd(w, [Plan(ep=8), Plan(ep=8, dispatcher="flex", flex_backend="deepep")])["breakdown_s"]["router_permutation"]
+    assert rp[0] > rp[1]  # alltoall pays the two sort_chunks passes; DeepEP does not
+    one = _w(num_experts=16)  # EP16 of 16 experts: one local expert, no regroup
+    r1 = _bd(one, [Plan(ep=16), Plan(ep=16, dispatcher="flex", flex_backend="deepep")])["breakdown_s"]["router_permutation"]
+    assert r1[0] == pytest.approx(r1[1], rel=1e-12)
+
+
+def test_gpt_oss_clamp_and_expert_bias_are_priced_and_the_head_stays_bf16():
+    plan = Plan(pp=4, ep=8, recompute="selective", recompute_modules=("layernorm", "moe_act"))
+    kw = dict(model="gpt-oss-120b", gpus=64, gbs=64)
+    full = _bd(_w(**kw), [plan])["breakdown_s"]
+    plain = _bd(_w(**kw, activation_clamp=0.0, moe_expert_bias=False), [plan])["breakdown_s"]
+    assert full["expert_gemm"][0] > plain["expert_gemm"][0]
+    assert full["recompute"][0] > plain["recompute"][0]  # the clamp re-runs inside moe_act's checkpoint
+    head = [_bd(_w(), [Plan(ep=16, precision=p)])["breakdown_s"]["lm_head_ce"][0] for p in ("bf16", "fp8-tensorwise")]
+    assert head[1] == pytest.approx(head[0], rel=1e-12)
