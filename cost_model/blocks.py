@@ -19,8 +19,12 @@ from cost_model.constants import (
     D2H_SYNC_S,
     DDP_BUCKET_MIN_PARAMS,
     DDP_BUCKET_PARAMS_PER_DP_RANK,
+    EXPERT_FC2_BIAS_BWD_BYTES_PER_ELEMENT,
+    EXPERT_FC2_BIAS_FWD_BYTES_PER_ELEMENT,
     FP8_QUANT_BYTES_PER_ELEMENT,
     FP32_ROUTER_GEMM_SLOWDOWN,
+    GLU_CLAMP_BWD_BYTES_PER_ELEMENT,
+    GLU_CLAMP_FWD_BYTES_PER_ELEMENT,
     KERNELS_ATTENTION,
     KERNELS_CP_PER_STEP,
     KERNELS_DENSE_MLP,
@@ -219,8 +223,17 @@ def routed_experts(x: Inputs) -> RoutedExperts:
     grouped = x.pa.grouped_gemm.astype(bool)
     e1 = ops.grouped(G, Me, nmat * fe / etp, h, grouped)
     e2 = ops.grouped(G, Me, h, fe / etp, grouped)
-    act_f = 3 * 2.0 * R * fe / etp / x.bw_elementwise
-    return RoutedExperts(e1[0] + e2[0] + act_f, e1[1] + e2[1] + 2 * act_f, act_f, R, Me, G)
+    BWe = x.bw_elementwise
+    act_f = 3 * 2.0 * R * fe / etp / BWe
+    act_b = 2 * act_f
+    if spec.activation_clamp and nmat == 2:  # the clamp runs unfused (`constants`, "GPT-OSS expert epilogues")
+        act_f = act_f + GLU_CLAMP_FWD_BYTES_PER_ELEMENT * R * 2 * fe / etp / BWe
+        act_b = act_b + GLU_CLAMP_BWD_BYTES_PER_ELEMENT * R * 2 * fe / etp / BWe
+    bias_f = bias_b = 0.0
+    if getattr(spec, "moe_expert_bias", False):  # fc2 bias added per expert in Python, outside the GEMM
+        bias_f = EXPERT_FC2_BIAS_FWD_BYTES_PER_ELEMENT * R * h / BWe
+        bias_b = EXPERT_FC2_BIAS_BWD_BYTES_PER_ELEMENT * R * h / BWe
+    return RoutedExperts(e1[0] + e2[0] + act_f + bias_f, e1[1] + e2[1] + act_b + bias_b, act_f, R, Me, G)
 
 
 def router_permutation(x: Inputs) -> FwdBwd:
@@ -230,9 +243,20 @@ def router_permutation(x: Inputs) -> FwdBwd:
     E, K = max(spec.num_experts, 1), max(spec.moe_router_topk, 1)
     router_f = (4.0 * Tsp * E * 6) / ops.bw["router"] + 2.0 * Tsp * E * h / (
         ops.router_gemm_bf16_tflops(Tsp, E, h) * 1e12 / FP32_ROUTER_GEMM_SLOWDOWN)
-    # permute (read Tsp rows, write the routed copies) and unpermute (the reverse)
-    perm_f = 2 * 2.0 * (Tsp + Tsp * K * x.imbalance) * h / ops.bw["permute"]
-    return FwdBwd(router_f + perm_f, 2 * router_f + perm_f)
+    # permute (read Tsp rows, write the routed copies) and unpermute (the reverse); HybridEP
+    # permutes inside its dispatch and combine kernels (Megatron's fused_a2a calls
+    # dispatch_with_permute / combine_with_unpermute; Automodel docs/deepep_vs_hybridep_benchmark.md
+    # §5.2), so no separate pass
+    perm_f = 2 * 2.0 * (Tsp + Tsp * K * x.imbalance) * h / ops.bw["permute"] * (x.pa.dispatch != 3)
+    # the alltoall dispatcher regroups the received rows by local expert after the exchange and
+    # back before the combine (megatron-core 0.16.1 token_dispatcher.py MoEAlltoAllTokenDispatcher
+    # dispatch_postprocess / combine_preprocess: sort_chunks_by_idxs, or a transpose().contiguous()
+    # under drop-and-pad, when num_local_experts > 1): two passes reading and writing the R routed
+    # rows this GPU computes (ETP-gathered), fwd and (the inverse sorts) bwd
+    R = Tsp * K * x.imbalance * x.etp
+    regroup = (x.pa.dispatch == 0) & (E / x.ep > 1)
+    sort_f = 2 * 2 * 2.0 * R * h / ops.bw["permute"] * regroup
+    return FwdBwd(router_f + perm_f + sort_f, 2 * router_f + perm_f + sort_f)
 
 
 def shared_experts(x: Inputs, tp: TPComm) -> FwdBwd:
@@ -258,10 +282,13 @@ def _p_not_hit(total, local, k):
     return p
 
 
-def distinct_ranks(E, topk, ep):
-    """Expected number of distinct EP ranks a token's top-k experts land on (uniform routing)."""
+def distinct_ranks(spec, E, topk, ep):
+    """Expected number of distinct EP ranks a token's top-k experts land on: uniform routing, or
+    group-limited routing where the router groups align with the ranks (`distinct_domains` with
+    one rank per domain, the token's own rank counted like any other)."""
     ep = np.asarray(ep, float)
-    return ep * (1.0 - _p_not_hit(E, E / ep, topk))
+    others = distinct_domains(spec, E, topk, ep, np.ones_like(ep))
+    return np.where(ep > 1, others * ep / np.maximum(ep - 1.0, 1e-9), 1.0)
 
 
 def distinct_domains(spec, E, topk, ep, per):
@@ -292,15 +319,23 @@ def ep_dispatch_combine(x: Inputs, experts: RoutedExperts) -> FwdBwd:
     eti = pa.etp
     disp = pa.dispatch
     # copies of a token on the wire: topk (alltoall) or the distinct destination ranks (flex)
-    copies = np.where(disp >= 2, distinct_ranks(E, K, ep), float(K))
-    d_bytes = np.where((disp >= 2) & x.fp8, 1.0 + 4.0 / 128, 2.0) * Tsp * copies * h * imb
+    copies = np.where(disp >= 2, distinct_ranks(spec, E, K, ep), float(K))
+    tok_d = np.where((disp >= 2) & x.fp8, 1.0 + 4.0 / 128, 2.0) * h  # bytes per dispatched token
+    d_bytes = tok_d * Tsp * copies * imb
     c_bytes = 2.0 * Tsp * copies * h * imb
-    # cross-domain share: alltoall (NCCL) sends every copy; flex sends once per remote domain
+    # cross-domain share: alltoall (NCCL) sends every copy; flex sends once per remote domain.
+    # Flex rows count what DeepEP / HybridEP benchmarks count (`constants`, "DeepEP / HybridEP"):
+    # every received row on the NVLink leg, and one copy per domain reached, the token's own
+    # included (by symmetry it is hit as often as any other: all = remote x nd / (nd - 1)).
     _, per_ep = ops.scope(ep, eti)
     remote = distinct_domains(spec, E, K, ep, per_ep)
-    inter = np.where(disp >= 2, remote / np.maximum(copies, 1e-9),
-                     (ep - np.minimum(per_ep, ep)) / ep)
-    ep_d, ep_c = ops.ep_dispatch(disp, d_bytes, c_bytes, ep, eti, inter=inter)
+    nd = np.maximum(ep / np.maximum(np.minimum(per_ep, ep), 1.0), 1.0)
+    reached = remote * nd / np.maximum(nd - 1.0, 1e-9)
+    flex = disp >= 2
+    inter = np.where(flex, reached / np.maximum(copies, 1e-9), (ep - np.minimum(per_ep, ep)) / ep)
+    intra = np.where(flex, 1.0, (np.minimum(per_ep, ep) - 1) / ep)
+    ep_d, ep_c = ops.ep_dispatch(disp, d_bytes, c_bytes, ep, eti, inter=inter, intra=intra,
+                                 token_bytes=(tok_d, 2.0 * h + 0.0 * tok_d))
     # allgather dispatcher: every EP rank gathers all tokens of the group, reduce-scatters back
     ag = ops.collective("all_gather", 2.0 * Tsp * h * ep, ep, eti)
     rs = ops.collective("reduce_scatter", 2.0 * Tsp * h * ep, ep, eti)
@@ -385,7 +420,9 @@ def embedding(x: Inputs, tp: TPComm) -> FwdBwd:
 def lm_head_loss(x: Inputs, tp: TPComm, attn: Attention) -> FwdBwd:
     """Final norm, LM head GEMM and vocab-parallel cross-entropy (last stage)."""
     ops, T, V, tpd = x.ops, x.tokens, x.spec.vocab_size, x.tp
-    head = ops.gemm(T, V / tpd, x.hidden)
+    # the output layer is megatron-core's own ColumnParallelLinear, not a TransformerEngine module
+    # (models/gpt/gpt_model.py:241 in 0.16.1), so fp8 autocast leaves it in bf16
+    head = ops.gemm(T, V / tpd, x.hidden, bf16=True)
     ce_f = T * V / tpd * CE_FWD_BYTES_PER_LOGIT / ops.bw["cross_entropy"]
     ce_b = T * V / tpd * CE_BWD_BYTES_PER_LOGIT / ops.bw["cross_entropy"]
     return FwdBwd(head[0] + ce_f + tp.all_gather + attn.norm_f / 2, head[1] + ce_b + tp.reduce_scatter + attn.norm_f)

@@ -72,7 +72,12 @@ EP_ROWS = {  # backend, scope -> {ep: (dispatch, combine, ref fabric GB/s, sourc
                                 "NVIDIA-NeMo/Automodel docs/deepep_vs_hybridep_benchmark.md (H100 EP8, 24 SMs)")},
     ("hybridep", "scaleup"): {8: (358.0, 364.0, 450.0,
                                   "NVIDIA-NeMo/Automodel docs/deepep_vs_hybridep_benchmark.md (H100 EP8, 24 SMs)")},
-    ("deepep", "scaleout"): {16: (43.0, 43.0, 50.0, "deepseek-ai/DeepEP README @de8cfca (H800 RDMA EP16)"),
+    # EP16: the H100 measurement of the same library (counted bytes, local node included: see
+    # cost_model/constants.py "DeepEP / HybridEP"). The README's H800 EP16 figure (43 GB/s) is not
+    # used: under that counting half of an EP16 payload stays on the node, so 43 would mean ~22 GB/s
+    # on the NIC, half of what the README's own EP32 / EP64 rows imply (58 x 3/4, 51 x ~7/8 ~ 43).
+    ("deepep", "scaleout"): {16: (79.5, 68.2, 50.0,
+                                  "NVIDIA-NeMo/Automodel docs/deepep_vs_hybridep_benchmark.md (H100 RDMA EP16, 24 SMs)"),
                              32: (58.0, 57.0, 50.0, "deepseek-ai/DeepEP README @de8cfca (H800 RDMA EP32)"),
                              64: (51.0, 50.0, 50.0, "deepseek-ai/DeepEP README @de8cfca (H800 RDMA EP64)")},
 }

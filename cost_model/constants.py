@@ -53,6 +53,25 @@ CE_FWD_BYTES_PER_LOGIT = 2 + 4 + 4
 CE_BWD_BYTES_PER_LOGIT = 4 + 2 + 4
 CE_TRANSIENT_BYTES_PER_LOGIT = 2 + 4
 
+# ---- GPT-OSS expert epilogues (megatron-core 0.16.1, unchanged in 0.17.0/0.17.1) ----------------------
+# Bytes per element moved by passes that run outside the fused kernels, memory-bound at the
+# `membw` "elementwise" rate (bf16 tensors, 2 B; probs taken as bf16 too, a lower bound).
+# Clamped GLU (activation_clamp): fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl
+# (:424-432) clamps the two halves of the fc1 output [rows, 2 ffn] with two torch clamps and
+# torch.cat's them back before the fused activation: fwd = clamp (read 2 + write 2) + cat (read 2
+# + write 2) = 8 B per element of [rows, 2 ffn]; bwd = clamp backward (read grad, read input,
+# write grad: 6) + the chunk's backward cat of the two grads (4) = 10 B. Inside the "moe_act"
+# recompute checkpoint (transformer/moe/experts.py bias_act_func), so recomputed with it.
+GLU_CLAMP_FWD_BYTES_PER_ELEMENT = 2 + 2 + 2 + 2
+GLU_CLAMP_BWD_BYTES_PER_ELEMENT = 6 + 4
+# Expert fc2 bias (moe_expert_bias): TEGroupedMLP builds linear_fc2 with skip_bias_add=True
+# (transformer/moe/experts.py:571-572) and adds the prob-weighted bias per local expert in Python,
+# `torch.cat([t + b * p ...])` (experts.py:609-626 _apply_bias): fwd = b*p written (2) + add
+# (read 2 + 2, write 2) + cat (read 2, write 2) = 12 B per element of [rows, hidden]; bwd = the
+# mul's two reductions, grad*p and grad*b each written, read back and the grad read (2 x 6) = 12 B.
+EXPERT_FC2_BIAS_FWD_BYTES_PER_ELEMENT = 2 + 6 + 4
+EXPERT_FC2_BIAS_BWD_BYTES_PER_ELEMENT = 2 * 6
+
 # ---- CPU launch floor: structural kernel counts ---------------------------------------------------
 # Forward kernels per layer and microbatch that the CPU launch floor charges (backward = 2x, see
 # KERNEL_PASSES). Design choice: approximate counts of the ops Megatron-core's local layer spec
@@ -110,6 +129,36 @@ FP8_QUANT_BYTES_PER_ELEMENT = (0.0, 2 + 2 + 1 + 1, 2 + 1 + 1, 2 + 1 + 1 + 2 * 4 
 # "Data Transfer Between Host and Device": small transfers are latency-bound at ~10 us).
 MOE_KERNELS_AFTER_SYNC = 8
 D2H_SYNC_S = 10e-6
+
+# ---- DeepEP / HybridEP: what their bandwidth figures count, and the per-token cost ------------------
+# The `ep_dispatch` rows of the flex backends are the libraries' own benchmark figures, which count
+# per-token *deduplicated destination* bytes with the local rank / local node included (DeepEP
+# tests/test_internode.py: num_rdma_token_sent counts every node a token reaches, its own among
+# them; test_intranode.py: the received rows, the rank's own included; NVIDIA-NeMo/Automodel
+# docs/deepep_vs_hybridep_benchmark.md §2 "per-token deduplicated destination bytes, local rank
+# included"; the H100 EP16 figures of 80-86 GB/s exceed the 50 GB/s NIC, which only that counting
+# allows). The model therefore charges the same counted bytes: every received row on the NVLink
+# leg (in multi-node runs the RDMA peer forwards each remote token over NVLink too: Automodel §5.4,
+# HybridEP EP16 sustains 285.8 GB/s NVLink and 85.7 GB/s RDMA in one kernel) and, on the RDMA leg,
+# one copy per domain the token reaches, its own included.
+# Small tokens run below the large-token rate: the same benchmark at hidden 2048 (Qwen3-30B dims)
+# and 7168 (DeepSeek-V3 dims) fits t = tokens x c0 + bytes / peak per backend, leg and direction
+# (two points each; H100, 24 SMs except HybridEP RDMA at 7168, measured at 8 SMs where it already
+# saturates). c0 in seconds per counted token; FLEX_REF_TOKEN_BYTES are the token sizes of the
+# table rows (FP8 dispatch 7168 + 7168/128 x 4 B scales, BF16 combine 2 x 7168 B), at which the
+# correction is zero. The same c0 is used on other GPUs (no second measurement exists).
+#   HybridEP NVLink:  dispatch FP8 358 / 272 GB/s, combine 364 / 304  -> c0 2.6 / 3.1 ns
+#   HybridEP RDMA:    dispatch FP8 81.6 / 61.4,   combine 76.5 / 49.3  -> c0 11.9 / 41.4 ns
+#   DeepEP NVLink:    dispatch FP8 323 / 210,     combine 326 / 287    -> c0 4.9 / 2.4 ns
+#   DeepEP RDMA:      dispatch FP8 79.5 / 36.2,   combine 68.2 / 59.1  -> c0 44.5 / 12.9 ns
+# (rates at 7168 / 2048; copied into cost_model/data/ep_dispatch_combine_bandwidth.csv)
+FLEX_REF_TOKEN_BYTES = (7168 + 7168 / 128 * 4, 2 * 7168)  # (dispatch, combine)
+FLEX_PER_TOKEN_S = {  # (backend, leg): (dispatch, combine) seconds per counted token
+    ("hybridep", "scaleup"): (2.6e-9, 3.1e-9),
+    ("hybridep", "scaleout"): (11.9e-9, 41.4e-9),
+    ("deepep", "scaleup"): (4.9e-9, 2.4e-9),
+    ("deepep", "scaleout"): (44.5e-9, 12.9e-9),
+}
 
 # ---- memory: allocator and runtime reserve ---------------------------------------------------------
 # Share of HBM a plan may not count on: the CUDA context and cuBLAS/cuDNN workspaces (~1-2 GiB),

@@ -42,11 +42,17 @@ OVERRIDES = {
         "moe_router_force_load_balancing=True)"),
     ("gpt-oss-120b", "h100-sxm", "26.04.01"): (
         dict(dispatcher="alltoall", recompute="selective", recompute_modules=("layernorm", "moe_act")),
-        dict(window_size=128, window_attn_skip_freq=2, attention_sinks=True), {},
+        dict(window_size=128, window_attn_skip_freq=2, attention_sinks=True, moe_expert_bias=True),
+        dict(grad_reduce_in_fp32=False),
         MB + "gpt_oss/gpt_oss_workload_base_configs.py GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V2 "
-        "(PP4 EP8 MBS1 GBS1280, recompute_modules=[layernorm, moe_act]); dispatcher alltoall from "
-        "src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py (moe_token_dispatcher_type=alltoall); "
-        "attention: " + HF_GPT_OSS),
+        "(PP4 EP8 MBS1 GBS1280, recompute_modules=[layernorm, moe_act]); gpt_oss/gpt_oss_llm_pretrain.py "
+        "set_gpt_oss_common_configs (ddp.grad_reduce_in_fp32=False, moe_router_force_load_balancing=True) "
+        "(both at Megatron-Bridge c8327cfc2^, before the perf configs moved to src/megatron/bridge/perf_recipes); "
+        "dispatcher alltoall, bias_activation_fusion=True, add_bias_linear=True, clamp 7.0, softmax_type="
+        "learnable from src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py:68-97; the base recipe "
+        "(src/megatron/bridge/recipes/gpt_oss/h100/gpt_oss.py:180,193-194) sets no pipeline layout and "
+        "account_for_embedding/loss_in_pipeline_split=False, so the LM head sits on the last of 4 even "
+        "stages as the model places it; attention: " + HF_GPT_OSS),
     ("qwen3-30b-a3b", "h100-sxm", "25.09"): (
         dict(dispatcher="alltoall", precision="fp8-delayed"), {}, dict(grad_reduce_in_fp32=False),
         "25.09 row says 'token drop': Megatron drop-and-pad (capacity factor) needs the alltoall/"

@@ -24,7 +24,9 @@ this module gathers the inputs, calls the blocks and assembles the step:
   and cross-domain bytes go over their own fabric (`ep_dispatch`), slower one sets the time.
   Cross-domain bytes: NCCL alltoall ships every copy bound for another node; flex ships a token
   once per remote scale-up domain over RDMA and fans out over NVLink there (`blocks.distinct_domains`,
-  group-limited routing aware), which is what the DeepEP RDMA bandwidth rows measure.
+  group-limited routing aware). Flex is charged the bytes the DeepEP / HybridEP benchmarks count
+  (every received row on NVLink, one copy per domain reached incl. the token's own on RDMA) plus a
+  per-token cost for tokens smaller than the rows' (`constants` "DeepEP / HybridEP").
 * Pipeline: per-stage microbatch time (layers of the stage, embedding on the first, LM head + CE
   on the last, explicit layouts / uneven stages via `specs.pipeline`), the slowest stage sets the
   pace: step = (m + (pp-1)/vpp) * C_max (1F1B / interleaved bubble), plus exposed PP p2p.

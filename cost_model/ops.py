@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_model.constants import ATTN_BWD_FLOPS_FACTOR
+from cost_model.constants import ATTN_BWD_FLOPS_FACTOR, FLEX_PER_TOKEN_S, FLEX_REF_TOKEN_BYTES
 from specs.ranks import members_per_node, nodes_spanned
 
 
@@ -50,7 +50,7 @@ class TableOps:
                 return np.asarray(sub)[inv] if np.ndim(sub) else np.full(n, float(sub))
         return fn(*arrays)
 
-    def _tf(self, fam, m, n, k, groups=None):
+    def _tf(self, fam, m, n, k, groups=None, bf16=False):
         tab = self.t[fam]
         if groups is None:
             look = lambda key: self._q(lambda m_, n_, k_: tab.lookup(key, m=m_, n=n_, k=k_), m, n, k)  # noqa: E731
@@ -58,20 +58,19 @@ class TableOps:
             look = lambda key: self._q(lambda g_, m_, n_, k_: tab.lookup(key, groups=g_, m=m_, n=n_, k=k_),  # noqa: E731
                                        groups, m, n, k)
         bf = look("bf16")
-        if not self.any_fp8:
+        if bf16 or not self.any_fp8:
             return bf
         f8 = look("fp8")
         return np.where(self.fp8, f8, bf)
 
-    def gemm(self, m, n, k):
-        """fwd, bwd seconds of one linear layer y[m,n] = x[m,k] w[k,n] (bwd = dgrad + wgrad)."""
+    def gemm(self, m, n, k, bf16=False):
+        """fwd, bwd seconds of one linear layer y[m,n] = x[m,k] w[k,n] (bwd = dgrad + wgrad);
+        `bf16`: a layer that stays bf16 under an fp8 recipe (not a TransformerEngine module)."""
         m, n, k = (np.maximum(np.asarray(x, float), 1.0) for x in (m, n, k))
         fl = 2.0 * m * n * k
-        f = fl / (self._tf("gemm", m, n, k) * 1e12)
-        b = fl / (self._tf("gemm", m, k, n) * 1e12) + fl / (self._tf("gemm", k, n, m) * 1e12)
-        if self.any_fp8:  # quantise activations (fwd) and output grads (bwd): read 2 B, write 1 B
-            f = f + self.fp8 * 3.0 * m * k / self.bw["elementwise"]
-            b = b + self.fp8 * 3.0 * m * n / self.bw["elementwise"]
+        f = fl / (self._tf("gemm", m, n, k, bf16=bf16) * 1e12)
+        b = fl / (self._tf("gemm", m, k, n, bf16=bf16) * 1e12) + fl / (self._tf("gemm", k, n, m, bf16=bf16) * 1e12)
+        # fp8 operand casts are charged once, per recipe, in `blocks.fp8_quantize`
         return f, b
 
     def grouped(self, g, m, n, k, use_grouped):
@@ -86,10 +85,15 @@ class TableOps:
         sf, sb = sf * g, sb * g
         f = np.where(use_grouped, gf, sf)
         b = np.where(use_grouped, gb, sb)
-        if self.any_fp8:
-            f = f + self.fp8 * 3.0 * g * m * k / self.bw["elementwise"]
-            b = b + self.fp8 * 3.0 * g * m * n / self.bw["elementwise"]
         return f, b
+
+    def fp8_cast(self, elements):
+        """Seconds of quantising `elements` bf16 activations to fp8 where the plan runs fp8 (read
+        2 B, write 1 B, memory-bound): the serving step's per-GEMM input cast. Training charges
+        its casts per recipe in `blocks.fp8_quantize` instead."""
+        if not self.any_fp8:
+            return 0.0
+        return self.fp8 * 3.0 * np.asarray(elements, float) / self.bw["elementwise"]
 
     def attention(self, flops_f, seq, head_dim):
         """fwd, bwd seconds of flash attention doing `flops_f` forward (causal) FLOPs."""
@@ -124,14 +128,17 @@ class TableOps:
             vol = nbytes
         return np.where(size > 1, vol / bw, 0.0)
 
-    def ep_dispatch(self, backend_code, nbytes_d, nbytes_c, ep, etp, inter=None):
+    def ep_dispatch(self, backend_code, nbytes_d, nbytes_c, ep, etp, inter=None, intra=None, token_bytes=None):
         """fwd seconds of (dispatch, combine) for per-GPU payloads (all copies). `inter`: the share of
-        the payload that crosses the scale-up domain (default: uniform, (ep - per)/ep); the share
-        that stays inside is (per - 1)/ep. Slower fabric sets the time."""
+        the payload charged on the scale-out fabric (default: uniform, (ep - per)/ep); `intra`: the
+        share charged on the scale-up fabric (default (per - 1)/ep). Slower fabric sets the time.
+        `token_bytes` = (dispatch, combine) bytes per token: the DeepEP / HybridEP rows then get the
+        per-token cost of tokens smaller than the rows' own (`constants` FLEX_PER_TOKEN_S)."""
         ep = np.asarray(ep, float)
         out, per = self.scope(ep, etp)
         per = np.minimum(per, ep)
-        intra = (per - 1) / ep
+        if intra is None:
+            intra = (per - 1) / ep
         if inter is None:
             inter = (ep - per) / ep
         tab = self.t["ep_dispatch"]
@@ -151,8 +158,19 @@ class TableOps:
             do = lk("scaleout", "dispatch_gbps") * 1e9
             co = lk("scaleout", "combine_gbps") * 1e9
             lat = np.where(out, lk("scaleout", "latency_us"), lk("scaleup", "latency_us")) * 1e-6
-            td = np.maximum(nbytes_d * intra / du, nbytes_d * inter / do) + lat
-            tc = np.maximum(nbytes_c * intra / cu, nbytes_c * inter / co) + lat
+            up_d, up_c = nbytes_d * intra / du, nbytes_c * intra / cu
+            out_d, out_c = nbytes_d * inter / do, nbytes_c * inter / co
+            if token_bytes is not None and (name, "scaleup") in FLEX_PER_TOKEN_S:
+                # t = tokens x c0 + bytes / peak, the table rate holding at the rows' token size
+                sd, sc = (np.maximum(np.asarray(b, float), 1.0) for b in token_bytes)
+                fd, fc = 1.0 - sd / FLEX_REF_TOKEN_BYTES[0], 1.0 - sc / FLEX_REF_TOKEN_BYTES[1]
+                (ud, uc), (od, oc) = FLEX_PER_TOKEN_S[(name, "scaleup")], FLEX_PER_TOKEN_S[(name, "scaleout")]
+                up_d = up_d + nbytes_d * intra / sd * ud * fd
+                up_c = up_c + nbytes_c * intra / sc * uc * fc
+                out_d = out_d + nbytes_d * inter / sd * od * fd
+                out_c = out_c + nbytes_c * inter / sc * oc * fc
+            td = np.maximum(up_d, out_d) + lat
+            tc = np.maximum(up_c, out_c) + lat
             res_d = np.where(sel, td, res_d)
             res_c = np.where(sel, tc, res_c)
         return np.where(ep > 1, res_d, 0.0), np.where(ep > 1, res_c, 0.0)

@@ -201,7 +201,8 @@ def _numerics(c: _Cfg, arch: str, is_mla: bool, num_layers: int) -> dict:
                  yarn_beta_fast=float(rs.get("beta_fast", 32.0)), yarn_beta_slow=float(rs.get("beta_slow", 1.0)))
     if arch == "GptOssForCausalLM":  # GptOssExperts: (up + 1) * gate * sigmoid(1.702 gate), clamped
         d.update(activation="quick-geglu", glu_linear_offset=1.0,
-                 activation_clamp=float(c.get("swiglu_limit", 7.0)), attention_sinks=True)
+                 activation_clamp=float(c.get("swiglu_limit", 7.0)), attention_sinks=True,
+                 moe_expert_bias=True)
     types = c.get("layer_types") or []
     if c.get("sliding_window") and "sliding_attention" in types and len(types) == num_layers:
         full = [i + 1 for i, t in enumerate(types) if t != "sliding_attention"]  # 1-indexed

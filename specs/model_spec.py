@@ -44,6 +44,7 @@ class ModelSpec:
     moe_router_num_groups: int = 0
     moe_router_group_topk: int = 0
     attention_bias: bool = False
+    moe_expert_bias: bool = False  # biases on the expert linears (GPT-OSS; Megatron add_bias_linear)
     seq_length: int = 4096
     max_position_embeddings: int = 0
     # Architecture details that change the cost or the emitted flags (0 / False = absent).

@@ -133,3 +133,70 @@ def test_activation_offloading_trades_memory_for_pcie_time():
     assert c.peak_memory_gib == pytest.approx(d.peak_memory_gib)
     with pytest.raises(ValueError, match="offload_modules"):
         predict(w, p, calibration=IDENTITY, offload_modules=("bogus",))
+
+
+def test_flex_rdma_leg_counts_the_tokens_own_node_and_small_tokens_cost_more():
+    """DeepEP / HybridEP rows count one copy per node a token reaches, its own included
+    (constants "DeepEP / HybridEP"): on two nodes that doubles the RDMA bytes of the remote copies
+    alone. The per-token cost is zero at the rows' token size and positive below it."""
+    import numpy as np
+
+    from cost_model import resolve_tables
+    from cost_model.constants import FLEX_REF_TOKEN_BYTES
+    from cost_model.ops import TableOps
+    w = _w(gpus=16)
+    ops = TableOps(resolve_tables(w, None), w.cluster, np.array([False]))
+    ep, code = np.array([16.0]), np.array([3])
+    nb = np.array([1e8])
+    remote_only = ops.ep_dispatch(code, nb, nb, ep, 1, inter=np.array([0.5]), intra=np.array([0.0]))[0]
+    both_nodes = ops.ep_dispatch(code, nb, nb, ep, 1, inter=np.array([1.0]), intra=np.array([0.0]))[0]
+    lat = ops.ep_dispatch(code, 0 * nb, 0 * nb, ep, 1)[0]
+    assert (both_nodes - lat)[0] == pytest.approx(2 * (remote_only - lat)[0], rel=1e-9)
+    ref = [np.array([b]) for b in FLEX_REF_TOKEN_BYTES]
+    at_ref = ops.ep_dispatch(code, nb, nb, ep, 1, token_bytes=ref)
+    plain = ops.ep_dispatch(code, nb, nb, ep, 1)
+    assert at_ref[0][0] == pytest.approx(plain[0][0], rel=1e-12) and at_ref[1][0] == pytest.approx(plain[1][0], rel=1e-12)
+    small = ops.ep_dispatch(code, nb, nb, ep, 1, token_bytes=[r / 4 for r in ref])
+    assert small[0][0] > plain[0][0] and small[1][0] > plain[1][0]
+
+
+def test_hybridep_permutes_inside_its_kernels():
+    w = _w(gpus=16)
+    r = _bd(w, [Plan(ep=16, dispatcher="flex", flex_backend=b) for b in ("deepep", "hybridep")])["breakdown_s"]
+    assert r["router_permutation"][1] < r["router_permutation"][0]
+
+
+def test_fp8_gemm_carries_no_cast_of_its_own():
+    # the cast is charged once, in fp8_quantize: the fp8 GEMM time is FLOPs at the fp8 table rate
+    import numpy as np
+
+    from cost_model import resolve_tables
+    from cost_model.ops import TableOps
+    w = _w()
+    ops = TableOps(resolve_tables(w, None), w.cluster, np.array([True]))
+    m, n, k = (np.array([float(v)]) for v in (4096, 2048, 2048))
+    f8, _ = ops.gemm(m, n, k)
+    f16, _ = ops.gemm(m, n, k, bf16=True)
+    assert f8[0] < f16[0]
+    rate = ops.t["gemm"].lookup("fp8", m=m, n=n, k=k)
+    assert f8[0] == pytest.approx(float(2.0 * 4096 * 2048 * 2048 / (np.ravel(rate)[0] * 1e12)), rel=1e-12)
+
+
+def test_alltoall_regroup_by_local_expert_only_with_several_local_experts():
+    w = _w()
+    rp = _bd(w, [Plan(ep=8), Plan(ep=8, dispatcher="flex", flex_backend="deepep")])["breakdown_s"]["router_permutation"]
+    assert rp[0] > rp[1]  # alltoall pays the two sort_chunks passes; DeepEP does not
+    one = _w(num_experts=16)  # EP16 of 16 experts: one local expert, no regroup
+    r1 = _bd(one, [Plan(ep=16), Plan(ep=16, dispatcher="flex", flex_backend="deepep")])["breakdown_s"]["router_permutation"]
+    assert r1[0] == pytest.approx(r1[1], rel=1e-12)
+
+
+def test_gpt_oss_clamp_and_expert_bias_are_priced_and_the_head_stays_bf16():
+    plan = Plan(pp=4, ep=8, recompute="selective", recompute_modules=("layernorm", "moe_act"))
+    kw = dict(model="gpt-oss-120b", gpus=64, gbs=64)
+    full = _bd(_w(**kw), [plan])["breakdown_s"]
+    plain = _bd(_w(**kw, activation_clamp=0.0, moe_expert_bias=False), [plan])["breakdown_s"]
+    assert full["expert_gemm"][0] > plain["expert_gemm"][0]
+    assert full["recompute"][0] > plain["recompute"][0]  # the clamp re-runs inside moe_act's checkpoint
+    head = [_bd(_w(), [Plan(ep=16, precision=p)])["breakdown_s"]["lm_head_ce"][0] for p in ("bf16", "fp8-tensorwise")]
+    assert head[1] == pytest.approx(head[0], rel=1e-12)

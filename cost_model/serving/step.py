@@ -64,6 +64,7 @@ class StepModel:
         h = self.s.hidden_size
         n = np.maximum(params_per_gpu / h, 1.0)
         f, _ = self.ops.gemm(m, n, h)
+        f = f + self.ops.fp8_cast(np.maximum(np.asarray(m, float), 1.0) * h)  # w8a8: the input cast
         return np.maximum(f, params_per_gpu * self.wbytes / self.hbm_bw)
 
     def distinct_experts(self, tokens):
@@ -88,6 +89,9 @@ class StepModel:
         m = np.maximum(rows / active, 1.0)
         up, _ = self.ops.grouped(active, m, 2 * f_loc, h, True)
         down, _ = self.ops.grouped(active, m, h, f_loc, True)
+        g = np.maximum(active, 1.0)  # as `grouped` clamps it
+        up = up + self.ops.fp8_cast(g * m * h)  # w8a8: each expert GEMM's input cast
+        down = down + self.ops.fp8_cast(g * m * f_loc)
         bytes_ = active * 3 * h * f_loc * self.wbytes  # decode: the weights the batch activates
         return np.maximum(up + down, bytes_ / self.hbm_bw)
 
