@@ -155,14 +155,12 @@ def _plan_chunks(plans, chunk: int):
 _POINT_COLS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last")
 
 
-def _space_chunks(points, chunk: int, with_points: bool = False):
+def _space_chunks(points, chunk: int):
     """(PlanArrays, plan_at) chunks of the realizable plans of a space, straight from its parallel
     points and option columns (`tuner.space.iter_realizable_points`): no Plan per plan, only for
-    the rows a ranking looks at. `with_points`: (PlanArrays, plan_at, point number of every row),
-    points numbered in the order `points` yields them."""
+    the rows a ranking looks at."""
     from cost_model.plans import PlanArrays
-    from specs.plan import Plan
-    option_cols, blocks, n, first = None, [], 0, 0
+    option_cols, blocks, n = None, [], 0
 
     def assemble():
         counts = np.array([len(ok) for _, ok, _ in blocks])
@@ -180,24 +178,18 @@ def _space_chunks(points, chunk: int, with_points: bool = False):
             sched, kern = options[J[i]]
             return base.replace(**sched, **kern)
 
-        return PlanArrays(int(counts.sum()), cols, list(layouts)), plan_at, which
-
-    def out(assembled):
-        pa, plan_at, which = assembled
-        return (pa, plan_at, which + first) if with_points else (pa, plan_at)
+        return PlanArrays(int(counts.sum()), cols, list(layouts)), plan_at
 
     for base, ok, options in points:
         if option_cols is None:  # the same option list for every point of a space
-            pa = PlanArrays.from_plans([Plan(**sched, **kern) for sched, kern in options])
-            option_cols = {f: v for f, v in pa.cols.items() if f not in _POINT_COLS + ("layout",)}
+            option_cols = _option_cols(options)
         blocks.append((base, np.asarray(ok, np.int64), options))
         n += len(ok)
         if n >= chunk:
-            yield out(assemble())
-            first += len(blocks)
+            yield assemble()
             blocks, n = [], 0
     if blocks:
-        yield out(assemble())
+        yield assemble()
 
 
 def _by_row_key(points) -> list:

@@ -144,8 +144,8 @@ def run(args) -> int:
             print(f"  {plan_text(p, w, profile, args.canonical)}")
     if ranked is not None:
         how = ("every one scored" if ranked["exhaustive"] else
-               f"{ranked['scored']:,} scored, {ranked['pruned']:,} in {ranked['pruned_points']:,} parallel points skipped: "
-               "their optimistic bound is below the list")
+               f"{ranked['scored']:,} scored, {ranked['pruned']:,} skipped ({ranked['pruned_points']:,} parallel points "
+               "entirely): their optimistic bound, recompute reset, is below the list")
         print(f"top {len(ranked['plans'])} by predicted tokens/s/GPU ({ranked['realizable']:,} realizable plans, {how}; "
               f"{ranked['memory_infeasible']:,} scored plans memory-infeasible, excluded"
               + ("; xN: N plans of one parallel point predicted equal, one row" if any(
