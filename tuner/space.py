@@ -228,8 +228,10 @@ class _Walker:
         return base.replace(**s, **k)
 
 
-# the last few walkers, by the identity of their (space, workload, profile): `moetune plans --rank`
-# walks one space to count it and again to rank it; the second walk reuses the first's verdicts
+# the last walker, by the identity of its (space, workload, profile): `moetune plans --rank` walks
+# one space to count it and again to rank it; the second walk reuses the first's verdicts. Only one
+# is held: a DeepSeek-V3 walker holds ~900K verdict lists, and screening actors walk a new space
+# per shard.
 _WALKERS: list = []
 
 
@@ -239,7 +241,7 @@ def _walker(space: Space, workload: Workload, profile: StackProfile) -> _Walker:
             return walker
     walker = _Walker(space, workload, profile)
     _WALKERS.insert(0, (space, workload, profile, walker))
-    del _WALKERS[4:]
+    del _WALKERS[1:]
     return walker
 
 
