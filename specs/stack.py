@@ -60,6 +60,7 @@ class StackProfile:
         return f"{self.name} ({', '.join(parts)})"
 
 
+@functools.lru_cache(maxsize=256)  # te_at_least runs for every schedule/kernel option the enumerator checks
 def _vtuple(v: str) -> tuple:
     out = []
     for p in v.replace("dev", ".").split("."):

@@ -79,3 +79,19 @@ def test_recompute_never_shortens_a_predicted_step(model, kind, gpus, gbs, seq, 
     a = cost_model.predict_arrays(w, plans)["step_time_s"]
     b = cost_model.predict_arrays(w, reset)["step_time_s"]
     assert (a >= b * (1 - 1e-12)).all(), [plans[i].canonical() for i in range(len(plans)) if a[i] < b[i] * (1 - 1e-12)][:3]
+
+
+def test_ranking_deeper_reuses_the_bounds_and_matches_exhaustive():
+    """`enough` (what `plans --rank` passes when predicted-equal variants crowd the list) doubles
+    keep until it holds; the pool is then the exhaustive one at the final keep."""
+    w = Workload(load_model("tiny-moe-shared"), load_cluster("h100-sxm", 8), 256, 256)
+    space = default_space(w, GPU_FULL, "bf16", level="full")
+    asked = []
+
+    def enough(pool):
+        asked.append(len(pool))
+        return len(pool) >= 40
+
+    top = screen.rank_space_top(w, space, GPU_FULL, keep=10, enough=enough)
+    assert asked == [10, 20, 40] and not top.exhaustive and top.pruned > 0
+    assert _rows(top.pool) == _rows(screen.rank_space(w, space, GPU_FULL, keep=40, per_layout=False).pool)

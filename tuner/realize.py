@@ -308,7 +308,24 @@ def _chunk_sizes(w: Workload, p: Plan) -> tuple[int, ...]:
     return tuple(sorted({len(c) for rank in split.chunks for c in rank if len(c)}))
 
 
+# _fp8_dim_problems by (model, seq, mbs, tp, cp): the enumerator asks it for every schedule/kernel
+# option of a parallel point, and the answer is the same for all of them
+_FP8_DIMS: dict = {}
+
+
 def _fp8_dim_problems(w: Workload, p: Plan) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    key = (id(w.model), w.seq, p.mbs, p.tp, p.cp)
+    hit = _FP8_DIMS.get(key)
+    if hit is not None and hit[0] is w.model:  # the model object is held, so its id is not reused
+        return hit[1]
+    if len(_FP8_DIMS) > 4096:
+        _FP8_DIMS.clear()
+    out = _fp8_dim_problems_uncached(w, p)
+    _FP8_DIMS[key] = (w.model, out)
+    return out
+
+
+def _fp8_dim_problems_uncached(w: Workload, p: Plan) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(fp8 GEMM shapes that break TE's assert_dim_for_fp8_exec, shapes that break blockwise
     all-gather under sequence parallel). Reads seq, mbs, tp, cp and the model only.
 

@@ -155,14 +155,12 @@ def _plan_chunks(plans, chunk: int):
 _POINT_COLS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last")
 
 
-def _space_chunks(points, chunk: int, with_points: bool = False):
+def _space_chunks(points, chunk: int):
     """(PlanArrays, plan_at) chunks of the realizable plans of a space, straight from its parallel
     points and option columns (`tuner.space.iter_realizable_points`): no Plan per plan, only for
-    the rows a ranking looks at. `with_points`: (PlanArrays, plan_at, point number of every row),
-    points numbered in the order `points` yields them."""
+    the rows a ranking looks at."""
     from cost_model.plans import PlanArrays
-    from specs.plan import Plan
-    option_cols, blocks, n, first = None, [], 0, 0
+    option_cols, blocks, n = None, [], 0
 
     def assemble():
         counts = np.array([len(ok) for _, ok, _ in blocks])
@@ -180,32 +178,27 @@ def _space_chunks(points, chunk: int, with_points: bool = False):
             sched, kern = options[J[i]]
             return base.replace(**sched, **kern)
 
-        return PlanArrays(int(counts.sum()), cols, list(layouts)), plan_at, which
-
-    def out(assembled):
-        pa, plan_at, which = assembled
-        return (pa, plan_at, which + first) if with_points else (pa, plan_at)
+        return PlanArrays(int(counts.sum()), cols, list(layouts)), plan_at
 
     for base, ok, options in points:
         if option_cols is None:  # the same option list for every point of a space
-            pa = PlanArrays.from_plans([Plan(**sched, **kern) for sched, kern in options])
-            option_cols = {f: v for f, v in pa.cols.items() if f not in _POINT_COLS + ("layout",)}
+            option_cols = _option_cols(options)
         blocks.append((base, np.asarray(ok, np.int64), options))
         n += len(ok)
         if n >= chunk:
-            yield out(assemble())
-            first += len(blocks)
+            yield assemble()
             blocks, n = [], 0
     if blocks:
-        yield out(assemble())
+        yield assemble()
 
 
 def _by_row_key(points) -> list:
-    """The parallel points in an order that puts points with the same tp, cp, ep, etp and mbs next
-    to each other: the cost model's table lookups run once per distinct row key of a chunk
-    (`cost_model.model._row_key`), so grouped points cost far fewer lookups. The ranking does not
-    depend on the order."""
-    return sorted(points, key=lambda pt: (pt[0].tp, pt[0].cp, pt[0].ep, pt[0].etp, pt[0].mbs))
+    """The parallel points in an order that puts points with the same pp, then the same tp, cp, ep,
+    etp and mbs next to each other: the cost model's per-stage arrays are as wide as the largest pp
+    of a chunk, and its table lookups run once per distinct row key of a chunk
+    (`cost_model.model._row_key`), so grouped points cost far less (DeepSeek-V3: a chunk of one pp
+    about half the CPU of a mixed one). The ranking does not depend on the order."""
+    return sorted(points, key=lambda pt: (pt[0].pp, pt[0].tp, pt[0].cp, pt[0].ep, pt[0].etp, pt[0].mbs))
 
 
 def _rank_chunks(workload, chunks, *, tables, calibration, keep: int, per_layout: bool) -> Ranking:
@@ -282,119 +275,157 @@ def _optimistic_options(options) -> tuple[list, np.ndarray]:
     return classes, cls
 
 
+def _option_cols(options) -> dict:
+    """PlanArrays columns of (schedule, kernel) options, the parallel point's columns left out."""
+    from cost_model.plans import PlanArrays
+    from specs.plan import Plan
+    pa = PlanArrays.from_plans([Plan(**sched, **kern) for sched, kern in options])
+    return {f: v for f, v in pa.cols.items() if f not in _POINT_COLS + ("layout",)}
+
+
+class _Columns:
+    """The parallel points of a space as columns, so that any set of (point, option) rows becomes a
+    PlanArrays by indexing (no Plan per plan; `plan_at` builds one for the rows a ranking keeps)."""
+
+    def __init__(self, points):
+        self.points = points
+        layouts: dict = {"": 0}
+        self.point_cols = {f: np.array([getattr(b, f) for b, _, _ in points], np.int64) for f in _POINT_COLS}
+        self.point_cols["layout"] = np.array([layouts.setdefault(b.pp_layout, len(layouts)) for b, _, _ in points],
+                                             np.int64)
+        self.layouts = list(layouts)
+
+    def arrays(self, pt: np.ndarray, opt: np.ndarray, option_cols: dict, options: list):
+        from cost_model.plans import PlanArrays
+        cols = {f: v[pt] for f, v in self.point_cols.items()}
+        cols.update({f: v[opt] for f, v in option_cols.items()})
+
+        def plan_at(i: int):
+            sched, kern = options[opt[i]]
+            return self.points[pt[i]][0].replace(**sched, **kern)
+
+        return PlanArrays(len(pt), cols, self.layouts), plan_at
+
+
 def rank_space_top(workload, space, profile, shard: int = 0, num_shards: int = 1, *, tables=None,
-                   calibration=None, keep: int = 20, chunk: int = CHUNK, prune: bool = True) -> TopRanking:
+                   calibration=None, keep: int = 20, chunk: int = CHUNK, prune: bool = True,
+                   enough=None) -> TopRanking:
     """The best `keep` distinct feasible plans of the realizable space (shard `shard` of
     `num_shards`), the same pool as `rank_space(..., keep=keep, per_layout=False)` (exhaustive
-    scoring), found by branch and bound over parallel points:
+    scoring), found by branch and bound over (parallel point, optimistic class) groups:
 
     1. optimistic plans: for every parallel point, one plan per distinct realizable option with
        the recompute fields reset (its class), scored with the real cost model (`predict_arrays`);
-    2. a class whose optimistic plan does not fit in memory bounds nothing useful (its realizable
-       plans only fit by recomputing): those plans are scored exactly here;
-    3. a point's bound is the best throughput of its classes whose optimistic plan fits; the rest
-       of its plans are scored point by point in order of that bound, best first, and scoring stops
-       at the first point whose bound is below the `keep`-th best distinct plan found so far
-       (every later point's bound is lower still).
+       its throughput bounds every realizable plan of that point and class, whether or not the
+       optimistic plan fits in memory (recompute only makes the step longer);
+    2. the realizable plans are scored in order of their bound, best first, in growing batches,
+       and scoring stops at the first plan whose bound is below the `keep`-th best distinct plan
+       found so far (every later plan's bound is lower still).
 
     The bound rests on one property of the model: recompute never makes a predicted step shorter
     (it only adds work: `cost_model.model` hides DP communication under the backward's wall time,
     which grows no more than the step; tests/test_rank_top.py checks it on every preset). It is not
-    assumed silently: every plan scored in 2 and 3 is checked against its optimistic plan resp. its
-    point's bound, and if any beats it, the whole space is scored exhaustively instead
-    (`bound_violated`). `prune=False` scores exhaustively from the start."""
+    assumed silently: every plan scored in 2 is checked against its bound, and if any beats it, the
+    whole space is scored exhaustively instead (`bound_violated`). `prune=False` scores
+    exhaustively from the start.
+
+    `enough(pool)`: when given and False for the pool of `keep` rows, `keep` doubles and step 2
+    runs again (the enumeration and the bounds are reused): what `moetune plans` asks for when
+    too many rows are predicted-equal variants of one point."""
     import cost_model
     from tuner.space import iter_realizable_points
     tables = cost_model.resolve_tables(workload, tables)
     calibration = cost_model.resolve_calibration(workload, calibration, tables)
     points = _by_row_key(iter_realizable_points(space, workload, profile, shard, num_shards))
-    out = TopRanking(points=len(points))
-    total = sum(len(ok) for _, ok, _ in points)
     if not prune or not points:
-        r = _rank_chunks(workload, _space_chunks(iter(points), chunk), tables=tables, calibration=calibration,
-                         keep=keep, per_layout=False)
-        return TopRanking(r.seen, r.memory_infeasible, r.pool, points=len(points), exhaustive=True)
+        while True:
+            r = _rank_chunks(workload, _space_chunks(iter(points), chunk), tables=tables, calibration=calibration,
+                             keep=keep, per_layout=False)
+            if enough is None or len(r.pool) < keep or enough(r.pool):
+                return TopRanking(r.seen, r.memory_infeasible, r.pool, points=len(points), exhaustive=True)
+            keep *= 2
 
-    def exhaustive():
-        r = rank_space_top(workload, space, profile, shard, num_shards, tables=tables,
-                           calibration=calibration, keep=keep, chunk=chunk, prune=False)
-        r.bound_violated = True
-        return r
-
-    # 1. optimistic plans
-    opt_options, opt_class = _optimistic_options(points[0][2])
-    classes_of: dict = {}  # the ok lists are shared by points with one schedule context
-
-    def classes(ok):
-        c = classes_of.get(id(ok))
+    options = points[0][2]  # the same option list for every point of a space
+    opt_options, opt_class = _optimistic_options(options)
+    cols = _Columns(points)
+    # groups: one point's realizable options of one optimistic class. The ok lists are shared by
+    # points with one schedule context, so a list's classes and their members are worked out once.
+    per_ok: dict = {}
+    contexts: list = []  # per ok list: (its classes, the option numbers of each class)
+    g_ctx, g_counts = [], []
+    for _, ok, _ in points:
+        c = per_ok.get(id(ok))
         if c is None:
-            c = classes_of[id(ok)] = (ok, np.unique(opt_class[np.asarray(ok, np.int64)]))
-        return c[1]
+            oka = np.asarray(ok, np.int64)
+            uniq, pos = np.unique(opt_class[oka], return_inverse=True)
+            members = np.split(oka[np.argsort(pos.reshape(-1), kind="stable")],
+                               np.cumsum(np.bincount(pos.reshape(-1)))[:-1])
+            c = per_ok[id(ok)] = len(contexts)
+            contexts.append((uniq, members))
+        g_ctx.append(c)
+        g_counts.append(len(contexts[c][0]))
+    g_pt = np.repeat(np.arange(len(points), dtype=np.int32), g_counts)
+    g_pos = np.concatenate([np.arange(n, dtype=np.int32) for n in g_counts])
+    g_cls = np.concatenate([contexts[c][0] for c in g_ctx])
+    ctx_sizes = [np.array([len(m) for m in members], np.int64) for _, members in contexts]
+    g_size = np.concatenate([ctx_sizes[c] for c in g_ctx])
+    g_ctx = np.repeat(np.asarray(g_ctx, np.int32), g_counts)  # per group from here on
+    ngroups, total = len(g_pt), int(g_size.sum())
+    out = TopRanking(points=len(points), bound_scored=ngroups)
 
-    point_classes = [classes(ok) for _, ok, _ in points]
-    opt_tps = [None] * len(points)  # per point: optimistic throughput of each of its classes
-    opt_fits = [None] * len(points)
-    opt_points = ((base, c, opt_options) for (base, _, _), c in zip(points, point_classes))
-    for pa, _, which in _space_chunks(opt_points, chunk, with_points=True):
-        r = cost_model.predict_arrays(workload, pa, tables=tables, calibration=calibration)
-        tps = np.asarray(r["tokens_per_s_per_gpu"], float)
-        good = np.isfinite(tps)
-        fits = np.asarray(r["fits"], bool) & good
-        tps = np.where(good, tps, -np.inf)
-        starts = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])
-        for s0, s1 in zip(starts, np.r_[starts[1:], len(which)]):
-            opt_tps[which[s0]], opt_fits[which[s0]] = tps[s0:s1], fits[s0:s1]
-        out.bound_scored += pa.n
-    # split every point's options: those of a class whose optimistic plan fits (bounded by it) and
-    # the rest (scored exactly in 2)
-    bound = np.full(len(points), -np.inf)
-    fit_pts, unfit_pts, unfit_limit = [], [], []
-    for k, ((base, ok, options), c) in enumerate(zip(points, point_classes)):
-        ok = np.asarray(ok, np.int64)
-        pos = np.searchsorted(c, opt_class[ok])  # each option's class, as a position in c
-        fit = opt_fits[k][pos]
-        fit_pts.append((base, ok[fit], options))
-        if fit.any():
-            bound[k] = opt_tps[k][pos][fit].max()
-        if not fit.all():
-            unfit_pts.append((base, ok[~fit], options))
-            unfit_limit.append(opt_tps[k][pos][~fit])
+    # 1. optimistic plans, in point order (few pipeline stages and table lookups per chunk)
+    opt_cols = _option_cols(opt_options)
+    # Chunks of few stages are made longer (up to 4x): the table lookups, once per distinct row key
+    # of a chunk, are most of a chunk's cost there (DeepSeek-V3, pp=4: ~11 us a plan at 64K rows,
+    # ~15 at 32K), while the per-stage arrays (rows x pp) stay within what one 32K x 16 chunk holds.
+    g_bound = np.empty(ngroups)
+    g_pp = cols.point_cols["pp"][g_pt]
+    s = 0
+    while s < ngroups:
+        e = s + chunk * max(1, min(4, 16 // int(g_pp[s])))
+        pa, _ = cols.arrays(g_pt[s:e], g_cls[s:e], opt_cols, opt_options)
+        tps = np.asarray(cost_model.predict_arrays(workload, pa, tables=tables, calibration=calibration)
+                         ["tokens_per_s_per_gpu"], float)
+        # a degenerate optimistic plan bounds nothing: its group is scored first
+        g_bound[s:e] = np.where(np.isfinite(tps), tps, np.inf)
+        s = e
 
-    def score(pts, limits):
-        """Score the plans of `pts` into the pool; False when one beats its limit."""
-        for pa, plan_at, which in _space_chunks(iter(pts), chunk, with_points=True):
+    # 2. groups best first, stop below the keep-th best
+    order = np.argsort(-g_bound, kind="stable")
+    ends = np.cumsum(g_size[order])  # plans in the first i+1 groups of the order
+    option_cols = _option_cols(options)
+
+    def rows_of(groups):
+        groups = np.sort(groups)  # point order again: few stages and table lookups per chunk
+        opt = np.concatenate([contexts[g_ctx[g]][1][g_pos[g]] for g in groups])
+        return np.repeat(g_pt[groups], g_size[groups]), opt, np.repeat(g_bound[groups], g_size[groups])
+
+    while True:
+        out.pool, out.memory_infeasible = [], 0
+        j, size = 0, min(chunk, _FIRST_BATCH)
+        while j < ngroups:
+            if len(out.pool) >= keep and g_bound[order[j]] * (1 + _SLACK) < out.pool[keep - 1].tokens_per_s_per_gpu:
+                break
+            done = ends[j - 1] if j else 0
+            j1 = max(j + 1, int(np.searchsorted(ends, done + size, side="right")))
+            pt, opt, bound = rows_of(order[j:j1])
+            j, size = j1, min(chunk, 2 * size)
+            pa, plan_at = cols.arrays(pt, opt, option_cols, options)
             tps: list = []
-            rows, unfit = _score_chunk(workload, pa, plan_at, calibration, tables, keep, False, tps)
-            limit = limits(which) * (1 + _SLACK)
-            if np.any(np.isfinite(tps[0]) & (tps[0] > limit)):
-                return False
-            out.seen += pa.n
+            scored, unfit = _score_chunk(workload, pa, plan_at, calibration, tables, keep, False, tps)
+            if np.any(np.isfinite(tps[0]) & (tps[0] > bound * (1 + _SLACK))):
+                r = rank_space_top(workload, space, profile, shard, num_shards, tables=tables,
+                                   calibration=calibration, keep=keep, chunk=chunk, prune=False, enough=enough)
+                r.bound_violated = True
+                return r
             out.memory_infeasible += unfit
-            out.pool = _prune(out.pool + rows, keep, workload.model, per_layout=False)
-        return True
-
-    # 2. the plans whose optimistic plan does not fit, each checked against its optimistic plan
-    if unfit_pts and not score(unfit_pts, lambda which: np.concatenate([unfit_limit[w] for w in np.unique(which)])):
-        return exhaustive()
-    # 3. best first, stop below the keep-th best
-    order = [k for k in np.argsort(-bound, kind="stable") if len(fit_pts[k][1])]
-    # batches grow from a small first one: the stop test runs between batches, and the best few
-    # points usually settle the pool
-    i, size = 0, min(chunk, _FIRST_BATCH)
-    while i < len(order):
-        if len(out.pool) >= keep and bound[order[i]] * (1 + _SLACK) < out.pool[keep - 1].tokens_per_s_per_gpu:
+            out.pool = _prune(out.pool + scored, keep, workload.model, per_layout=False)
+        if enough is None or len(out.pool) < keep or enough(out.pool):
             break
-        batch, n, size = [], 0, min(chunk, 2 * size)
-        while i < len(order) and n < size // 2:
-            batch.append(int(order[i]))
-            n += len(fit_pts[order[i]][1])
-            i += 1
-        batch_bound = bound[np.asarray(batch)]
-        if not score([fit_pts[b] for b in batch], batch_bound.__getitem__):
-            return exhaustive()
-    out.pruned = total - out.seen
-    out.pruned_points = len(order) - i
+        keep *= 2  # rank deeper: the plans scored so far are scored again, the bounds are kept
     out.seen = total
+    out.pruned = total - (int(ends[j - 1]) if j else 0)
+    out.pruned_points = len(points) - len(np.unique(g_pt[order[:j]]))
     return out
 
 

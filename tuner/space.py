@@ -228,6 +228,23 @@ class _Walker:
         return base.replace(**s, **k)
 
 
+# the last walker, by the identity of its (space, workload, profile): `moetune plans --rank` walks
+# one space to count it and again to rank it; the second walk reuses the first's verdicts. Only one
+# is held: a DeepSeek-V3 walker holds ~900K verdict lists, and screening actors walk a new space
+# per shard.
+_WALKERS: list = []
+
+
+def _walker(space: Space, workload: Workload, profile: StackProfile) -> _Walker:
+    for s, w, p, walker in _WALKERS:
+        if s is space and w is workload and p is profile:
+            return walker
+    walker = _Walker(space, workload, profile)
+    _WALKERS.insert(0, (space, workload, profile, walker))
+    del _WALKERS[1:]
+    return walker
+
+
 def iter_realizable(space: Space, workload: Workload, profile: StackProfile,
                     shard: int = 0, num_shards: int = 1):
     for base, ok, options in iter_realizable_points(space, workload, profile, shard, num_shards):
@@ -242,7 +259,7 @@ def iter_realizable_points(space: Space, workload: Workload, profile: StackProfi
     realizable options, options), where option j is a (schedule, kernel) pair of field dicts and
     the plan is `base.replace(**schedule, **kernel)`. For callers that want the plans as columns
     (the vectorised ranker) without building a Plan per plan."""
-    walker = _Walker(space, workload, profile)
+    walker = _walker(space, workload, profile)
     for i, par in enumerate(parallel_points(space)):
         if i % num_shards != shard:
             continue
@@ -259,7 +276,7 @@ def summarize(space: Space, workload: Workload, profile: StackProfile, shard: in
               example_stride: int = 1) -> SpaceSummary:
     """Counts over the shard; examples are one realizable plan per `example_stride`-th parallel
     point, so they show different layouts."""
-    walker = _Walker(space, workload, profile)
+    walker = _walker(space, workload, profile)
     out = SpaceSummary()
     per_point = space.options_per_point
     for i, par in enumerate(parallel_points(space)):

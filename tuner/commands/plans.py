@@ -144,8 +144,8 @@ def run(args) -> int:
             print(f"  {plan_text(p, w, profile, args.canonical)}")
     if ranked is not None:
         how = ("every one scored" if ranked["exhaustive"] else
-               f"{ranked['scored']:,} scored, {ranked['pruned']:,} in {ranked['pruned_points']:,} parallel points skipped: "
-               "their optimistic bound is below the list")
+               f"{ranked['scored']:,} scored, {ranked['pruned']:,} skipped ({ranked['pruned_points']:,} parallel points "
+               "entirely): their optimistic bound, recompute reset, is below the list")
         print(f"top {len(ranked['plans'])} by predicted tokens/s/GPU ({ranked['realizable']:,} realizable plans, {how}; "
               f"{ranked['memory_infeasible']:,} scored plans memory-infeasible, excluded"
               + ("; xN: N plans of one parallel point predicted equal, one row" if any(
@@ -168,15 +168,10 @@ def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bo
     from specs.plan import Plan
     from tuner.complete import short_form
     from tuner.screen import rank_space_top
-    keep = top * _OVERSAMPLE
-    while True:
-        r = rank_space_top(w, space, profile, shard, nshards, tables=tables, calibration=calibration,
-                           keep=keep, prune=prune)
-        rows = _merge_equal(r.pool)
-        if len(rows) >= top or len(r.pool) < keep:
-            break
-        keep *= 2  # too many predicted-equal variants to fill the list: rank deeper
-    rows = rows[:top]
+    # too many predicted-equal variants to fill the list: the ranker ranks deeper (keep doubles)
+    r = rank_space_top(w, space, profile, shard, nshards, tables=tables, calibration=calibration,
+                       keep=top * _OVERSAMPLE, prune=prune, enough=lambda pool: len(_merge_equal(pool)) >= top)
+    rows = _merge_equal(r.pool)[:top]
     for row in rows:
         plans = row.pop("_all")
         # of predicted-equal variants, show the one nearest the completion defaults
