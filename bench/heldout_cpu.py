@@ -19,7 +19,7 @@ that pass's figure; the reported measurement is the median over all timed steps 
 Rows go to OUT/measurements.csv as they come (a rerun resumes and adds only
 missing passes). `--report-only` re-predicts from the stored measurements (for model changes).
 
-Report: OUT/heldout.csv (plan, gbs, seq, predicted, raw prediction, measured median over passes,
+Report: OUT/heldout.csv (plan, gbs, seq, predicted, raw prediction, measured median over all timed steps,
 min and max over passes, relative error) and OUT/heldout.png (predicted vs measured, bars = the
 passes' range); stdout: the table, the largest |relative error| and Spearman's rho.
 """
@@ -189,7 +189,7 @@ def _plot(table, path: Path, rho: float, worst: float) -> None:
     lo, hi = min(x + y) * 0.8, max(x + y) * 1.2
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
     ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.9", label="±15%")
-    ax.set_xlabel("measured step time (s, median over passes; bars: range)")
+    ax.set_xlabel("measured step time (s, median over all timed steps; bars: range of pass medians)")
     ax.set_ylabel("predicted step time (s, calibrated)")
     ax.set_title(f"held-out tiny-moe plans on cpu-local: max err {worst:.0%}, Spearman {rho:.2f}", fontsize=9)
     ax.legend(loc="upper left")
