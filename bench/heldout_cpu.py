@@ -131,10 +131,10 @@ def report(model, cluster, entries, out: Path, cal=None) -> int:
     table = []
     cal_id = tables_dir = None
     for e in entries:
-        ts = [float(r["step_time_s"]) for r in meas
-              if (r["plan_short"], int(r["gbs"]), int(r["seq"])) == (e["plan"], e["gbs"], e["seq"])]
-        if not ts:
+        runs = [r for r in meas if (r["plan_short"], int(r["gbs"]), int(r["seq"])) == (e["plan"], e["gbs"], e["seq"])]
+        if not runs:
             continue
+        ts = [float(r["step_time_s"]) for r in runs]
         w = workload(model, cluster, e["gbs"], e["seq"])
         plan = complete(e["plan"], w)
         tables = cost_model.resolve_tables(w)
@@ -144,8 +144,7 @@ def report(model, cluster, entries, out: Path, cal=None) -> int:
         cal_id, tables_dir = f"{cal.id} (scale {cal.scale:.4f})", tables.directory
         # the median over every timed step of every pass (a burst of load hits a few steps of one
         # pass; the median of 2-3 pass medians would be their mean); the spread stays per pass
-        steps = [float(x) for r in meas if (r["plan_short"], int(r["gbs"]), int(r["seq"])) ==
-                 (e["plan"], e["gbs"], e["seq"]) for x in (r.get("step_times_s") or r["step_time_s"]).split(";") if x]
+        steps = [float(x) for r in runs for x in (r.get("step_times_s") or r["step_time_s"]).split(";") if x]
         m = statistics.median(steps)
         table.append(dict(plan_short=e["plan"], gbs=e["gbs"], seq=e["seq"], predicted_s=pred.step_time_s,
                           raw_predicted_s=pred.step_time_s / cal.scale, measured_s=m, measured_min_s=min(ts),

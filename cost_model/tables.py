@@ -83,7 +83,7 @@ class GridTable:
                     vals[v][idx] = float(r[v])
             logax = [np.log(a) for a in ax]
             for v in values:
-                vals[v] = _fill_nearest(np.log(np.maximum(vals[v], 1e-30)), logax)
+                vals[v] = _fill_holes(np.log(np.maximum(vals[v], 1e-30)), logax)
             self.grids[key] = (logax, vals)
 
     def has(self, *key) -> bool:
@@ -139,7 +139,7 @@ class GridTable:
         return np.exp(res).reshape(out_shape)
 
 
-def _fill_nearest(grid: np.ndarray, logax: list[np.ndarray]) -> np.ndarray:
+def _fill_holes(grid: np.ndarray, logax: list[np.ndarray]) -> np.ndarray:
     """Fill holes (NaN): by log-space linear interpolation between the nearest filled points on
     both sides along an axis (averaged over the axes that bracket the hole), else from the nearest
     filled grid point (Euclidean in log-axis space). A profile cut by its budget measures a coarse
