@@ -112,6 +112,8 @@ def test_trials_across_plans():
         assert len(m.losses) == 4 and m.losses[-1] < m.losses[0]  # learning
         assert m.plan == plan(text).canonical()
         assert (m.versions["device"] != "cpu") == GPU and m.versions["cpu_patched"] == (not GPU)
+        # CPU ranks keep freed memory (trials/megatron/backend.py CPU_ALLOCATOR_TUNABLES)
+        assert ("mmap_threshold=33554432" in m.versions["env"].get("GLIBC_TUNABLES", "")) == (not GPU)
         seen[m.plan] = m.step_times_s
     assert len(set(seen.values())) == len(PLANS)  # distinct plans, distinct measurements
 
@@ -229,3 +231,11 @@ def test_trace_step_writes_per_rank_op_tables(tmp_path):
         table = (tmp_path / f"trace_rank{rank}.txt").read_text()
         assert "Self CPU" in table and "aten::mm" in table
         assert (tmp_path / f"trace_rank{rank}.json").stat().st_size > 0
+
+
+def test_cpu_allocator_env_keeps_user_tunables(monkeypatch):
+    from trials.megatron.backend import CPU_ALLOCATOR_TUNABLES, cpu_allocator_env
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    assert cpu_allocator_env() == {"GLIBC_TUNABLES": CPU_ALLOCATOR_TUNABLES}
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
+    assert cpu_allocator_env()["GLIBC_TUNABLES"] == "glibc.pthread.rseq=0:" + CPU_ALLOCATOR_TUNABLES

@@ -47,7 +47,8 @@ from specs.fileio import write_atomic
 # parallel_state, model constructors); other types from megatron are bugs or missing pieces.
 VALIDATION_ERRORS = (AssertionError, ValueError, NotImplementedError)
 # recorded with each measurement (set by the launcher on GPU from specs.stack.launch_env)
-LAUNCH_ENV_KEYS = ("CUDA_DEVICE_MAX_CONNECTIONS", "TORCH_NCCL_AVOID_RECORD_STREAMS", "NCCL_NVLS_ENABLE")
+LAUNCH_ENV_KEYS = ("CUDA_DEVICE_MAX_CONNECTIONS", "TORCH_NCCL_AVOID_RECORD_STREAMS", "NCCL_NVLS_ENABLE",
+                   "GLIBC_TUNABLES")
 
 
 class Unrealizable(Exception):
