@@ -68,7 +68,7 @@ FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = 
 
 # axes a table may lack (written before the axis existed), with the value its rows then take.
 # attention bh = 8: the batch x heads the CPU profile measured at before the axis existed
-# (trials/profile/attention.py HEADS); alone in a table the value is inert.
+# (its former constant HEADS, trials/profile/attention.py); alone in a table the value is inert.
 OPTIONAL_AXES: dict[str, dict[str, float]] = {"attention": {"bh": 8}}
 
 
