@@ -33,7 +33,8 @@ carry one bh value (the GPU tables) makes the axis inert.
 Optional axes (`OPTIONAL_AXES`, family -> {axis: default}): axes added after tables were written.
 A CSV without such a column (a table built or profiled before the axis existed, e.g. one in a
 user's $MOETUNE_HOME/tables) still loads: every row takes the default, a single value, which
-`GridTable.lookup` ignores (a one-valued axis is inert).
+`GridTable.lookup` ignores (a one-valued axis is inert). A lookup that leaves the axis out reads
+it at the default too.
 
 `meta.json`: {"kind", "format": 1, "generator", "notes": [...], "sources": {tag: full citation}
 (a row's `source` may be a short tag explained there), "files": {name: sha256},
@@ -114,8 +115,10 @@ class GridTable:
         return tuple(key) in self.grids
 
     def lookup(self, key, value: str | None = None, **axes) -> np.ndarray:
-        """Interpolated value(s) at the given axis arrays (broadcast together)."""
+        """Interpolated value(s) at the given axis arrays (broadcast together); an optional axis
+        left out is read at its default (`OPTIONAL_AXES`)."""
         key = tuple([key] if isinstance(key, str) else key)
+        axes = {**OPTIONAL_AXES.get(self.family, {}), **axes}
         if key not in self.grids:
             raise TableError(f"{self.family} table has no rows for {key}; has {sorted(self.grids)}")
         logax, vals = self.grids[key]
