@@ -159,7 +159,9 @@ def attention(x: Inputs) -> Attention:
     proj_f = sum(p[0] for p in parts)
     proj_b = sum(p[1] for p in parts)
     core_flops = T * x.seq * (nh / tp) * (dq + dv) * window_fraction(spec, x.seq)  # causal: half of 2*(dq+dv)*Tq*Tk
-    core_f, core_b = ops.attention(core_flops, x.seq / x.cp, head_dim_key)
+    # one call per layer and micro-batch: mbs sequences x the rank's heads (CP splits the
+    # sequence, not the heads)
+    core_f, core_b = ops.attention(core_flops, x.seq / x.cp, head_dim_key, np.asarray(x.pa.mbs, float) * (nh / tp))
     BWe = x.bw_elementwise
     # norms (2 per layer), residual adds (2), rope on q/k: read+write
     elem_f = (2 * 2 * 2.0 * Tsp * h + 2 * 3 * 2.0 * Tsp * h + 4.0 * T * nh * dq / tp) / BWe

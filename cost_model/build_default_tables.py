@@ -15,7 +15,9 @@ with its source; the few used here are also copied below so the build reads as o
   FLOPS of the GPU family (MAMF, H100_MAMF / MAMF_EFFICIENCY below). All eight rows of reference/megatron_moe_layer_h100.csv are held out as
   test anchors (none is fitted).
 - attention: FlashAttention fraction-of-peak vs sequence length and head dim (approximate reading
-  of FlashAttention-3, arXiv:2407.08608, H100 bf16 causal), scaled by the bf16 peak.
+  of FlashAttention-3, arXiv:2407.08608, H100 bf16 causal), scaled by the bf16 peak; one constant
+  bh (batch x heads per call, FA_BH) for every kind, cpu-local included: the axis is inert here and
+  only a measured profile (`moetune profile`, CPU) fills it.
 - collectives: nccl-tests bus bandwidth. Scale-up peak = NVLink unidirectional GB/s x the H100
   ring all-reduce efficiency (370 / 450, nccl-tests issue 212); scale-out = members-per-node x
   per-NIC achievable (48.5 of 50 GB/s, nccl-tests issue 267) x a node-count factor fitted to the
@@ -138,6 +140,11 @@ FA_BWD_OVER_FWD = 0.80
 FA_HEADDIM = {64: 0.70, 128: 1.00, 192: 1.02, 256: 1.05}
 FA_SRC = ("approx. FlashAttention-3 (arXiv:2407.08608) H100 bf16 causal fraction of peak; "
           "bwd = 0.8 x fwd; head-dim factors approximate; scaled by bf16 peak")
+# bh (batch x heads of one call): one constant value, so the axis is inert in these tables. The
+# FA3 reading has no bh dependence to encode (its benchmark holds 16k tokens per call and varies
+# batch with seq); 32 is the heads per call of a GPU `moetune profile` by default
+# (trials/profile/attention.py GPU_HEADS), so a shipped and a measured GPU table carry the same bh.
+FA_BH = 32
 
 
 # A kind with no scale-out network (cpu-local: one host) still gets finite scale-out rows, so a
@@ -232,9 +239,9 @@ def build(kind: str, out_root: Path, params, rms) -> str:
         for seq, frac in FA_FWD_FRACTION.items():
             for hd, hf in FA_HEADDIM.items():
                 f = frac * hf * (FA_BWD_OVER_FWD if direction == "bwd" else 1.0)
-                rows.append(dict(dtype="bf16", direction=direction, seq=seq, head_dim=hd,
+                rows.append(dict(dtype="bf16", direction=direction, seq=seq, head_dim=hd, bh=FA_BH,
                                  tflops=s["bf16"] * f, source="derived:fa3-fraction+hw"))
-    sources["derived:fa3-fraction+hw"] = f"{FA_SRC}; bf16 peak of {src_hw}"
+    sources["derived:fa3-fraction+hw"] = f"{FA_SRC}; bf16 peak of {src_hw}; one bh value ({FA_BH}): no batch x heads dependence"
     write_family(out, "attention", rows)
     # collectives
     scaleup_link = s["nvlink"] if s["nvlink"] > 0 else s.get("pcie", 0.0) or 10.0

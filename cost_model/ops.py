@@ -95,11 +95,13 @@ class TableOps:
             return 0.0
         return self.fp8 * 3.0 * np.asarray(elements, float) / self.bw["elementwise"]
 
-    def attention(self, flops_f, seq, head_dim):
-        """fwd, bwd seconds of flash attention doing `flops_f` forward (causal) FLOPs."""
+    def attention(self, flops_f, seq, head_dim, bh):
+        """fwd, bwd seconds of flash attention doing `flops_f` forward (causal) FLOPs in calls of
+        `bh` = batch x heads each (the table's bh axis: on CPU the per-head cost grows with it)."""
         tab = self.t["attention"]
-        f = flops_f / (self._q(lambda s_: tab.lookup(("bf16", "fwd"), seq=s_, head_dim=head_dim), seq) * 1e12)
-        b = ATTN_BWD_FLOPS_FACTOR * flops_f / (self._q(lambda s_: tab.lookup(("bf16", "bwd"), seq=s_, head_dim=head_dim), seq) * 1e12)
+        look = lambda d: self._q(lambda s_, b_: tab.lookup(("bf16", d), seq=s_, head_dim=head_dim, bh=b_), seq, bh)  # noqa: E731
+        f = flops_f / (look("fwd") * 1e12)
+        b = ATTN_BWD_FLOPS_FACTOR * flops_f / (look("bwd") * 1e12)
         return f, b
 
     def scope(self, size, stride):

@@ -14,7 +14,7 @@ Queries outside the grid clamp to its edge (the metadata says which ranges were 
 |---------------|----------------------|-------------------------|-----------------------------------------|
 | gemm          | dtype                | m, n, k                 | tflops (achieved, 2mnk/time)            |
 | grouped_gemm  | dtype                | groups, m, n, k         | tflops (m = rows per group, all groups) |
-| attention     | dtype, direction     | seq, head_dim           | tflops (causal flops, fwd or bwd)       |
+| attention     | dtype, direction     | seq, head_dim, bh       | tflops (causal flops, fwd or bwd)       |
 | collectives   | collective, scope    | group, per_node, bytes  | busbw_gbps (nccl-tests convention, GB/s)|
 | ep_dispatch   | backend, scope       | ep                      | dispatch_gbps, combine_gbps, latency_us |
 | dispatch_gap  | mode                 | -                       | gap_us (CPU enqueue stall per kernel)   |
@@ -25,6 +25,16 @@ reduce_scatter, all_gather, all_to_all, send_recv. scope: scaleup (group inside 
 domain) | scaleout (group spans several). per_node: members of the group per scale-up domain.
 ep_dispatch scope: scaleup | scaleout bandwidth of the fabric the bytes cross (per GPU).
 membw op: elementwise, permute, router, cross_entropy, optimizer.
+attention bh: batch x heads of ONE attention call on one rank (a training micro-batch's mbs x heads
+per TP rank; a serving step's requests x heads per attention-TP rank). Per-head cost depends on it
+on CPU (the unfused s^2 score tensors, bh*s*s*4 bytes, spill the cache); a table whose rows all
+carry one bh value (the GPU tables) makes the axis inert.
+
+Optional axes (`OPTIONAL_AXES`, family -> {axis: default}): axes added after tables were written.
+A CSV without such a column (a table built or profiled before the axis existed, e.g. one in a
+user's $MOETUNE_HOME/tables) still loads: every row takes the default, a single value, which
+`GridTable.lookup` ignores (a one-valued axis is inert). A lookup that leaves the axis out reads
+it at the default too.
 
 `meta.json`: {"kind", "format": 1, "generator", "notes": [...], "sources": {tag: full citation}
 (a row's `source` may be a short tag explained there), "files": {name: sha256},
@@ -50,12 +60,26 @@ FORMAT_VERSION = 1
 FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "gemm": (("dtype",), ("m", "n", "k"), ("tflops",)),
     "grouped_gemm": (("dtype",), ("groups", "m", "n", "k"), ("tflops",)),
-    "attention": (("dtype", "direction"), ("seq", "head_dim"), ("tflops",)),
+    "attention": (("dtype", "direction"), ("seq", "head_dim", "bh"), ("tflops",)),
     "collectives": (("collective", "scope"), ("group", "per_node", "bytes"), ("busbw_gbps",)),
     "ep_dispatch": (("backend", "scope"), ("ep",), ("dispatch_gbps", "combine_gbps", "latency_us")),
     "dispatch_gap": (("mode",), (), ("gap_us",)),
     "membw": (("op",), (), ("gbps",)),
 }
+
+# axes a table may lack (written before the axis existed), with the value its rows then take.
+# attention bh = 8: the batch x heads the CPU profile measured at before the axis existed
+# (its former constant HEADS, trials/profile/attention.py); alone in a table the value is inert.
+OPTIONAL_AXES: dict[str, dict[str, float]] = {"attention": {"bh": 8}}
+
+
+def with_optional_axes(family: str, rows: list[dict]) -> list[dict]:
+    """Rows with every optional axis of `family` present (the default where a row lacks it)."""
+    opt = OPTIONAL_AXES.get(family)
+    if not opt:
+        return rows
+    return [r if all(r.get(a) not in (None, "") for a in opt) else
+            {**r, **{a: d for a, d in opt.items() if r.get(a) in (None, "")}} for r in rows]
 
 
 class TableError(InputError):
@@ -69,6 +93,7 @@ class GridTable:
     def __init__(self, family: str, rows: list[dict]):
         keys, axes, values = FAMILIES[family]
         self.family, self.keys, self.axes, self.values = family, keys, axes, values
+        rows = with_optional_axes(family, rows)
         groups: dict[tuple, list[dict]] = {}
         for r in rows:
             groups.setdefault(tuple(r[k] for k in keys), []).append(r)
@@ -90,8 +115,10 @@ class GridTable:
         return tuple(key) in self.grids
 
     def lookup(self, key, value: str | None = None, **axes) -> np.ndarray:
-        """Interpolated value(s) at the given axis arrays (broadcast together)."""
+        """Interpolated value(s) at the given axis arrays (broadcast together); an optional axis
+        left out is read at its default (`OPTIONAL_AXES`)."""
         key = tuple([key] if isinstance(key, str) else key)
+        axes = {**OPTIONAL_AXES.get(self.family, {}), **axes}
         if key not in self.grids:
             raise TableError(f"{self.family} table has no rows for {key}; has {sorted(self.grids)}")
         logax, vals = self.grids[key]
@@ -184,12 +211,13 @@ def read_rows(path: Path, family: str) -> list[dict]:
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise TableError(f"{path}: not a readable CSV table ({e})") from None
     need = set(keys) | set(axes) | set(values) | {"source"}
+    need -= set(OPTIONAL_AXES.get(family, {}))
     if rows and not need <= set(rows[0]):
         raise TableError(f"{path}: missing columns {sorted(need - set(rows[0]))}")
     for r in rows:
         if not r.get("source"):
             raise TableError(f"{path}: a row has no source: {r}")
-    return rows
+    return with_optional_axes(family, rows)
 
 
 def write_family(directory: Path, family: str, rows: list[dict]) -> None:

@@ -255,7 +255,7 @@ def test_attention_backward_is_timed_alone_on_cpu():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the profile's runners do (trials.profile.common.pin_to_core)
     try:
-        rows = attention.measure(dict(dtype="fp32", seq=128, head_dim=16), Ctx(device="cpu", min_time_s=0.02))
+        rows = attention.measure(dict(dtype="fp32", seq=128, head_dim=16, bh=8), Ctx(device="cpu", min_time_s=0.02))
     finally:
         torch.set_num_threads(threads)
     rate = {r["direction"]: r["tflops"] for fam, r in rows if r["dtype"] == "fp32"}

@@ -159,7 +159,8 @@ class StepModel:
         else:
             fl = 4.0 * heads * s.head_dim * ctx * B
             hd = s.head_dim
-        core_f, _ = self.ops.attention(fl, np.maximum(ctx, 16), min(hd, 256))
+        # one call over the rank's B requests x its heads (the table's bh axis)
+        core_f, _ = self.ops.attention(fl, np.maximum(ctx, 16), min(hd, 256), B * heads)
         core = np.maximum(kv_read / self.hbm_bw, core_f)
         dense = self._gemm(T, pl["dense_mlp"] / c.tp)
         shared = self._gemm(T, (pl["shared_expert"] + pl["router"]) / c.tp)
@@ -189,7 +190,8 @@ class StepModel:
         else:
             dqk = dv = s.head_dim
         fl = 2.0 * heads * C * (prefix + C / 2.0) * (dqk + dv)
-        core, _ = self.ops.attention(fl, prefix + C, min(dqk, 256))
+        # priced as one sequence of prefix + C tokens (as `fl` counts it): bh = the rank's heads
+        core, _ = self.ops.attention(fl, prefix + C, min(dqk, 256), heads)
         dense = self._gemm(T, pl["dense_mlp"] / c.tp)
         shared = self._gemm(T, (pl["shared_expert"] + pl["router"]) / c.tp)
         experts = self._experts(T)

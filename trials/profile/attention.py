@@ -1,5 +1,5 @@
-"""Core attention forward and backward over (seq, head_dim). TFLOPS are in causal flops (the
-cost model's convention): fwd = b*h*s^2*2*d, bwd = 2.5 x fwd.
+"""Core attention forward and backward over (seq, head_dim, bh). TFLOPS are in causal flops (the
+cost model's convention): fwd = bh*s^2*2*d, bwd = 2.5 x fwd. bh = batch x heads of one call.
 
 GPU: torch SDPA, causal, bf16, with the backend forced (torch.nn.attention.sdpa_kernel): flash
 first, then efficient, then math, the first that runs the shape is used and named in each row's
@@ -7,33 +7,53 @@ source (`measured:sdpa-<backend> b<batch>xh<heads>`), never silently. The call h
 heads of a training micro-batch, not one small head group that underfills the SMs at short
 seq: heads = ctx.extra["attn_heads"] (a model's heads per rank; default 32) and batch such that
 batch x seq = ctx.extra["attn_tokens"] (default 8192 tokens per micro-batch, at least 1 sequence).
+GPU rows write bh = those heads, one constant per table: the batch follows seq (tokens / seq), so
+writing batch x heads would put every seq at its own bh (a diagonal, not a grid), and a fused
+flash kernel's per-head rate does not depend on bh once the SMs are filled; one value keeps the
+axis inert.
 CPU: Megatron's local (non-TE) DotProductAttention op for op, which the CPU trials run
-(`_cpu_attention`: unfused, full s^2), forward timed with autograd recording as in training."""
+(`_cpu_attention`: unfused, full s^2), forward timed with autograd recording as in training, at
+each bh of the sweep: the per-head cost grows with bh once the bh*s*s*4-byte score tensors spill
+the last-level cache (on an 8 MiB L3 host, seq 1024, a call of 8 heads costs more per head than
+one of 4, backward most). The bh values cover tiny-moe's CPU trials (2 or 4 heads per
+rank x mbs 1..8). Points whose score tensor exceeds CPU_SCORE_CAP_BYTES are not measured (autograd
+holds several copies of it; minutes per point on a small host); the table loader fills them from
+the measured neighbours (`cost_model.tables._fill_holes`)."""
 from __future__ import annotations
 
 from trials.profile.common import Ctx, grid_points, timeit
 
 NAME = "attention"
-HEADS = 8  # CPU: batch x heads of one call (the table has no head axis; per-head work is what scales)
+CPU_SCORE_CAP_BYTES = 256 * 2**20  # CPU: largest bh*s*s*4-byte score tensor measured
 GPU_HEADS = 32  # default heads per rank on GPU (override: ctx.extra["attn_heads"])
 GPU_TOKENS = 8192  # default tokens per micro-batch on GPU (override: ctx.extra["attn_tokens"])
 SDPA_BACKENDS = ("flash", "efficient", "math")  # tried in this order (override: ctx.extra["sdpa_backends"])
-CPU = {"tiny": dict(seq=[128, 256], head_dim=[16, 64]),
-       "small": dict(seq=[128, 512, 2048], head_dim=[16, 64, 128]),
-       "full": dict(seq=[64, 128, 256, 512, 1024, 2048], head_dim=[16, 32, 64, 128])}
+CPU = {"tiny": dict(seq=[128, 256], head_dim=[16, 64], bh=[4, 16]),
+       "small": dict(seq=[128, 512, 2048], head_dim=[16, 64, 128], bh=[2, 8, 32]),
+       "full": dict(seq=[64, 128, 256, 512, 1024, 2048], head_dim=[16, 32, 64, 128], bh=[2, 4, 8, 16, 32])}
 GPU = {"tiny": dict(seq=[1024, 4096], head_dim=[128]),
        "small": dict(seq=[512, 2048, 8192], head_dim=[64, 128]),
        "full": dict(seq=[512, 1024, 2048, 4096, 8192, 16384], head_dim=[64, 128, 192, 256])}
 
 
 def points(ctx: Ctx) -> list[dict]:
-    s = (GPU if ctx.on_gpu else CPU)[ctx.sweep]
+    if ctx.on_gpu:  # one bh per GPU table: the call's heads (module docstring)
+        s = dict(GPU[ctx.sweep], bh=[int(ctx.extra.get("attn_heads", GPU_HEADS))])
+    else:
+        s = CPU[ctx.sweep]
     out = []
     for name, _, _ in ctx.dtypes():
         for p in grid_points(s, dtype=name):
-            p["id"] = f"attention|{name}|{p['seq']}|{p['head_dim']}"
+            if not ctx.on_gpu and cpu_score_bytes(p) > CPU_SCORE_CAP_BYTES:
+                continue
+            p["id"] = f"attention|{name}|{p['seq']}|{p['head_dim']}|{p['bh']}"
             out.append(p)
     return out
+
+
+def cpu_score_bytes(p: dict) -> int:
+    """Bytes of the fp32 [bh, s, s] score tensor of a CPU point."""
+    return int(p["bh"]) * int(p["seq"]) ** 2 * 4
 
 
 def gpu_shape(seq: int, head_dim: int, ctx: Ctx) -> tuple[int, int, int, int]:
@@ -101,7 +121,7 @@ def measure(p: dict, ctx: Ctx) -> list[tuple[str, dict]]:
             with sdpa_kernel([backend]):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     else:
-        shape = (HEADS, s, d)
+        shape = (int(p["bh"]), s, d)
         mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
         src = "measured:megatron-local-attention"
 
@@ -120,11 +140,12 @@ def measure(p: dict, ctx: Ctx) -> list[tuple[str, dict]]:
     # of two noisy timings went near zero on a loaded CPU and wrote backward rates 100-1000x too
     # high (e.g. 3.6 TFLOPS next to a 0.001 TFLOPS forward at seq 128, head_dim 16)
     tb = timeit(lambda: torch.autograd.grad(out, (q, k, v), go, retain_graph=True), ctx)
-    flops = (shape[0] * shape[1] if ctx.on_gpu else HEADS) * s * s * 2.0 * d
+    flops = (shape[0] * shape[1] if ctx.on_gpu else shape[0]) * s * s * 2.0 * d
+    bh = shape[1] if ctx.on_gpu else shape[0]  # GPU: the constant heads (module docstring)
     rows = []
     for kk in keys:
-        rows.append(("attention", dict(dtype=kk, direction="fwd", seq=s, head_dim=d, tflops=flops / tf_ / 1e12,
+        rows.append(("attention", dict(dtype=kk, direction="fwd", seq=s, head_dim=d, bh=bh, tflops=flops / tf_ / 1e12,
                                        source=src)))
-        rows.append(("attention", dict(dtype=kk, direction="bwd", seq=s, head_dim=d,
+        rows.append(("attention", dict(dtype=kk, direction="bwd", seq=s, head_dim=d, bh=bh,
                                        tflops=2.5 * flops / tb / 1e12, source=src)))
     return rows

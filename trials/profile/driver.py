@@ -476,10 +476,20 @@ def merge_with_shipped(family: str, measured: list[dict], shipped: list[dict]) -
     points the profile did not measure are kept, scaled by the median measured/shipped ratio
     at the measured points (so the measured level carries over without seams, and the grid the
     cost model can look up is never narrower than the shipped one); a key with no measured row
-    keeps its shipped rows unchanged (source "default: ..."). Returns (rows, notes)."""
-    from cost_model.tables import FAMILIES, GridTable
+    keeps its shipped rows unchanged (source "default: ..."). Returns (rows, notes).
+
+    Optional axes (`cost_model.tables.OPTIONAL_AXES`, attention's bh): the shipped tables hold one
+    value of them (inert), the profile several. The shipped grid fills the unmeasured cells of the
+    other axes at EACH measured value, scaled by the ratio measured there (so the bh dependence
+    the profile saw carries into the filled cells), and never at a value of its own: a shipped
+    bh no measurement has would become a grid point of the merged table."""
+    from cost_model.tables import FAMILIES, OPTIONAL_AXES, GridTable, with_optional_axes
     keys, axes, values = FAMILIES[family]
+    sl_axes = tuple(a for a in axes if a in OPTIONAL_AXES.get(family, {}))  # sliced: measured values only
+    plain = tuple(a for a in axes if a not in sl_axes)
+    measured, shipped = with_optional_axes(family, measured), with_optional_axes(family, shipped)
     kof = lambda r: tuple(str(r[k]) for k in keys)  # noqa: E731
+    at = lambda r, ax: tuple(float(r[a]) for a in ax)  # noqa: E731
     by_m: dict[tuple, list[dict]] = {}
     by_s: dict[tuple, list[dict]] = {}
     for r in measured:
@@ -497,21 +507,37 @@ def merge_with_shipped(family: str, measured: list[dict], shipped: list[dict]) -
         out += m_rows
         if not s_rows:
             continue
-        pts = np.array([[float(r[a]) for a in axes] for r in m_rows])
-        ref = GridTable(family, s_rows).lookup(key, values[0], **{a: pts[:, i] for i, a in enumerate(axes)})
-        ratio = float(np.median(np.array([float(r[values[0]]) for r in m_rows]) / ref))
-        have = {tuple(p) for p in pts.tolist()}
-        kept = 0
-        for r in s_rows:
-            if tuple(float(r[a]) for a in axes) in have:
-                continue
-            out.append(dict(r, **{v: float(r[v]) * ratio for v in values}, source=f"default x{ratio:.3g}: {r['source']}"))
-            kept += 1
+        grid = GridTable(family, s_rows)
+        slices: dict[tuple, list[dict]] = {}
+        for r in m_rows:
+            slices.setdefault(at(r, sl_axes), []).append(r)
+        kept, ratios = 0, []
+        for sv, rs in sorted(slices.items()):
+            fixed = dict(zip(sl_axes, sv))
+            pts = np.array([at(r, plain) for r in rs])
+            ref = grid.lookup(key, values[0], **{a: pts[:, i] for i, a in enumerate(plain)}, **fixed)
+            ratio = float(np.median(np.array([float(r[values[0]]) for r in rs]) / ref))
+            ratios.append(ratio)
+            have = {tuple(p) for p in pts.tolist()}
+            for r in s_rows:
+                c = at(r, plain)
+                if c in have:
+                    continue
+                have.add(c)  # one row per cell and slice, whatever optional values the shipped rows hold
+                exact = at(r, sl_axes) == sv  # the shipped row itself; else the shipped grid there
+                vals = {v: (float(r[v]) if exact else float(grid.lookup(key, v, **dict(zip(plain, c)), **fixed))) * ratio
+                        for v in values}
+                out.append(dict(r, **{a: rs[0][a] for a in sl_axes}, **vals, source=f"default x{ratio:.3g}: {r['source']}"))
+                kept += 1
+        pts = np.array([at(r, axes) for r in m_rows])
         lo = {a: float(pts[:, i].min()) for i, a in enumerate(axes)}
         hi = {a: float(pts[:, i].max()) for i, a in enumerate(axes)}
+        scaled = (f"x{ratios[0]:.3g}" if len(ratios) == 1 else
+                  "per " + "/".join(sl_axes) + " " + ", ".join(f"x{x:.3g} at {'/'.join(f'{v:g}' for v in sv)}"
+                                                               for x, sv in zip(ratios, sorted(slices))))
         notes.append(f"{name}: {len(m_rows)} measured points ("
                      + ", ".join(f"{a} {lo[a]:g}..{hi[a]:g}" for a in axes)
-                     + f"); {kept} shipped points kept, scaled x{ratio:.3g} (median measured/shipped)")
+                     + f"); {kept} shipped points kept, scaled {scaled} (median measured/shipped)")
     return out, notes
 
 
@@ -523,6 +549,13 @@ def build_family_rows(kind: str, rows: dict[str, list[dict]]) -> tuple[dict[str,
     notes = []
     for f in ("gemm", "grouped_gemm", "attention", "dispatch_gap"):
         k, a, v = FAMILIES[f]
+        # partial rows of a resumed profile written before an axis existed (attention's bh) lack
+        # its column; their point ids no longer match, so those points are measured again
+        fresh = [r for r in rows.get(f, []) if all(r.get(x) not in (None, "") for x in a)]
+        if len(fresh) < len(rows.get(f, [])):
+            notes.append(f"{f}: {len(rows[f]) - len(fresh)} partial rows without the {'/'.join(a)} columns "
+                         "(a profile from before an axis was added) ignored")
+            rows = dict(rows, **{f: fresh})
         if rows.get(f):
             fam[f] = _median_rows(rows[f], k + a, v)
             if f in MERGED_FAMILIES:
@@ -617,7 +650,7 @@ def family_statistics(device_stat: str) -> dict[str, str]:
     least = ("minimum of 3 wall-clock batches (perf_counter, synchronised): shared hosts and fabrics only add "
              "time, so the least-interfered batch is the uncontended cost")
     return {"gemm": device_stat, "grouped_gemm": device_stat + "; fwd, dgrad and wgrad landing on one point: their median",
-            "attention": device_stat + "; bwd = (fwd+bwd) - fwd",
+            "attention": device_stat + "; bwd timed alone over a retained graph",
             "membw": "median over the op's sizes of the achieved GB/s, each size timed as: " + device_stat,
             "dispatch_gap": least + " (host time per launch, wall clock on every device)",
             "collectives": least + "; the slower of contiguous and strided rank layouts",
