@@ -292,7 +292,8 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
             if p["round"] > 0 and time.time() > t0 + (budget_s - reserve) * 0.3:
                 break
             try:
-                sec = _sf.measure_layers(p["layers"], p["microbatches"],
+                # on every profiled core at once, as a cpu-local trial's ranks run (stack_floor.py)
+                sec = _sf.measure_layers(p["layers"], p["microbatches"], world=max(1, devices),
                                          **({"iters": 3, "warmup": 1} if sweep == "tiny" else {}))
                 record("stack_floor", p["id"], [("stack_sample", dict(
                     layers=p["layers"], microbatches=p["microbatches"], seconds=sec,

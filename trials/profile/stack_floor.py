@@ -3,10 +3,14 @@
 
 On CPU one thread dispatches and executes every op, and for small shapes Megatron-core's Python
 (module hooks, autograd Functions, router / permutation / dispatcher bookkeeping) costs far more
-than a bare op chain. Measured as the trials run it: the Megatron trial backend (one rank, gloo,
-pinned, one thread) trains the reference MoE model (tiny-moe) with L in {1, 3} MoE layers and
-m in {1, 4} microbatches of 16 tokens (negligible compute). With T(L, m) the least-interfered
-step time:
+than a bare op chain. Measured as the trials run it: the Megatron trial backend (gloo, one pinned
+thread per rank) trains the reference MoE model (tiny-moe) with L in {1, 3} MoE layers and
+m in {1, 4} microbatches of 16 tokens (negligible compute) per rank, on as many ranks as the
+profile has CPU devices (data-parallel, so every core runs a rank as in a cpu-local trial). One
+rank alone measured a floor the trials do not see: with the other core idle, Python runs up to
+1.3-1.6x faster per core than with both cores busy (a 5M-iteration loop on this 2-vCPU VM: 1.01-1.05
+s alone, 1.27-1.60 s on each core when both run it), and a two-rank step also waits for the slower
+rank. With T(L, m) the least-interfered step time:
 
   per layer and microbatch  b = [T(3,4) - T(1,4) - T(3,1) + T(1,1)] / (2 * 3)
   per layer and step        s = [T(3,1) - T(1,1)] / 2 - b   (optimizer over the layer's tensors,
@@ -48,16 +52,19 @@ def points(ctx) -> list[dict]:
             for r in range(ROUNDS) for n, m in GRID]
 
 
-def measure_layers(n_layers: int, microbatches: int = 1, iters: int = 8, warmup: int = 3) -> float:
+def measure_layers(n_layers: int, microbatches: int = 1, iters: int = 8, warmup: int = 3,
+                   world: int = 1) -> float:
     """Fastest step time (s) of the reference model with n_layers MoE layers, `microbatches`
-    microbatches of TOKENS tokens, one rank."""
+    microbatches of TOKENS tokens per rank, on `world` data-parallel ranks (the step ends when
+    the slowest rank does)."""
     from specs.models import load_model
     from specs.plan import Plan
     from specs.stack import cpu_defaults
     from trials.megatron.backend import cpu_allocator_env, launch
     base = load_model(REF_MODEL)
     spec = dataclasses.replace(base, num_layers=n_layers, moe_layers=(True,) * n_layers)
-    res = launch(Plan(**cpu_defaults({})).canonical(), spec.to_dict(), microbatches, TOKENS, 1, timeout_s=300,
+    res = launch(Plan(**cpu_defaults({})).canonical(), spec.to_dict(), microbatches * world, TOKENS, world,
+                 timeout_s=300,
                  iters=iters, warmup=warmup, env=cpu_allocator_env())  # as the CPU trials run
     if not res["ok"]:
         raise RuntimeError(f"stack floor trial failed: {res['kind']}: {res['message'][:300]}")
