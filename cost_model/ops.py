@@ -99,7 +99,9 @@ class TableOps:
         """fwd, bwd seconds of flash attention doing `flops_f` forward (causal) FLOPs in calls of
         `bh` = batch x heads each (the table's bh axis: on CPU the per-head cost grows with it)."""
         tab = self.t["attention"]
-        look = lambda d: self._q(lambda s_, b_: tab.lookup(("bf16", d), seq=s_, head_dim=head_dim, bh=b_), seq, bh)  # noqa: E731
+
+        def look(direction):
+            return self._q(lambda s_, b_: tab.lookup(("bf16", direction), seq=s_, head_dim=head_dim, bh=b_), seq, bh)
         f = flops_f / (look("fwd") * 1e12)
         b = ATTN_BWD_FLOPS_FACTOR * flops_f / (look("bwd") * 1e12)
         return f, b

@@ -33,8 +33,7 @@ carry one bh value (the GPU tables) makes the axis inert.
 Optional axes (`OPTIONAL_AXES`, family -> {axis: default}): axes added after tables were written.
 A CSV without such a column (a table built or profiled before the axis existed, e.g. one in a
 user's $MOETUNE_HOME/tables) still loads: every row takes the default, a single value, which
-`GridTable.lookup` ignores (a one-valued axis is inert). A lookup that leaves the axis out reads
-it at the default too.
+`GridTable.lookup` ignores (a one-valued axis is inert). Lookups always name every axis.
 
 `meta.json`: {"kind", "format": 1, "generator", "notes": [...], "sources": {tag: full citation}
 (a row's `source` may be a short tag explained there), "files": {name: sha256},
@@ -78,8 +77,7 @@ def with_optional_axes(family: str, rows: list[dict]) -> list[dict]:
     opt = OPTIONAL_AXES.get(family)
     if not opt:
         return rows
-    return [r if all(r.get(a) not in (None, "") for a in opt) else
-            {**r, **{a: d for a, d in opt.items() if r.get(a) in (None, "")}} for r in rows]
+    return [{**r, **{a: d for a, d in opt.items() if r.get(a) in (None, "")}} for r in rows]
 
 
 class TableError(InputError):
@@ -115,10 +113,8 @@ class GridTable:
         return tuple(key) in self.grids
 
     def lookup(self, key, value: str | None = None, **axes) -> np.ndarray:
-        """Interpolated value(s) at the given axis arrays (broadcast together); an optional axis
-        left out is read at its default (`OPTIONAL_AXES`)."""
+        """Interpolated value(s) at the given axis arrays (broadcast together)."""
         key = tuple([key] if isinstance(key, str) else key)
-        axes = {**OPTIONAL_AXES.get(self.family, {}), **axes}
         if key not in self.grids:
             raise TableError(f"{self.family} table has no rows for {key}; has {sorted(self.grids)}")
         logax, vals = self.grids[key]

@@ -262,7 +262,7 @@ def test_grid_holes_between_measured_points_are_interpolated():
             for s, d, v in [(256, 16, 4.0), (2048, 16, 0.5), (256, 64, 8.0), (512, 64, 8.0), (1024, 64, 8.0),
                             (2048, 64, 8.0), (4096, 64, 8.0)]]
     t = GridTable("attention", rows)
-    at = lambda s, d: float(t.lookup(("bf16", "fwd"), seq=s, head_dim=d))  # noqa: E731
+    at = lambda s, d: float(t.lookup(("bf16", "fwd"), seq=s, head_dim=d, bh=8))  # noqa: E731
     assert at(1024, 16) == pytest.approx(math.exp(math.log(4.0) + 2 / 3 * (math.log(0.5) - math.log(4.0))))
     assert at(512, 16) == pytest.approx(2.0)
     assert at(4096, 16) == pytest.approx(0.5)  # beyond the last measured seq: nearest

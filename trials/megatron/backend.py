@@ -21,7 +21,7 @@ Watches the ranks (trials/rank_watch.py):
 - a rank dying without a report -> crash (stderr tail).
 Every process group is killed in `finally`; nothing survives a trial.
 
-CPU ranks run with `CPU_ALLOCATOR_ENV`: glibc malloc keeps the memory a step frees (fixed mmap
+CPU ranks run with `cpu_allocator_env()` (CPU_ALLOCATOR_TUNABLES): glibc malloc keeps the memory a step frees (fixed mmap
 threshold, no heap trimming), as PyTorch's CUDA caching allocator does on a GPU. With glibc's
 defaults each step handed its activation memory back to the kernel and faulted it in again on
 the next step; on this project's 2-core VM that cost 30-40 ms of a 0.5 s step and most of the
@@ -32,6 +32,7 @@ median step with the defaults, 0.477/0.482/0.479 s with the tunables; minor faul
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -52,7 +53,6 @@ CPU_ALLOCATOR_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim
 def cpu_allocator_env() -> dict:
     """The environment CPU trial ranks get: CPU_ALLOCATOR_TUNABLES, after any GLIBC_TUNABLES the
     user set (glibc applies the list in order, so ours win only for the two malloc keys)."""
-    import os
     own = os.environ.get("GLIBC_TUNABLES")
     return {"GLIBC_TUNABLES": f"{own}:{CPU_ALLOCATOR_TUNABLES}" if own else CPU_ALLOCATOR_TUNABLES}
 

@@ -293,7 +293,7 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
                 break
             try:
                 # on every profiled core at once, as a cpu-local trial's ranks run (stack_floor.py)
-                sec = _sf.measure_layers(p["layers"], p["microbatches"], world=max(1, devices),
+                sec = _sf.measure_layers(p["layers"], p["microbatches"], world=devices,
                                          **({"iters": 3, "warmup": 1} if sweep == "tiny" else {}))
                 record("stack_floor", p["id"], [("stack_sample", dict(
                     layers=p["layers"], microbatches=p["microbatches"], seconds=sec,

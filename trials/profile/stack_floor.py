@@ -64,8 +64,7 @@ def measure_layers(n_layers: int, microbatches: int = 1, iters: int = 8, warmup:
     base = load_model(REF_MODEL)
     spec = dataclasses.replace(base, num_layers=n_layers, moe_layers=(True,) * n_layers)
     res = launch(Plan(**cpu_defaults({})).canonical(), spec.to_dict(), microbatches * world, TOKENS, world,
-                 timeout_s=300,
-                 iters=iters, warmup=warmup, env=cpu_allocator_env())  # as the CPU trials run
+                 timeout_s=300, iters=iters, warmup=warmup, env=cpu_allocator_env())  # as the CPU trials run
     if not res["ok"]:
         raise RuntimeError(f"stack floor trial failed: {res['kind']}: {res['message'][:300]}")
     return min(res["ranks"][0]["step_times_s"])
