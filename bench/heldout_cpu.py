@@ -19,9 +19,16 @@ that pass's figure; the reported measurement is the median over all timed steps 
 Rows go to OUT/measurements.csv as they come (a rerun resumes and adds only
 missing passes). `--report-only` re-predicts from the stored measurements (for model changes).
 
+Host drift (a diagnostic, not the criterion): each pass also re-runs `--references` of the study's
+own measured plans at the study's gbs and seq (its baseline, then its fastest trial), rows
+"ref:baseline" / "ref:fastest". Their median step now over the study's measurement of the same
+plan is how much faster or slower the host runs than when the calibration's trials ran (on a
+shared 2-vCPU VM, 10-35% within minutes). The report prints that drift and each plan's error with
+the prediction multiplied by it; the criterion stays the plain error.
+
 Report: OUT/heldout.csv (plan, gbs, seq, predicted, raw prediction, measured median over all timed steps,
-min and max over passes, relative error) and OUT/heldout.png (predicted vs measured, bars = the
-passes' range); stdout: the table, the largest |relative error| and Spearman's rho.
+min and max over passes, relative error, drift-corrected error) and OUT/heldout.png (predicted vs
+measured, bars = the passes' range); stdout: the table, the largest |relative error| and Spearman's rho.
 """
 from __future__ import annotations
 
@@ -83,7 +90,7 @@ def measure(model, cluster, entries, out: Path, passes: int, iters: int, warmup:
             if key in have:
                 continue
             w = workload(model, cluster, e["gbs"], e["seq"])
-            plan = complete(e["plan"], w)
+            plan = complete(e.get("full", e["plan"]), w)
             t0 = time.time()
             r = backend.run(plan, w, Resources(w.world, timeout), iters=iters, warmup=warmup)
             ok = not isinstance(r, Failure)
@@ -105,6 +112,51 @@ def measure(model, cluster, entries, out: Path, passes: int, iters: int, warmup:
     return rows
 
 
+def references(study: str, study_dir: Path | None, n: int) -> list[dict]:
+    """Up to n of the study's measured plans (its baseline, then its fastest trial) with the study's
+    measurement, as entries at the study's gbs and seq (module docstring, "Host drift")."""
+    import json
+
+    from tuner import study as study_mod
+    from tuner.calibrate_runs import load_study
+    if n <= 0:
+        return []
+    d = Path(study_dir) if study_dir else study_mod.default_study_dir(study)
+    prereg = json.loads((d / "preregistration.json").read_text())
+    wl = prereg["workload"]
+    rows = load_study(study, None, d)
+    by_plan = {r["plan"]: float(r["measured_step_time_s"]) for r in sorted(rows, key=lambda r: r["trial"])}
+    picks = [("ref:baseline", prereg["baseline"]["plan"])]
+    if by_plan:
+        picks.append(("ref:fastest", min(by_plan, key=by_plan.get)))
+    out = []
+    for label, plan in picks:
+        if plan in by_plan and plan not in {e["plan"] for e in out}:
+            out.append(dict(label=label, plan=plan, gbs=int(wl["gbs"]), seq=int(wl["seq"]), study_s=by_plan[plan]))
+    return out[:n]
+
+
+def host_drift(refs: list[dict], out: Path) -> tuple[float, list[str]]:
+    """Geometric mean over the references of (median of this run's timed steps) / (the study's
+    measurement), and one line per reference; (nan, []) without references or measurements."""
+    import math
+    path = out / "measurements.csv"
+    if not refs or not path.exists():
+        return float("nan"), []
+    with open(path, newline="") as f:
+        meas = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+    logs, lines = [], []
+    for e in refs:
+        steps = [float(x) for r in meas if (r["plan_short"], int(r["gbs"]), int(r["seq"])) == (e["label"], e["gbs"], e["seq"])
+                 for x in (r.get("step_times_s") or r["step_time_s"]).split(";") if x]
+        if steps:
+            d = statistics.median(steps) / e["study_s"]
+            logs.append(math.log(d))
+            lines.append(f"{e['label']:<13} study {e['study_s']:.3f} s, now {statistics.median(steps):.3f} s "
+                         f"(x{d:.3f}): {e['plan']}")
+    return (math.exp(sum(logs) / len(logs)) if logs else float("nan")), lines
+
+
 def spearman(a, b) -> float:
     from scipy.stats import spearmanr
     return float(spearmanr(a, b).statistic)
@@ -121,7 +173,7 @@ def study_calibration(study: str, study_dir: Path | None):
     return cal
 
 
-def report(model, cluster, entries, out: Path, cal=None) -> int:
+def report(model, cluster, entries, out: Path, cal=None, refs=()) -> int:
     import cost_model
     path = out / "measurements.csv"
     if not path.exists():
@@ -150,6 +202,9 @@ def report(model, cluster, entries, out: Path, cal=None) -> int:
                           raw_predicted_s=pred.step_time_s / cal.scale, measured_s=m, measured_min_s=min(ts),
                           measured_max_s=max(ts), passes=len(ts), rel_err=pred.step_time_s / m - 1.0,
                           plan=plan.canonical()))
+    drift, drift_lines = host_drift(list(refs), out)
+    for r in table:  # NaN without references
+        r["drift_corrected_rel_err"] = r["predicted_s"] * drift / r["measured_s"] - 1.0
     if not table:
         raise SystemExit("no successful measurements to report")
     with open(out / "heldout.csv", "w", newline="") as f:
@@ -158,10 +213,12 @@ def report(model, cluster, entries, out: Path, cal=None) -> int:
         for r in table:
             wr.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
     print(f"tables       {tables_dir}\ncalibration  {cal_id}")
-    print(f"{'plan':<66} {'gbs':>3} {'seq':>4} {'pred s':>7} {'meas s':>7} {'min..max over passes':>20} {'err':>7}")
+    print(f"{'plan':<66} {'gbs':>3} {'seq':>4} {'pred s':>7} {'meas s':>7} {'min..max over passes':>20} {'err':>7}"
+          f" {'drift-corr':>10}")
     for r in table:
         print(f"{r['plan_short']:<66} {r['gbs']:>3} {r['seq']:>4} {r['predicted_s']:>7.3f} {r['measured_s']:>7.3f} "
-              f"{r['measured_min_s']:>9.3f}..{r['measured_max_s']:<6.3f} n={r['passes']} {r['rel_err']:>+7.1%}")
+              f"{r['measured_min_s']:>9.3f}..{r['measured_max_s']:<6.3f} n={r['passes']} {r['rel_err']:>+7.1%}"
+              f" {_pct(r['drift_corrected_rel_err']):>10}")
     pred = [r["predicted_s"] for r in table]
     meas_m = [r["measured_s"] for r in table]
     rho = spearman(pred, meas_m) if len(table) > 1 else float("nan")
@@ -169,8 +226,16 @@ def report(model, cluster, entries, out: Path, cal=None) -> int:
     mape = statistics.mean(abs(r["rel_err"]) for r in table)
     print(f"max |rel err| {worst:.1%}   mean |rel err| {mape:.1%}   Spearman rho {rho:.3f}   "
           f"({len(table)} plans; goal: every plan within 15%, rho >= 0.9)")
+    if drift_lines:
+        corr = max(abs(r["drift_corrected_rel_err"]) for r in table)
+        print("host drift since the study (diagnostic, not the criterion): x" + f"{drift:.3f}\n  "
+              + "\n  ".join(drift_lines) + f"\nmax |error| with the prediction x drift: {corr:.1%}")
     _plot(table, out / "heldout.png", rho, worst)
     return 0
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{x:+.1%}"  # NaN (no reference measured): "-"
 
 
 def _plot(table, path: Path, rho: float, worst: float) -> None:
@@ -209,13 +274,17 @@ def main(argv=None) -> int:
     ap.add_argument("--study", default="quickstart", help="The study whose trials the calibration is fitted on.")
     ap.add_argument("--study-dir", type=Path, default=None, help="Its folder (default studies/<study>).")
     ap.add_argument("--calibration", choices=("study", "installed"), default="study")
+    ap.add_argument("--references", type=int, default=2,
+                    help="Study plans re-measured in each pass for the host-drift diagnostic (0: none).")
     a = ap.parse_args(argv)
     model, cluster, entries = load_set(a.plans)
     a.out.mkdir(parents=True, exist_ok=True)
+    refs = references(a.study, a.study_dir, a.references)
     if not a.report_only:
-        measure(model, cluster, entries, a.out, a.passes, a.iters, a.warmup, a.timeout)
+        ref_entries = [dict(plan=e["label"], gbs=e["gbs"], seq=e["seq"], full=e["plan"]) for e in refs]
+        measure(model, cluster, entries + ref_entries, a.out, a.passes, a.iters, a.warmup, a.timeout)
     cal = study_calibration(a.study, a.study_dir) if a.calibration == "study" else None
-    return report(model, cluster, entries, a.out, cal)
+    return report(model, cluster, entries, a.out, cal, refs)
 
 
 if __name__ == "__main__":
