@@ -4,6 +4,7 @@ batches and sequence lengths that no study or fit used, against `moetune predict
   PYTHONPATH=. MOETUNE_HOME=... python bench/heldout_cpu.py [--plans bench/heldout_cpu_plans.yaml]
       [--out bench/results/heldout_cpu] [--passes 3] [--iters 5] [--warmup 2] [--report-only]
       [--study quickstart] [--study-dir studies/quickstart] [--calibration study|installed]
+      [--references 2]
 
 Run it after the README's main job (profile + quickstart study): the tables are the measured ones
 in $MOETUNE_HOME (as `moetune predict` resolves them) and the calibration is what the study's
@@ -228,8 +229,10 @@ def report(model, cluster, entries, out: Path, cal=None, refs=()) -> int:
           f"({len(table)} plans; goal: every plan within 15%, rho >= 0.9)")
     if drift_lines:
         corr = max(abs(r["drift_corrected_rel_err"]) for r in table)
-        print("host drift since the study (diagnostic, not the criterion): x" + f"{drift:.3f}\n  "
-              + "\n  ".join(drift_lines) + f"\nmax |error| with the prediction x drift: {corr:.1%}")
+        print(f"host drift since the study (diagnostic, not the criterion): x{drift:.3f}")
+        for line in drift_lines:
+            print("  " + line)
+        print(f"max |error| with the prediction x drift: {corr:.1%}")
     _plot(table, out / "heldout.png", rho, worst)
     return 0
 
