@@ -113,19 +113,15 @@ def measure(model, cluster, entries, out: Path, passes: int, iters: int, warmup:
     return rows
 
 
-def references(study: str, study_dir: Path | None, n: int) -> list[dict]:
+def references(study_dir: Path, rows: list[dict], n: int) -> list[dict]:
     """Up to n of the study's measured plans (its baseline, then its fastest trial) with the study's
-    measurement, as entries at the study's gbs and seq (module docstring, "Host drift")."""
+    measurement (`rows`: `tuner.calibrate_runs.load_study`), as entries at the study's gbs and seq
+    (module docstring, "Host drift")."""
     import json
-
-    from tuner import study as study_mod
-    from tuner.calibrate_runs import load_study
     if n <= 0:
         return []
-    d = Path(study_dir) if study_dir else study_mod.default_study_dir(study)
-    prereg = json.loads((d / "preregistration.json").read_text())
+    prereg = json.loads((study_dir / "preregistration.json").read_text())
     wl = prereg["workload"]
-    rows = load_study(study, None, d)
     by_plan = {r["plan"]: float(r["measured_step_time_s"]) for r in sorted(rows, key=lambda r: r["trial"])}
     picks = [("ref:baseline", prereg["baseline"]["plan"])]
     if by_plan:
@@ -137,24 +133,28 @@ def references(study: str, study_dir: Path | None, n: int) -> list[dict]:
     return out[:n]
 
 
-def host_drift(refs: list[dict], out: Path) -> tuple[float, list[str]]:
+def _runs(meas: list[dict], name: str, gbs: int, seq: int) -> list[dict]:
+    """The stored passes of one entry (`plan_short` is the held-out plan text or a ref label)."""
+    return [r for r in meas if (r["plan_short"], int(r["gbs"]), int(r["seq"])) == (name, gbs, seq)]
+
+
+def _steps(runs: list[dict]) -> list[float]:
+    """Every timed step of those passes."""
+    return [float(x) for r in runs for x in (r.get("step_times_s") or r["step_time_s"]).split(";") if x]
+
+
+def host_drift(refs: list[dict], meas: list[dict]) -> tuple[float, list[str]]:
     """Geometric mean over the references of (median of this run's timed steps) / (the study's
     measurement), and one line per reference; (nan, []) without references or measurements."""
     import math
-    path = out / "measurements.csv"
-    if not refs or not path.exists():
-        return float("nan"), []
-    with open(path, newline="") as f:
-        meas = [r for r in csv.DictReader(f) if r["status"] == "ok"]
     logs, lines = [], []
     for e in refs:
-        steps = [float(x) for r in meas if (r["plan_short"], int(r["gbs"]), int(r["seq"])) == (e["label"], e["gbs"], e["seq"])
-                 for x in (r.get("step_times_s") or r["step_time_s"]).split(";") if x]
+        steps = _steps(_runs(meas, e["label"], e["gbs"], e["seq"]))
         if steps:
-            d = statistics.median(steps) / e["study_s"]
-            logs.append(math.log(d))
-            lines.append(f"{e['label']:<13} study {e['study_s']:.3f} s, now {statistics.median(steps):.3f} s "
-                         f"(x{d:.3f}): {e['plan']}")
+            now = statistics.median(steps)
+            logs.append(math.log(now / e["study_s"]))
+            lines.append(f"{e['label']:<13} study {e['study_s']:.3f} s, now {now:.3f} s "
+                         f"(x{now / e['study_s']:.3f}): {e['plan']}")
     return (math.exp(sum(logs) / len(logs)) if logs else float("nan")), lines
 
 
@@ -163,10 +163,10 @@ def spearman(a, b) -> float:
     return float(spearmanr(a, b).statistic)
 
 
-def study_calibration(study: str, study_dir: Path | None):
-    """The calibration the study's loop fits on its measured trials, refitted with the current model."""
-    from tuner.calibrate_runs import calibrate, load_study
-    rows = load_study(study, None, study_dir)
+def study_calibration(study: str, rows: list[dict]):
+    """The calibration the study's loop fits on its measured trials (`rows`), refitted with the
+    current model."""
+    from tuner.calibrate_runs import calibrate
     cal, rep = calibrate(rows, source={"study": study})
     m = rep["metrics"]
     print(f"study {study}: {m['n']} measured trials, scale {cal.scale:.4f}, in-sample MAPE before "
@@ -184,7 +184,7 @@ def report(model, cluster, entries, out: Path, cal=None, refs=()) -> int:
     table = []
     cal_id = tables_dir = None
     for e in entries:
-        runs = [r for r in meas if (r["plan_short"], int(r["gbs"]), int(r["seq"])) == (e["plan"], e["gbs"], e["seq"])]
+        runs = _runs(meas, e["plan"], e["gbs"], e["seq"])
         if not runs:
             continue
         ts = [float(r["step_time_s"]) for r in runs]
@@ -197,17 +197,16 @@ def report(model, cluster, entries, out: Path, cal=None, refs=()) -> int:
         cal_id, tables_dir = f"{cal.id} (scale {cal.scale:.4f})", tables.directory
         # the median over every timed step of every pass (a burst of load hits a few steps of one
         # pass; the median of 2-3 pass medians would be their mean); the spread stays per pass
-        steps = [float(x) for r in runs for x in (r.get("step_times_s") or r["step_time_s"]).split(";") if x]
-        m = statistics.median(steps)
+        m = statistics.median(_steps(runs))
         table.append(dict(plan_short=e["plan"], gbs=e["gbs"], seq=e["seq"], predicted_s=pred.step_time_s,
                           raw_predicted_s=pred.step_time_s / cal.scale, measured_s=m, measured_min_s=min(ts),
                           measured_max_s=max(ts), passes=len(ts), rel_err=pred.step_time_s / m - 1.0,
                           plan=plan.canonical()))
-    drift, drift_lines = host_drift(list(refs), out)
-    for r in table:  # NaN without references
-        r["drift_corrected_rel_err"] = r["predicted_s"] * drift / r["measured_s"] - 1.0
     if not table:
         raise SystemExit("no successful measurements to report")
+    drift, drift_lines = host_drift(list(refs), meas)
+    for r in table:  # NaN without references
+        r["drift_corrected_rel_err"] = r["predicted_s"] * drift / r["measured_s"] - 1.0
     with open(out / "heldout.csv", "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=list(table[0]))
         wr.writeheader()
@@ -266,6 +265,8 @@ def _plot(table, path: Path, rho: float, worst: float) -> None:
 
 
 def main(argv=None) -> int:
+    from tuner import study as study_mod
+    from tuner.calibrate_runs import load_study
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", type=Path, default=HERE / "heldout_cpu_plans.yaml")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "heldout_cpu")
@@ -282,11 +283,13 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     model, cluster, entries = load_set(a.plans)
     a.out.mkdir(parents=True, exist_ok=True)
-    refs = references(a.study, a.study_dir, a.references)
+    study_dir = a.study_dir or study_mod.default_study_dir(a.study)
+    rows = load_study(a.study, None, study_dir)
+    refs = references(study_dir, rows, a.references)
     if not a.report_only:
         ref_entries = [dict(plan=e["label"], gbs=e["gbs"], seq=e["seq"], full=e["plan"]) for e in refs]
         measure(model, cluster, entries + ref_entries, a.out, a.passes, a.iters, a.warmup, a.timeout)
-    cal = study_calibration(a.study, a.study_dir) if a.calibration == "study" else None
+    cal = study_calibration(a.study, rows) if a.calibration == "study" else None
     return report(model, cluster, entries, a.out, cal, refs)
 
 
