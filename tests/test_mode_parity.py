@@ -34,3 +34,61 @@ def test_serving_report_never_shows_the_storage_password(tmp_path, serve_task):
     assert "postgresql://moetune:***@127.0.0.1:5432/studies" in path.read_text()
     for f in tmp_path.iterdir():
         assert SECRET.encode() not in f.read_bytes(), f.name
+
+
+def _watch_ray(monkeypatch) -> dict:
+    """Wrap ray.shutdown to note, while the cluster is still up, the nodes' addresses and the auth mode."""
+    import os
+
+    import ray
+    seen, real = {}, ray.shutdown
+
+    def shutdown(*a, **kw):
+        if ray.is_initialized():
+            seen["nodes"] = sorted({n["NodeManagerAddress"] for n in ray.nodes()})
+            seen["auth"] = (os.environ.get("RAY_AUTH_MODE"), os.environ.get("RAY_AUTH_TOKEN_PATH"))
+        return real(*a, **kw)
+    monkeypatch.setattr(ray, "shutdown", shutdown)
+    return seen
+
+
+def test_kernel_measurement_starts_ray_with_the_token_on_loopback(tmp_path, monkeypatch, capsys):
+    from tuner.cli import main
+    monkeypatch.setenv("MOETUNE_HOME", str(tmp_path))
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "MOETUNE_RAY_AUTH"):
+        monkeypatch.delenv(k, raising=False)  # a user's shell: nothing set
+    seen = _watch_ray(monkeypatch)
+    rc = main(["kernels", "tune", "--cluster", "h100-sxm", "--stand-in", "--tokens", "4096", "--json"])
+    assert rc == 0, capsys.readouterr().err
+    assert seen == {"nodes": ["127.0.0.1"], "auth": ("token", str(tmp_path / "ray" / "auth_token"))}
+
+
+class _RayStarted(BaseException):
+    """Stops a study once its Ray is up (what follows needs real serving trials)."""
+
+
+@pytest.mark.parametrize("mode", ["train", "serve"])
+def test_tune_honours_ray_no_auth_in_both_modes(tmp_path, monkeypatch, mode):
+    import os
+
+    import ray
+
+    import trials.ray_runtime as rr
+    from tuner.cli import main
+    seen, real = {}, rr.init_ray
+
+    def init_ray(*a, **kw):
+        real(*a, **kw)
+        seen["auth"] = os.environ.get("RAY_AUTH_MODE")
+        raise _RayStarted
+    monkeypatch.setattr(rr, "init_ray", init_ray)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # restored afterwards: --ray-no-auth turns it off
+    argv = {"train": ["--gbs", "16", "--seq", "256", "--study", "t", "--backend", "predict-only"],
+            "serve": ["--gpus", "2", "--isl", "128", "--osl", "32"]}[mode]
+    try:
+        with pytest.raises(_RayStarted):
+            main(["tune", "--mode", mode, "--model", "tiny-moe", "--cluster", "cpu-local", "--trials", "1",
+                  "--study-dir", str(tmp_path / "s"), "--no-progress", "--ray-no-auth", *argv])
+    finally:
+        ray.shutdown()
+    assert seen == {"auth": "disabled"}
