@@ -92,3 +92,36 @@ def test_tune_honours_ray_no_auth_in_both_modes(tmp_path, monkeypatch, mode):
     finally:
         ray.shutdown()
     assert seen == {"auth": "disabled"}
+
+
+def test_screening_uses_tune_tables_and_preregisters_their_digest(tmp_path, capsys):
+    """`tune --tables DIR`: the pre-registered predictions are the cost model's on DIR, and the
+    digest recorded is DIR's (a copy of the shipped cpu-local tables with half the GEMM rate)."""
+    import csv
+    import shutil
+
+    import cost_model
+    from specs.plan import Plan
+    from specs.workload import Workload
+    from tuner import prereg
+    from tuner.cli import main
+    src = cost_model.resolve_tables(Workload(load_model("tiny-moe"), load_cluster("cpu-local", 2), gbs=16, seq=256))
+    tdir = tmp_path / "tables"
+    shutil.copytree(src.directory, tdir)
+    rows = list(csv.DictReader(open(tdir / "gemm.csv")))
+    with open(tdir / "gemm.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows({**r, "tflops": float(r["tflops"]) / 2} for r in rows)
+    rc = main(["tune", "--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2", "--gbs", "16", "--seq", "256",
+               "--study", "t", "--study-dir", str(tmp_path / "s"), "--backend", "predict-only", "--trials", "2",
+               "--tables", str(tdir), "--screen-actors", "1", "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    doc = prereg.load(tmp_path / "s")
+    workload = Workload(load_model("tiny-moe"), load_cluster("cpu-local", 2), gbs=16, seq=256)
+    tables = cost_model.resolve_tables(workload, str(tdir))
+    assert tables.digest != src.digest and doc["hashes"]["tables_digest"] == tables.digest
+    cal = cost_model.resolve_calibration(workload, None, tables)
+    for p in doc["plans"]:
+        want = cost_model.predict(workload, Plan.parse(p["plan"]), tables=tables, calibration=cal).step_time_s
+        assert p["predicted_step_time_s"] == pytest.approx(want, rel=1e-6), p["plan"]

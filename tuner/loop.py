@@ -19,7 +19,6 @@ trials' heartbeats going stale (see tuner/study.py). Progress goes to this modul
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import os
@@ -508,22 +507,10 @@ def preregister(options: TuneOptions, workload, profile, pool: list, total: int,
 
 def _screen(options: TuneOptions, workload, profile, *, tables, calibration):
     from tuner.screen import screen
-    kwargs = {}
-    # Screening honours --tables where tuner.screen takes them (a parallel change adds `tables=`);
-    # until then it resolves the tables by the cost model's lookup rule.
-    if "tables" in inspect.signature(screen).parameters:
-        kwargs["tables"] = tables
-    elif tables is not None and tables.directory.resolve() != _default_tables(workload).directory.resolve():
-        logger.warning("screening uses the default tables: this tuner.screen takes no tables argument")
     t0 = time.monotonic()
     total, pool = screen(workload, profile, options.precision, level=options.level, calibration=calibration,
-                         num_actors=options.screen_actors, progress=options.progress, **kwargs)
+                         num_actors=options.screen_actors, progress=options.progress, tables=tables)
     return total, pool, time.monotonic() - t0
-
-
-def _default_tables(workload):
-    import cost_model
-    return cost_model.resolve_tables(workload)
 
 
 def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> TuneResult:
