@@ -125,3 +125,28 @@ def test_screening_uses_tune_tables_and_preregisters_their_digest(tmp_path, caps
     for p in doc["plans"]:
         want = cost_model.predict(workload, Plan.parse(p["plan"]), tables=tables, calibration=cal).step_time_s
         assert p["predicted_step_time_s"] == pytest.approx(want, rel=1e-6), p["plan"]
+
+
+def test_code_hash_covers_every_package_that_predicts(tmp_path, monkeypatch):
+    """A change to any package's code or data (a plan rule, a kernel model, a cluster's YAML, a
+    preset, a shipped table) changes the pre-registration's code hash; the hashed packages are the
+    distribution's."""
+    import shutil
+    import tomllib
+
+    from tuner import prereg
+    root = prereg.REPO_ROOT
+    include = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert sorted(prereg.SOURCE_DIRS) == sorted(p.rstrip("*") for p in include)
+    for d in prereg.SOURCE_DIRS:
+        shutil.copytree(root / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(prereg, "REPO_ROOT", tmp_path)
+    base = prereg.code_version()["source_sha256"]
+    for rel in ("specs/serve_plan.py", "kernels/weave.py", "clusters/h100-sxm.yaml", "specs/presets/models/tiny-moe.yaml",
+                "cost_model/blocks.py", "clusters/tables/cpu-local/gemm.csv", "trials/serving/vllm_args.py"):
+        f = tmp_path / rel
+        old = f.read_bytes()
+        f.write_bytes(old + b"\n")
+        assert prereg.code_version()["source_sha256"] != base, rel
+        f.write_bytes(old)
+    assert prereg.code_version()["source_sha256"] == base
