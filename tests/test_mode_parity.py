@@ -150,3 +150,36 @@ def test_code_hash_covers_every_package_that_predicts(tmp_path, monkeypatch):
         assert prereg.code_version()["source_sha256"] != base, rel
         f.write_bytes(old)
     assert prereg.code_version()["source_sha256"] == base
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b"])
+def test_emit_sglang_writes_the_config_a_trial_serves(tmp_path, capsys, name):
+    from trials.serving.model_dir import serve_model, write_model_dir
+    from tuner.cli import main
+    assert main(["emit", "sglang", "--model", name, "--cluster", "h200-sxm", "--gpus", "8", "--plan", "tp=8",
+                 "--out", str(tmp_path / "launch.sh")]) == 0, capsys.readouterr().err
+    trial = write_model_dir(serve_model(load_model(name)), tmp_path / "trial", tokenizer=False)
+    assert (tmp_path / f"{name}-config" / "config.json").read_bytes() == (trial / "config.json").read_bytes()
+
+
+def test_sglang_trial_serves_the_one_config_writer_s_file(tmp_path):
+    """The SGLang trial backend itself (a fake server process stands in for SGLang, no GPU here)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from specs.hf_export import write_model_dir
+    from trials import get_backend
+    from trials.base import Resources
+    from trials.serving.model_dir import serve_model
+    root = Path(__file__).resolve().parents[1]
+    env = {"PYTHONPATH": f"{root / 'tests' / 'serving_fake'}{os.pathsep}{root}", "FAKE_PID_FILE": str(tmp_path / "pids.json")}
+    b = get_backend("sglang", server_module="fake_sglang_server", bench_module="fake_bench_serving", require_gpu=False,
+                    keep_dir=True, env=env)
+    r = b.run(ServePlan.parse("tp=2"), ServeWorkload(isl=32, osl=8, concurrency=2), Resources(devices=2, timeout_s=60))
+    assert r.to_dict()["ok"], r
+    emitted = write_model_dir(serve_model(load_model("tiny-moe")), tmp_path / "emit") / "config.json"
+    try:
+        assert (Path(b.last_dir) / "model" / "config.json").read_bytes() == emitted.read_bytes()
+    finally:
+        shutil.rmtree(b.last_dir)
