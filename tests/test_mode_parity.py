@@ -183,3 +183,45 @@ def test_sglang_trial_serves_the_one_config_writer_s_file(tmp_path):
         assert (Path(b.last_dir) / "model" / "config.json").read_bytes() == emitted.read_bytes()
     finally:
         shutil.rmtree(b.last_dir)
+
+
+@pytest.mark.parametrize("phase", ["both", "decode"])
+def test_predict_and_tune_serve_default_to_one_concurrency(tmp_path, monkeypatch, capsys, phase):
+    """The study pre-registers at the concurrency `predict --mode serve` prices (4 devices: the
+    8-per-device rule and the decode rule differ)."""
+    import json
+
+    import ray
+
+    import trials.ray_runtime as rr
+    from tuner import prereg
+    from tuner.cli import main
+    flags = ["--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "4", "--isl", "128", "--osl", "32", "--phase", phase]
+    assert main(["predict", "--mode", "serve", *flags, "--plan", "tp=4", "--json"]) == 0
+    priced = json.loads(capsys.readouterr().out)["concurrency"]
+
+    def init_ray(*a, **kw):
+        raise _RayStarted
+    monkeypatch.setattr(rr, "init_ray", init_ray)
+    try:
+        with pytest.raises(_RayStarted):
+            main(["tune", "--mode", "serve", *flags, "--trials", "1", "--study-dir", str(tmp_path / "s"), "--no-progress"])
+    finally:
+        ray.shutdown()
+    assert prereg.load(tmp_path / "s")["workload"]["concurrency"] == priced == (16 if phase == "decode" else 32)
+
+
+def test_one_ray_starter():
+    """Only trials/ray_runtime.py calls ray.init (tuning, screening, profiling, kernel measurement
+    all start Ray with its token, loopback and worker priority)."""
+    import ast
+
+    from tuner import prereg
+    calls = []
+    for d in prereg.SOURCE_DIRS:
+        for p in sorted((prereg.REPO_ROOT / d).rglob("*.py")):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "init" \
+                        and isinstance(node.func.value, ast.Name) and node.func.value.id == "ray":
+                    calls.append(str(p.relative_to(prereg.REPO_ROOT)))
+    assert sorted(set(calls)) == ["trials/ray_runtime.py"]

@@ -153,22 +153,17 @@ def _run_serve(args) -> int:
     from cost_model.tables import load_tables, tables_dir_for
     from specs.errors import SpecError
     from specs.models import load_model
-    from specs.serve_plan import ServeWorkload
+    from tuner.predict_serve import serve_workload_from_args
     from tuner.serve_tune import make_task, tune_serve
     backend = args.backend or "vllm"
     if backend not in ("vllm", "sglang"):
         raise UsageError(f"--mode serve runs serving trials: --backend vllm or sglang, not {backend}")
-    if args.isl is None or args.osl is None:
-        raise UsageError("--mode serve needs --isl and --osl")
-    if args.concurrency is not None and args.concurrency <= 0:
-        raise UsageError(f"--concurrency must be a positive whole number, got {args.concurrency}")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
     if backend == "sglang" and not cluster.is_gpu:
         raise UsageError("--backend sglang needs GPUs: SGLang 0.5.23 has no CPU kernels on PyPI (use vllm)")
+    w = serve_workload_from_args(args, cluster.num_devices)
     try:
-        w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=args.concurrency or 8 * cluster.num_devices,
-                          phase=args.phase, ttft_p90_s=args.ttft_slo or 0.0, tpot_p90_s=args.tpot_slo or 0.0)
         task = make_task(model, cluster, w, backend, args.precision)
     except SpecError as e:
         raise UsageError(str(e)) from None
