@@ -29,6 +29,7 @@ heartbeats (see tuner/study.py), and an interrupted plan is retried once.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -202,6 +203,9 @@ def run(args) -> int:
     backend = args.backend or "megatron"
     if backend not in ("megatron", "predict-only"):
         raise UsageError(f"--mode train runs training trials: --backend megatron or predict-only, not {backend}")
+    if backend == "megatron" and importlib.util.find_spec("megatron") is None:  # the core install has neither
+        raise UsageError("--backend megatron needs torch and megatron-core: pip install -e '.[megatron]' "
+                         "(or --backend predict-only)")
     # Everything is checked here, before Ray starts: a bad flag costs one line, not a cluster.
     options = _options(args, args.study, backend, 300.0 if args.trial_timeout is None else args.trial_timeout)
     workload = workload_from_args(args)
