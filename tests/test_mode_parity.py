@@ -185,30 +185,30 @@ def test_sglang_trial_serves_the_one_config_writer_s_file(tmp_path):
         shutil.rmtree(b.last_dir)
 
 
+class _Captured(BaseException):
+    """Stops a command once the value a test looks at is known."""
+
+
 @pytest.mark.parametrize("phase", ["both", "decode"])
 def test_predict_and_tune_serve_default_to_one_concurrency(tmp_path, monkeypatch, capsys, phase):
-    """The study pre-registers at the concurrency `predict --mode serve` prices (4 devices: the
+    """The serving study runs at the concurrency `predict --mode serve` prices (4 devices: the
     8-per-device rule and the decode rule differ)."""
     import json
 
-    import ray
-
-    import trials.ray_runtime as rr
-    from tuner import prereg
+    import tuner.serve_tune as serve_tune
     from tuner.cli import main
     flags = ["--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "4", "--isl", "128", "--osl", "32", "--phase", phase]
     assert main(["predict", "--mode", "serve", *flags, "--plan", "tp=4", "--json"]) == 0
     priced = json.loads(capsys.readouterr().out)["concurrency"]
+    seen = {}
 
-    def init_ray(*a, **kw):
-        raise _RayStarted
-    monkeypatch.setattr(rr, "init_ray", init_ray)
-    try:
-        with pytest.raises(_RayStarted):
-            main(["tune", "--mode", "serve", *flags, "--trials", "1", "--study-dir", str(tmp_path / "s"), "--no-progress"])
-    finally:
-        ray.shutdown()
-    assert prereg.load(tmp_path / "s")["workload"]["concurrency"] == priced == (16 if phase == "decode" else 32)
+    def tune_serve(options, task, **kw):
+        seen["concurrency"] = task.workload.concurrency
+        raise _Captured
+    monkeypatch.setattr(serve_tune, "tune_serve", tune_serve)
+    with pytest.raises(_Captured):
+        main(["tune", "--mode", "serve", *flags, "--trials", "1", "--study-dir", str(tmp_path / "s"), "--no-progress"])
+    assert seen["concurrency"] == priced == (16 if phase == "decode" else 32)
 
 
 def test_one_ray_starter():
