@@ -184,21 +184,17 @@ def run_job(kind: str, cases: list[dict], timer: str = "gpu", timer_args: dict |
         sm_count: SMs per device (default: the catalog's for `kind`).
         refit: refit the curves and regenerate tables afterwards.
         source: provenance note stored with each grid.
+    Ray must be running (`trials.ray_runtime.ray_session`; stand-in actors reserve no CPU).
     Returns:
         {"grids": [paths], "refit": refit report or None, "seconds": wall time}.
     """
     import ray
 
-    t0 = time.time()
-    use_gpu = timer == "gpu"
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=1 if not use_gpu else None, include_dashboard=False, log_to_driver=False)
-    try:
-        return _run(kind, cases, timer, timer_args, workers, c_step, sm_count, refit, source, t0)
-    finally:
-        if started:
-            ray.shutdown()
+    # kernels sits below trials, so the caller starts Ray: trials.ray_runtime (token, loopback),
+    # as `moetune kernels tune` does; a bare ray.init here would be neither
+    if not ray.is_initialized():
+        raise RuntimeError("kernels.measure.run_job runs on a Ray the caller started (trials.ray_runtime.ray_session)")
+    return _run(kind, cases, timer, timer_args, workers, c_step, sm_count, refit, source, time.time())
 
 
 def _run(kind, cases, timer, timer_args, workers, c_step, sm_count, refit, source, t0) -> dict:

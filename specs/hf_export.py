@@ -4,7 +4,12 @@ A serving engine reads a model's shape from its config.json: SGLang's argument r
 `--load-format dummy` launch need nothing else. The architecture is chosen from the spec's
 features (MLA -> DeepSeek-V3, attention sinks -> GPT-OSS, a Mixtral name -> Mixtral, otherwise
 Qwen3-MoE, whose `mlp_only_layers` carries any dense layers); `arch=` overrides the choice.
-`hf_dict_to_spec(model_to_hf_config(spec))` gives back the spec's shape (tests/test_serve_hf_export.py).
+`hf_dict_to_spec(model_to_hf_config(spec))` gives back the spec's shape (tests/test_serve_rules.py).
+
+This is the one writer of a model's config.json: `emit sglang` and the serving trials
+(trials/serving/model_dir.py adds the tokenizer) write the same file for the same spec, so an
+emitted launch serves the model a trial measured. `unrepresented` names what a spec has that its
+architecture's config cannot carry (a trial refuses such a spec: it would measure another model).
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import json
 from pathlib import Path
 
 from specs.errors import SpecError
+from specs.fileio import write_atomic
 from specs.model_spec import ModelSpec
 
 ARCHS = ("DeepseekV3ForCausalLM", "GptOssForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
@@ -25,6 +31,19 @@ def pick_architecture(m: ModelSpec) -> str:
     if "mixtral" in m.name.lower():
         return "MixtralForCausalLM"
     return "Qwen3MoeForCausalLM"
+
+
+def unrepresented(m: ModelSpec, arch: str | None = None) -> list[str]:
+    """The features of `m` that the config.json of `arch` (default: `pick_architecture`) drops:
+    only DeepSeek-V3's config carries shared experts and a sigmoid router."""
+    if (arch or pick_architecture(m)) == "DeepseekV3ForCausalLM":
+        return []
+    why = []
+    if m.moe_shared_expert_count:
+        why.append("shared experts")
+    if m.moe_router_score_function != "softmax":
+        why.append(f"{m.moe_router_score_function} router")
+    return why
 
 
 def model_to_hf_config(m: ModelSpec, arch: str | None = None) -> dict:
@@ -114,13 +133,19 @@ def model_to_hf_config(m: ModelSpec, arch: str | None = None) -> dict:
             "mlp_only_layers": [i for i, is_moe in enumerate(moe) if not is_moe],
             "norm_topk_prob": True,
             "rope_theta": 1e6,
+            # the rest of transformers' Qwen3MoeConfig a serving engine reads (inference: no router loss)
+            "output_router_logits": False,
+            "router_aux_loss_coef": 0.0,
+            "use_sliding_window": False,
+            "use_cache": True,
         })
     return base
 
 
 def write_model_dir(m: ModelSpec, directory, arch: str | None = None) -> Path:
-    """A config-only model directory (config.json and nothing else) for a resolver or a dummy-weight launch."""
+    """A model directory without weights (config.json, generation_config.json) for a resolver or a
+    `--load-format dummy` launch; returns the directory."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(model_to_hf_config(m, arch), indent=1, sort_keys=True) + "\n")
+    write_atomic(d / "config.json", json.dumps(model_to_hf_config(m, arch), indent=1, sort_keys=True) + "\n")
+    write_atomic(d / "generation_config.json", json.dumps({"bos_token_id": 0, "eos_token_id": 1}) + "\n")
     return d

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from specs.hf_export import model_to_hf_config
 from specs.models import load_model
 from specs.serve_plan import ServePlan, ServeWorkload
 from trials import backend_names, get_backend
 from trials.base import Failure, Resources
-from trials.serving.model_dir import qwen3_moe_config, serve_model, write_model_dir
+from trials.serving.model_dir import serve_model, write_model_dir
 from trials.serving.result import ServeMeasurement, bench_serving_to_seconds
 from trials.serving.server import classify_log, group_alive
 from trials.serving.vllm_args import vllm_reasons
@@ -156,7 +157,7 @@ def test_bench_serving_json_conversion():
 
 def test_model_dir_is_a_loadable_qwen3_moe(tmp_path):
     spec = serve_model(load_model("tiny-moe"))
-    cfg = qwen3_moe_config(spec)
+    cfg = model_to_hf_config(spec)
     assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_experts"], cfg["num_experts_per_tok"],
             cfg["head_dim"]) == (2, 256, 8, 2, 64)
     d = write_model_dir(spec, tmp_path / "m")

@@ -205,18 +205,14 @@ def test_block_table_name_and_folder_are_sglangs(tmp_path):
 def test_measurement_job_end_to_end_with_a_stand_in_timer(tmp_path, monkeypatch):
     """Real Ray, two actors sharing the sweep, a stand-in timer following known curves (with 1%
     noise): grids kept with provenance, the refit lands near the truth, tables regenerated."""
-    import ray
-
     from kernels import measure
+    from trials.ray_runtime import ray_session
     monkeypatch.setenv("MOETUNE_HOME", str(tmp_path))
     truth = _truth(default_curves("h100-sxm"))
     cases = measure.cases_for(DSV2_LITE, [4096, 8192], 4, skews=(1.0, 1.3))
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
+    with ray_session(num_cpus=1):
         rep = measure.run_job("h100-sxm", cases, timer="stand-in", workers=2,
                               timer_args={"truth": truth.to_dict(), "noise": 0.01})
-    finally:
-        ray.shutdown()
     assert rep["workers"] == 2 and len(rep["grids"]) == 4
     grids = store.load_grids("h100-sxm")
     assert all(g["intact"] for g in grids)

@@ -16,6 +16,7 @@ Services bind to 127.0.0.1 (node address and dashboard) unless an address to joi
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -100,9 +101,11 @@ def loopback_only() -> None:
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False,
-             no_auth: bool = False, runtime_env: dict | None = None, resources: dict | None = None):
+             no_auth: bool = False, runtime_env: dict | None = None, resources: dict | None = None, **local):
     """ray.init, joining `address` or starting a local cluster bound to 127.0.0.1; returns Ray's
-    context. Token authentication is on unless `no_auth` / MOETUNE_RAY_AUTH=disabled."""
+    context. The one place moetune calls ray.init (tuning, screening, profiling, kernel
+    measurement). Token authentication is on unless `no_auth` / MOETUNE_RAY_AUTH=disabled.
+    `local`: further ray.init options of a local cluster (object_store_memory, configure_logging)."""
     import ray
     configure_auth(joining=bool(address), no_auth=no_auth)
     quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
@@ -113,6 +116,28 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
     if address:
         return ray.init(address=address, runtime_env=runtime_env, **quiet)
     loopback_only()
+    # Ray starts its workers at niceness 15 (raylet `worker_niceness`) unless told otherwise; a
+    # trial task, a profiling actor and the ranks they launch inherit it. On a shared host that made
+    # the study's trials run behind every other job while `moetune trial` did not, so the
+    # calibration fitted on the study carried a contention factor the model's other plans never see
+    # (and a niced profiling actor measures other jobs, not this machine). Embedded Ray: workers at
+    # this process's priority.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     return ray.init(address="local", num_cpus=num_cpus, resources=resources, include_dashboard=dashboard,
                     dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1", runtime_env=runtime_env,
-                    **quiet)
+                    **{**quiet, **local})
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, **kwargs):
+    """`init_ray(address, **kwargs)` unless Ray is already initialised in this process (then that
+    Ray is used as it is); yields Ray's context (None for a Ray already running), and shuts down
+    only a Ray it started."""
+    import ray
+    started = not ray.is_initialized()
+    ctx = init_ray(address, **kwargs) if started else None
+    try:
+        yield ctx
+    finally:
+        if started:
+            ray.shutdown()

@@ -19,7 +19,6 @@ trials' heartbeats going stale (see tuner/study.py). Progress goes to this modul
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import os
@@ -116,20 +115,14 @@ class TuneResult:
 
 def start_ray(workload, ray_address: str | None = None, dashboard: bool = False, no_auth: bool = False) -> bool:
     """Join `ray_address` or start an embedded Ray with enough CPUs for one trial, token
-    authentication on unless `no_auth` (trials/ray_runtime.py); returns whether this call started
-    Ray (and so must shut it down). A Ray already initialised is left as it is."""
+    authentication on unless `no_auth`, workers at this process's priority (trials/ray_runtime.py);
+    returns whether this call started Ray (and so must shut it down). A Ray already initialised is
+    left as it is."""
     import ray
 
     from trials.ray_runtime import init_ray
     if ray.is_initialized():
         return False
-    if not ray_address:
-        # Ray starts its workers at niceness 15 (raylet `worker_niceness`) unless told otherwise; a
-        # trial task and the ranks it launches inherit it. On a shared host that made the study's
-        # trials run behind every other job while `moetune trial` (and the profile run locally)
-        # did not, so the calibration fitted on the study carried a contention factor the model's
-        # other plans never see. Embedded Ray: workers at the tuner's own priority.
-        os.environ.setdefault("RAY_worker_niceness", "0")
     ncpu = os.cpu_count() or 1
     if not workload.cluster.is_gpu:
         ncpu = max(ncpu, workload.world)  # a trial holds `world` cores
@@ -514,22 +507,10 @@ def preregister(options: TuneOptions, workload, profile, pool: list, total: int,
 
 def _screen(options: TuneOptions, workload, profile, *, tables, calibration):
     from tuner.screen import screen
-    kwargs = {}
-    # Screening honours --tables where tuner.screen takes them (a parallel change adds `tables=`);
-    # until then it resolves the tables by the cost model's lookup rule.
-    if "tables" in inspect.signature(screen).parameters:
-        kwargs["tables"] = tables
-    elif tables is not None and tables.directory.resolve() != _default_tables(workload).directory.resolve():
-        logger.warning("screening uses the default tables: this tuner.screen takes no tables argument")
     t0 = time.monotonic()
     total, pool = screen(workload, profile, options.precision, level=options.level, calibration=calibration,
-                         num_actors=options.screen_actors, progress=options.progress, **kwargs)
+                         num_actors=options.screen_actors, progress=options.progress, tables=tables)
     return total, pool, time.monotonic() - t0
-
-
-def _default_tables(workload):
-    import cost_model
-    return cost_model.resolve_tables(workload)
 
 
 def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> TuneResult:

@@ -32,13 +32,39 @@ def add_serve_args(p) -> None:
                    help="TPOT p90 bound in seconds; plans above it are excluded from rankings.")
 
 
+def default_concurrency(phase: str, devices: int) -> int:
+    """--concurrency's default, one rule for predict, plans, tune and serve-trial: 8 requests in
+    flight per device over the deployment; with --phase decode (where the cost model reads
+    concurrency as the decode batch per GPU) 16."""
+    return 16 if phase == "decode" else 8 * devices
+
+
+def serve_workload_from_args(args, devices: int, *, what: str = "--mode serve"):
+    """The serving workload of the flags, for every serving command: --isl, --osl, --concurrency
+    (default `default_concurrency`), and where the command has them --phase, --request-rate,
+    --ttft-slo / --tpot-slo. `devices`: the deployment's. A bad value is one UsageError line."""
+    from specs.errors import SpecError
+    from specs.serve_plan import ServeWorkload
+    if args.isl is None or args.osl is None:
+        raise UsageError(f"{what} needs --isl and --osl")
+    if args.concurrency is not None and args.concurrency <= 0:
+        raise UsageError(f"--concurrency must be a positive whole number, got {args.concurrency}")
+    phase = getattr(args, "phase", "both")
+    try:
+        return ServeWorkload(isl=args.isl, osl=args.osl, concurrency=args.concurrency or default_concurrency(phase, devices),
+                             phase=phase, request_rate=getattr(args, "request_rate", 0.0),
+                             ttft_p90_s=getattr(args, "ttft_slo", None) or 0.0, tpot_p90_s=getattr(args, "tpot_slo", None) or 0.0)
+    except SpecError as e:
+        raise UsageError(str(e)) from None
+
+
 def serve_prediction(args, extra_reasons=()) -> dict:
     """The JSON-ready prediction of `--mode serve` (the fields of SERVE_FIELDS first)."""
     from clusters import load_cluster
     from cost_model.serving import predict_serve
     from cost_model.tables import load_tables, tables_dir_for
     from specs.models import load_model
-    from specs.serve_plan import ServePlan, ServeWorkload
+    from specs.serve_plan import ServePlan
     from tuner.serve_price import priced_plan
     from tuner.serve_realize import realize
     if args.isl is None or args.osl is None:
@@ -47,10 +73,7 @@ def serve_prediction(args, extra_reasons=()) -> dict:
         raise UsageError(f"--routing-skew must be >= 0, got {args.routing_skew}")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
-    if args.concurrency is not None and args.concurrency <= 0:
-        raise UsageError(f"--concurrency must be a positive whole number, got {args.concurrency}")
-    conc = args.concurrency or (16 if args.phase == "decode" else 8 * cluster.num_devices)
-    w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=conc, phase=args.phase)
+    w = serve_workload_from_args(args, cluster.num_devices)
     plan = ServePlan.parse(args.plan or "")
     verdict = realize(plan, model, cluster)
     reasons = list(extra_reasons) + [str(r) for r in verdict.reasons]
@@ -83,7 +106,7 @@ def serve_prediction(args, extra_reasons=()) -> dict:
         out["what_if"] = megakernel_serving(model, cluster, priced, w, pred, precision=args.precision,
                                             tables=tables, calibration=cal, imbalance=args.imbalance,
                                             routing_skew=args.routing_skew)
-    out.update({"mode": "serve", "phase": args.phase, "isl": args.isl, "osl": args.osl, "concurrency": conc,
+    out.update({"mode": "serve", "phase": args.phase, "isl": args.isl, "osl": args.osl, "concurrency": w.concurrency,
                 "model": model.name, "cluster": cluster.kind, "gpus": cluster.num_devices,
                 "precision": args.precision, "tables_digest": tables.digest})
     return out

@@ -3,7 +3,7 @@
 `<study dir>/preregistration.json` holds the plans to be tried and the baseline, each with its
 predicted step time, throughput and memory; the acceptance bar; the sha256 of the model spec and
 cluster, the tables digest, the calibration id and hash, the code version (git describe + sha256 of
-the tuner's source files). Integrity, two ways:
+every package's files). Integrity, two ways:
 - `sha256` inside the file: sha256 of the canonical JSON (sorted keys, no whitespace) of the
   document without that field;
 - the sidecar `preregistration.sha256`: sha256 of the file's bytes, `sha256sum` format.
@@ -25,7 +25,11 @@ NAME = "preregistration.json"
 SIDECAR = "preregistration.sha256"
 ACCEPTANCE_RATIO = 0.98
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = ("tuner", "cost_model", "trials", "clusters")
+# Every package of the distribution (pyproject's [tool.setuptools.packages.find]; a test keeps the
+# two lists equal): each computes part of a prediction - plan semantics and the SGLang defaults
+# (specs), cluster data and shipped tables (clusters), the model (cost_model), the kernel what-ifs
+# (kernels), the trial stacks' limits (trials), completion, rules and ranking (tuner).
+SOURCE_DIRS = ("specs", "clusters", "cost_model", "kernels", "trials", "tuner")
 
 
 class PreregistrationError(Exception):
@@ -46,12 +50,14 @@ def calibration_dict(cal) -> dict:
 
 
 def code_version() -> dict:
-    """{'describe': git describe (or the installed version), 'source_sha256': hash of the sources}."""
+    """{'describe': git describe (or the installed version), 'source_sha256': hash of the packages'
+    files, sources and data alike (a preset's YAML or a shipped table predicts as much as code)}."""
     h = hashlib.sha256()
     for d in SOURCE_DIRS:
-        for p in sorted((REPO_ROOT / d).rglob("*.py")):
-            h.update(str(p.relative_to(REPO_ROOT)).encode())
-            h.update(p.read_bytes())
+        for p in sorted((REPO_ROOT / d).rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                h.update(str(p.relative_to(REPO_ROOT)).encode())
+                h.update(p.read_bytes())
     try:
         desc = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT, text=True,
                               capture_output=True, timeout=10).stdout.strip()

@@ -482,20 +482,22 @@ def _actor_class():
 
     @ray.remote
     class ScreenActor:
-        def __init__(self, workload, profile, precision, level, calibration, keep):
+        def __init__(self, workload, profile, precision, level, calibration, keep, tables=None):
             self.args = (workload, profile, precision, level)
-            self.calibration, self.keep = calibration, keep
+            self.calibration, self.keep, self.tables = calibration, keep, tables
 
         def score(self, shard: int, num_shards: int):
-            return score_shard(*self.args, shard, num_shards, calibration=self.calibration, keep=self.keep)
+            return score_shard(*self.args, shard, num_shards, calibration=self.calibration, keep=self.keep,
+                               tables=self.tables)
 
     return ScreenActor
 
 
 def screen(workload, profile, precision: str = "bf16", *, level: str = "core", calibration=None,
            num_actors: int = 4, cpus_per_actor: float = 0.25, shards_per_actor: int = 4,
-           keep: int = 2000, progress: bool = True, use_ray: bool = True) -> tuple[int, list[Scored]]:
-    """Score the whole space; returns (#realizable plans, merged pool ranked by predicted throughput)."""
+           keep: int = 2000, progress: bool = True, use_ray: bool = True, tables=None) -> tuple[int, list[Scored]]:
+    """Score the whole space; returns (#realizable plans, merged pool ranked by predicted throughput).
+    `tables` / `calibration`: the cost model's inputs (objects or paths; None: the lookup rules)."""
     num_shards = max(1, num_actors * shards_per_actor)
     from tqdm import tqdm
     bar = tqdm(total=num_shards, desc="screening shards", unit="shard", disable=not progress)
@@ -503,7 +505,7 @@ def screen(workload, profile, precision: str = "bf16", *, level: str = "core", c
     if not use_ray:
         for i in range(num_shards):
             n, rows = score_shard(workload, profile, precision, level, i, num_shards,
-                                  calibration=calibration, keep=keep)
+                                  calibration=calibration, keep=keep, tables=tables)
             total += n
             pool = _prune(pool + rows, keep, workload.model)
             bar.update(1)
@@ -513,7 +515,7 @@ def screen(workload, profile, precision: str = "bf16", *, level: str = "core", c
         # named for the dashboard (pid: several tuners may share a cluster); SPREAD: over all nodes
         actors = [cls.options(name=f"moetune-screen-{os.getpid()}-{i}", num_cpus=cpus_per_actor, max_restarts=0,
                               get_if_exists=False, scheduling_strategy="SPREAD").remote(workload, profile, precision, level,
-                                                          calibration, keep)
+                                                          calibration, keep, tables)
                   for i in range(num_actors)]
         try:
             pending = [actors[i % num_actors].score.remote(i, num_shards) for i in range(num_shards)]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specs.fileio import write_atomic
 from tuner.report import _fmt, adjudicate, write_csv
+from tuner.study import redact_url
 
 SERVE_CSV_COLS = ("number", "state", "plan", "roles", "predicted_tokens_per_s_per_gpu",
                   "measured_tokens_per_s_per_gpu", "predicted_step_time_s", "predicted_raw_step_time_s",
@@ -74,7 +75,8 @@ def _plots(d: Path, measured: list[dict], unit: str) -> list[str]:
 
 def write_serve_report(study_dir, *, task, prereg: dict, rows: list[dict], calibration=None, cal_report=None,
                        wall_s: float | None = None, storage_url: str = "") -> Path:
-    """Write report.md, trials.csv and the plots into `study_dir`; returns report.md's path."""
+    """Write report.md, trials.csv and the plots into `study_dir`; returns report.md's path.
+    `storage_url` is shown with its password redacted (tuner.study.redact_url, as training's report)."""
     d = Path(study_dir)
     write_csv(rows, d / "trials.csv", SERVE_CSV_COLS)
     measured = sorted((r for r in rows if r["state"] == "COMPLETE"), key=lambda r: r["number"])
@@ -87,7 +89,7 @@ def write_serve_report(study_dir, *, task, prereg: dict, rows: list[dict], calib
     L.append(f"{task.model.name} on {task.world} x {task.cluster.kind}, phase {w.phase}, isl {w.isl}, osl {w.osl}, "
              f"concurrency {w.concurrency}; objective {w.objective}; trial backend `{task.backend}`.")
     if wall_s is not None:
-        L.append(f"Wall time of this run: {wall_s:.0f} s. Storage: `{storage_url}`.")
+        L.append(f"Wall time of this run: {wall_s:.0f} s. Storage: `{redact_url(storage_url)}`.")
     L += ["", "## Verdict", "", f"**{verdict['line']}**", "",
           f"Pre-registration: `preregistration.json` sha256 {prereg['sha256'][:16]}..., "
           f"{len(prereg['plans'])} plans + baseline `{prereg['baseline']['plan']}` ({prereg['baseline']['source']})."]

@@ -297,7 +297,7 @@ def tune_serve(options, task: ServeTask, *, tables, calibration):
         prereg = existing
         logger.info("resuming: pre-registration %s verified (sha256 %s...)", study_dir / prereg_mod.NAME,
                     prereg["sha256"][:16])
-    started = start_ray(task, options.ray_address, options.dashboard)
+    started = start_ray(task, options.ray_address, options.dashboard, options.ray_no_auth)
     try:
         storage = study_mod.open_storage(options.storage, study_dir, heartbeat_interval=options.heartbeat_interval_s)
         study = study_mod.open_study(options.study, storage)

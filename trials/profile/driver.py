@@ -147,26 +147,13 @@ class DeviceProfiler:
             return runner, point["id"], [], f"{type(e).__name__}: {e}"
 
 
-def _ray_init(address: str | None, num_cpus: int):
-    import ray
-
-    from trials.ray_runtime import configure_auth, loopback_only
-    if ray.is_initialized():
-        return False
-    configure_auth(joining=bool(address))  # token authentication on (trials/ray_runtime.py)
+def _ray_session(address: str | None, num_cpus: int):
+    """Ray for the profiling actors (trials/ray_runtime.py: token, loopback, workers not niced);
+    their workers import this checkout and run one OpenMP thread each."""
+    from trials.ray_runtime import ray_session
     env = {"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}}
-    if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=False)
-    else:
-        loopback_only()
-        # embedded Ray: the profiling actors at this process's priority, not Ray's default worker
-        # niceness 15 (on a shared host a niced actor measures other jobs, not this machine; trials
-        # are launched at the same priority, see tuner.loop.start_ray)
-        os.environ.setdefault("RAY_worker_niceness", "0")
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 object_store_memory=80 * 1024 * 1024, runtime_env=env, log_to_driver=False,
-                 configure_logging=False)
-    return True
+    return ray_session(address, num_cpus=num_cpus, runtime_env=env, object_store_memory=80 * 1024 * 1024,
+                       configure_logging=False)
 
 
 def _prof_args(ctx: Ctx) -> tuple:
@@ -403,8 +390,7 @@ def _run_local(todo, ctx: Ctx, deadline: float, record) -> None:
 
 def _run_ray(todo, ctx: Ctx, devices: int, deadline: float, record, address: str | None) -> None:
     import ray
-    started = _ray_init(address, devices)
-    try:
+    with _ray_session(address, devices):
         actors = _make_actors(ray, ctx, devices, address)
         queue = list(todo)
         inflight = {}
@@ -424,9 +410,6 @@ def _run_ray(todo, ctx: Ctx, devices: int, deadline: float, record, address: str
                     inflight[a.measure.remote(r, p)] = a
         for a in actors:
             ray.kill(a)
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def _gpu_only_skips(ctx: Ctx) -> list[str]:

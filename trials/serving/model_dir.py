@@ -1,9 +1,10 @@
 """A servable model directory written from a ModelSpec: HF `config.json` plus an offline tokenizer.
 
 Serving engines load weights with `--load-format dummy` (random values, no download), so a
-directory with `config.json` and a tokenizer is all they need. Only Qwen3-MoE-shaped specs
-(softmax router, no MLA, no shared experts) are written: that architecture is served by both
-vLLM and SGLang on CPU and GPU, and it carries an explicit `head_dim`.
+directory with `config.json` and a tokenizer is all they need. The config.json is
+specs/hf_export.py's, the one writer (`emit sglang` writes the same file); a spec whose
+architecture's config would drop a feature (`hf_export.unrepresented`), or that has no experts,
+is refused: the trial would measure another model than the one priced.
 
 The tokenizer is a byte-level BPE trained here, offline, with the `tokenizers` library on a
 small synthetic corpus, and saved as a `PreTrainedTokenizerFast` (tokenizer.json plus
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specs import hf_export
 from specs.errors import SpecError
 from specs.model_spec import ModelSpec
 
@@ -33,64 +35,13 @@ TINY_SERVE_OVERRIDES = dict(name="tiny-moe-serve", num_layers=2, hidden_size=256
 
 def serve_model(spec: ModelSpec) -> ModelSpec:
     """`spec` itself if vLLM's CPU kernels can serve it, else the widened tiny serving model (tiny-moe only)."""
-    if head_dim(spec) in VLLM_CPU_HEAD_SIZES:
+    if spec.head_dim in VLLM_CPU_HEAD_SIZES:
         return spec
     if spec.name == "tiny-moe":
         import dataclasses
         return dataclasses.replace(spec, **TINY_SERVE_OVERRIDES)
-    raise SpecError(f"model {spec.name}: head size {head_dim(spec)} is not one vLLM's CPU attention "
+    raise SpecError(f"model {spec.name}: head size {spec.head_dim} is not one vLLM's CPU attention "
                     f"supports ({', '.join(map(str, VLLM_CPU_HEAD_SIZES))})")
-
-
-def head_dim(spec: ModelSpec) -> int:
-    return spec.kv_channels or spec.hidden_size // spec.num_attention_heads
-
-
-def qwen3_moe_config(spec: ModelSpec) -> dict:
-    """HF config.json of a Qwen3MoeForCausalLM with `spec`'s shapes."""
-    why = []
-    if spec.mla:
-        why.append("MLA attention")
-    if spec.moe_shared_expert_count:
-        why.append("shared experts")
-    if not spec.num_experts:
-        why.append("no experts")
-    if spec.moe_router_score_function != "softmax":
-        why.append(f"{spec.moe_router_score_function} router")
-    if why:
-        raise SpecError(f"model {spec.name} cannot be written as a Qwen3-MoE serving model: {', '.join(why)}")
-    layers = spec.moe_layers or (True,) * spec.num_layers
-    dense = [i for i, moe in enumerate(layers) if not moe]
-    return {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.ffn_hidden_size,
-        "moe_intermediate_size": spec.moe_ffn_hidden_size,
-        "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_attention_heads,
-        "num_key_value_heads": spec.num_query_groups or spec.num_attention_heads,
-        "head_dim": head_dim(spec),
-        "num_experts": spec.num_experts,
-        "num_experts_per_tok": spec.moe_router_topk,
-        "norm_topk_prob": True,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": dense,
-        "vocab_size": spec.vocab_size,
-        "max_position_embeddings": spec.max_position_embeddings or spec.seq_length,
-        "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6,
-        "hidden_act": "silu",
-        "attention_bias": spec.attention_bias,
-        "tie_word_embeddings": spec.tie_embeddings,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "output_router_logits": False,
-        "router_aux_loss_coef": 0.0,
-        "use_sliding_window": False,
-        "use_cache": True,
-    }
 
 
 _SPECIALS = ["<|bos|>", "<|eos|>", "<|pad|>"]
@@ -130,11 +81,10 @@ def write_tokenizer(out: Path, vocab_size: int) -> None:
 
 def write_model_dir(spec: ModelSpec, out: Path, *, tokenizer: bool = True) -> Path:
     """Write config.json (and the offline tokenizer) for `spec` into `out`; return `out`."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = qwen3_moe_config(spec)
-    (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
+    why = hf_export.unrepresented(spec) + ([] if spec.num_experts else ["no experts"])
+    if why:
+        raise SpecError(f"model {spec.name} cannot be served as a {hf_export.pick_architecture(spec)}: {', '.join(why)}")
+    out = hf_export.write_model_dir(spec, out)
     if tokenizer:
         write_tokenizer(out, spec.vocab_size)
     return out

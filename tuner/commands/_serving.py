@@ -8,19 +8,16 @@ from pathlib import Path
 from clusters import load_cluster
 from specs.errors import UsageError
 from specs.models import load_model
-from specs.serve_plan import ServePlan, ServeWorkload
+from specs.serve_plan import ServePlan
 
 
 def add_serve_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isl", type=int, required=True, help="Input tokens per request.")
     p.add_argument("--osl", type=int, required=True, help="Output tokens per request.")
-    p.add_argument("--concurrency", type=int, default=16, help="Requests in flight (closed loop; default 16).")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="Requests in flight (closed loop; default 8 per device, tuner.predict_serve.default_concurrency).")
     p.add_argument("--request-rate", type=float, default=0.0,
                    help="Requests per second, Poisson arrivals (default 0: closed loop at --concurrency).")
-
-
-def serve_workload_from_args(args) -> ServeWorkload:
-    return ServeWorkload(isl=args.isl, osl=args.osl, concurrency=args.concurrency, request_rate=args.request_rate)
 
 
 def serve_plan_from_args(args, devices: int) -> ServePlan:

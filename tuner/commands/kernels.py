@@ -129,13 +129,15 @@ def _tune(args) -> int:
         raise UsageError("on a GPU `kernels tune` measures one GPU (--ep 1): cross-GPU dispatch is not implemented")
     if shape.num_experts % args.ep:
         raise UsageError(f"--ep {args.ep} must divide the {shape.num_experts} experts of {shape.name}")
+    from trials.ray_runtime import ray_session
     cases = measure.cases_for(shape, args.tokens, args.ep, skews=args.skew)
     if args.stand_in:
         truth = default_curves(args.cluster)
-        rep = measure.run_job(args.cluster, cases, timer="stand-in", workers=args.workers or 1,
-                              timer_args={"truth": truth.to_dict(), "noise": 0.0},
-                              c_step=truth.c_step, sm_count=cl.sm_count,
-                              source="stand-in timer following the shipped default curves (no GPU)")
+        with ray_session(num_cpus=1):
+            rep = measure.run_job(args.cluster, cases, timer="stand-in", workers=args.workers or 1,
+                                  timer_args={"truth": truth.to_dict(), "noise": 0.0},
+                                  c_step=truth.c_step, sm_count=cl.sm_count,
+                                  source="stand-in timer following the shipped default curves (no GPU)")
     else:
         try:
             import torch
@@ -145,7 +147,8 @@ def _tune(args) -> int:
         if not has_gpu:
             raise UsageError("no CUDA GPU here: `kernels tune` measures on GPUs (add --stand-in to run the job with "
                              "the CPU stand-in timer)")
-        rep = measure.run_job(args.cluster, cases, timer="gpu", workers=args.workers, sm_count=cl.sm_count)
+        with ray_session():
+            rep = measure.run_job(args.cluster, cases, timer="gpu", workers=args.workers, sm_count=cl.sm_count)
         from kernels import store
         blocks = measure.sweep_block_configs(shape, (1, 16, 64, 256, 1024, 4096), store.kind_dir(args.cluster) / "sglang")
         rep["block_table"] = blocks["table"]

@@ -276,18 +276,8 @@ def _equal(a: dict, b: dict) -> bool:
 def _serve_rank_inputs(args, cluster):
     """The serving workload and cost-model inputs of `plans --mode serve --rank` (checked before
     the walk, so a bad flag costs one line)."""
-    from specs.errors import SpecError
-    from specs.serve_plan import ServeWorkload
-    if args.isl is None or args.osl is None:
-        raise UsageError("plans --mode serve --rank needs --isl and --osl")
-    if args.concurrency is not None and args.concurrency <= 0:
-        raise UsageError(f"--concurrency must be a positive whole number, got {args.concurrency}")
-    conc = args.concurrency or (16 if args.phase == "decode" else 8 * cluster.num_devices)
-    try:
-        w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=conc, phase=args.phase,
-                          ttft_p90_s=args.ttft_slo or 0.0, tpot_p90_s=args.tpot_slo or 0.0)
-    except SpecError as e:
-        raise UsageError(str(e)) from None
+    from tuner.predict_serve import serve_workload_from_args
+    w = serve_workload_from_args(args, cluster.num_devices, what="plans --mode serve --rank")
     if args.routing_skew < 0:
         raise UsageError(f"--routing-skew must be >= 0, got {args.routing_skew}")
     kw = {"precision": args.precision, "routing_skew": args.routing_skew}

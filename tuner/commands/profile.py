@@ -42,7 +42,11 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    import torch
+    try:
+        import torch
+    except ImportError:  # the core install has no torch
+        raise UsageError("moetune profile runs torch microbenchmarks: install the trials extra "
+                         "(pip install -e '.[trials]')") from None
 
     from clusters import load_cluster
     from cost_model.tables import measured_tables_dir

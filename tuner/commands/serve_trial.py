@@ -13,7 +13,7 @@ import json
 from clusters import load_cluster
 from specs.errors import UsageError
 from specs.models import load_model
-from tuner.commands._serving import add_serve_workload_args, serve_plan_from_args, serve_workload_from_args
+from tuner.commands._serving import add_serve_workload_args, serve_plan_from_args
 from tuner.commands.common import positive_int
 
 SUMMARY = "Serve one plan with a real inference server and print its measured throughput and latencies."
@@ -43,12 +43,12 @@ def add_parser(subparsers):
 def run(args) -> int:
     from trials import get_backend
     from trials.base import Failure, Resources
-
-    if args.warmup < 0 or args.timeout <= 0 or args.concurrency < 1:
-        raise UsageError("--warmup must be >= 0, --timeout positive and --concurrency >= 1")
+    from tuner.predict_serve import serve_workload_from_args
+    if args.warmup < 0 or args.timeout <= 0:
+        raise UsageError("--warmup must be >= 0 and --timeout positive")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
-    workload = serve_workload_from_args(args)
+    workload = serve_workload_from_args(args, cluster.num_devices, what="serve-trial")
     plan = serve_plan_from_args(args, cluster.num_devices)
     backend = get_backend(args.backend, model=model)
     result = backend.run(plan, workload, Resources(devices=cluster.num_devices, timeout_s=args.timeout),

@@ -29,6 +29,7 @@ heartbeats (see tuner/study.py), and an interrupted plan is retried once.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -153,22 +154,17 @@ def _run_serve(args) -> int:
     from cost_model.tables import load_tables, tables_dir_for
     from specs.errors import SpecError
     from specs.models import load_model
-    from specs.serve_plan import ServeWorkload
+    from tuner.predict_serve import serve_workload_from_args
     from tuner.serve_tune import make_task, tune_serve
     backend = args.backend or "vllm"
     if backend not in ("vllm", "sglang"):
         raise UsageError(f"--mode serve runs serving trials: --backend vllm or sglang, not {backend}")
-    if args.isl is None or args.osl is None:
-        raise UsageError("--mode serve needs --isl and --osl")
-    if args.concurrency is not None and args.concurrency <= 0:
-        raise UsageError(f"--concurrency must be a positive whole number, got {args.concurrency}")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
     if backend == "sglang" and not cluster.is_gpu:
         raise UsageError("--backend sglang needs GPUs: SGLang 0.5.23 has no CPU kernels on PyPI (use vllm)")
+    w = serve_workload_from_args(args, cluster.num_devices)
     try:
-        w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=args.concurrency or 8 * cluster.num_devices,
-                          phase=args.phase, ttft_p90_s=args.ttft_slo or 0.0, tpot_p90_s=args.tpot_slo or 0.0)
         task = make_task(model, cluster, w, backend, args.precision)
     except SpecError as e:
         raise UsageError(str(e)) from None
@@ -207,6 +203,9 @@ def run(args) -> int:
     backend = args.backend or "megatron"
     if backend not in ("megatron", "predict-only"):
         raise UsageError(f"--mode train runs training trials: --backend megatron or predict-only, not {backend}")
+    if backend == "megatron" and importlib.util.find_spec("megatron") is None:  # the core install has neither
+        raise UsageError("--backend megatron needs torch and megatron-core: pip install -e '.[megatron]' "
+                         "(or --backend predict-only)")
     # Everything is checked here, before Ray starts: a bad flag costs one line, not a cluster.
     options = _options(args, args.study, backend, 300.0 if args.trial_timeout is None else args.trial_timeout)
     workload = workload_from_args(args)
