@@ -42,3 +42,12 @@ def _load_yaml(path: Path, name: str | None) -> ModelSpec:
     if isinstance(d, dict) and "name" not in d and name is None:
         d["name"] = path.stem
     return from_dict(d, name=name)
+
+
+def hf_id(model: ModelSpec) -> str:
+    """The Hugging Face repository id a model's numbers come from (`source:
+    huggingface.co/<org>/<name> ...` in a preset), or "" when it has none."""
+    first = (model.source or "").split()
+    if first and first[0].startswith("huggingface.co/") and first[0].count("/") == 2:
+        return first[0].removeprefix("huggingface.co/")
+    return ""

@@ -61,7 +61,7 @@ def test_whatif_not_applicable(model, kind, gpus, plan, why):
 
 def test_predict_cli_prints_the_whatif():
     args = [sys.executable, "-m", "tuner.cli", "predict", "--model", "deepseek-v2-lite", "--cluster", "h100-sxm",
-            "--gpus", "8", "--gbs", "64", "--seq", "4096", "--plan", "tp=1,pp=1,ep=8,mbs=2", "--complete", "defaults", "--what-if", "megakernel"]
+            "--gpus", "8", "--gbs", "64", "--seq", "4096", "--plan", "tp=1,pp=1,ep=8,mbs=1", "--complete", "defaults", "--what-if", "megakernel"]
     out = subprocess.run(args + ["--json"], capture_output=True, text=True, check=True).stdout
     d = json.loads(out)
     assert d["what_if"]["applicable"] and d["what_if"]["step_time_s"] < d["step_time_s"]
