@@ -5,6 +5,7 @@ published performance tables live under `clusters/tables/<kind>/` (see `cost_mod
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -75,7 +76,9 @@ def load_cluster(kind: str, gpus: int | None = None) -> ClusterSpec:
     if not (path.suffix in (".yaml", ".yml") and path.exists()):
         path = CLUSTER_DIR / f"{kind}.yaml"
     if not path.exists():
-        raise SpecError(f"unknown cluster {kind!r}: choose one of {', '.join(kind_names())}")
+        near = difflib.get_close_matches(kind, kind_names(), n=1, cutoff=0.5)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise SpecError(f"unknown cluster {kind!r}: {hint}choose one of {', '.join(kind_names())}")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:

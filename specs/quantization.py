@@ -52,7 +52,8 @@ def _from_config(path: Path) -> Quantization | None:
 def checkpoint_quantization(ref: str, model_name: str = "") -> Quantization | None:
     """The checkpoint's weight quantization for a model reference (a config.json, a directory
     holding one, or a preset name), or None when it stores bf16 weights or is not known."""
-    path = Path(ref)
+    from specs.models import resolve_model_ref
+    path = Path(resolve_model_ref(ref))
     if path.is_dir():
         path = path / "config.json"
     if path.suffix == ".json" and path.exists():

@@ -11,24 +11,17 @@ from __future__ import annotations
 
 import math
 import shlex
-from importlib import metadata
 
 from cost_model.constants import HBM_RESERVE_FRACTION
+from tuner.cli_output import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, moetune_version
 
-# the CLI's exit codes (README "Exit codes"): 0 ok, 2 bad input or unrealizable, 3 does not fit
-EXIT_OK, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 2, 3
+__all__ = ["EXIT_BAD_INPUT", "EXIT_DOES_NOT_FIT", "moetune_version", "megatron_header", "serving_header",
+           "megatron_does_not_fit", "serve_memory_problem", "what_would_fit", "train_predict_argv",
+           "serve_predict_argv"]
 
 # serving memory verdicts of cost_model.serving.memory.capacity / rank_arrays that mean "does not fit"
 SERVE_MEMORY_CODES = ("weights_exceed_hbm", "weights_exceed_mem_fraction", "kv_pool_below_one_request",
                       "activations_exceed_reserve", "decode_batch_exceeds_kv_pool")
-
-
-def moetune_version() -> str:
-    """The installed distribution's version (pyproject.toml); "unknown" when run from a bare tree."""
-    try:
-        return metadata.version("moetune")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def predict_command(argv: list[str]) -> str:

@@ -33,7 +33,7 @@ def add_serve_args(p) -> None:
 
 
 def serve_prediction(args, extra_reasons=()) -> dict:
-    """The JSON-ready prediction of `--mode serve` (the fields of SERVE_FIELDS first)."""
+    """The JSON-ready prediction of `--mode serve` (schema_version and the workload, then SERVE_FIELDS)."""
     from clusters import load_cluster
     from cost_model.serving import predict_serve
     from cost_model.tables import load_tables, tables_dir_for
@@ -71,7 +71,10 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     pred = predict_serve(model, cluster, priced, w, precision=precision, tables=tables, calibration=cal,
                          imbalance=args.imbalance, routing_skew=args.routing_skew, extra_reasons=reasons)
     d = pred.to_dict()
-    out = {k: d[k] for k in SERVE_FIELDS}
+    from tuner.cli_output import workload_json
+    out = workload_json("serve", model.name, cluster.kind, cluster.num_devices, precision, isl=args.isl,
+                        osl=args.osl, concurrency=conc, phase=args.phase)
+    out.update({k: d[k] for k in SERVE_FIELDS})
     out.update({k: v for k, v in d.items() if k not in SERVE_FIELDS})
     out["plan"] = plan.canonical()
     if verdict.ok:  # what SGLang runs (chunked_prefill per attention-DP rank, -1 = no CUDA graphs)

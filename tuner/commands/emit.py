@@ -116,9 +116,11 @@ def _model_path(args, model, out_dir: str | None) -> tuple[str, str | None]:
     directory, and only beside --out: printing a command writes nothing."""
     from pathlib import Path
 
-    from specs.models import hf_id
+    from specs.models import hf_id, is_hub_id
     if args.model_path:
         return args.model_path, None
+    if is_hub_id(args.model):  # read from the local cache; the server loads the same id
+        return args.model, None
     ref = Path(args.model)
     if ref.name == "config.json" and ref.exists():
         return str(ref.parent), None

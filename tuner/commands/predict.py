@@ -99,7 +99,10 @@ def run(args) -> int:
         from tuner.whatif import megakernel_training
         what_if = megakernel_training(w, plan, pred, imbalance=args.imbalance)
     if args.json:
-        d = pred.to_dict()
+        from tuner.cli_output import workload_json
+        d = workload_json("train", w.model.name, w.cluster.kind, w.world, args.precision, gbs=w.gbs, seq=w.seq,
+                          stack=profile.name)
+        d.update(pred.to_dict())
         if what_if is not None:
             d["what_if"] = what_if
         d["plan"] = plan.canonical()
