@@ -3,6 +3,7 @@ is not, and examples; `--rank` ranks realizable plans by the cost model's predic
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 
@@ -114,7 +115,9 @@ def run(args) -> int:
     ranked = _rank(w, space, profile, shard, nshards, args.top, tables, calibration, not args.exhaustive) \
         if args.rank else None
     if args.json:
+        from tuner.cli_output import SCHEMA_VERSION
         print(json.dumps({
+            "schema_version": SCHEMA_VERSION, "mode": "train",
             "model": w.model.name, "cluster": w.cluster.kind, "gpus": w.world, "gbs": w.gbs,
             "seq": w.seq, "precision": args.precision, "stack": profile.name, "level": args.level,
             "shard": [shard, nshards], "space_size": s.total, "realizable": s.realizable,
@@ -152,11 +155,25 @@ def run(args) -> int:
                   r["variants"] > 1 for r in ranked["plans"]) else "") + "):")
         if ranked["bound_violated"]:
             print("  note: a scored plan beat its point's bound, so every plan was scored")
-        for r in ranked["plans"]:
+        if ranked["plans"]:
+            print(f"  {'#':>3} {'tok/s/GPU':>10} {'step':>11} {'MFU':>6} {'peak mem':>10} {'same':>4}  plan")
+        for i, r in enumerate(ranked["plans"], 1):
             same = f"x{r['variants']}" if r["variants"] > 1 else ""
-            print(f"  {r['tokens_per_s_per_gpu']:>10,.0f} tok/s/GPU  {fmt_seconds(r['step_time_s'], 8)}  "
+            print(f"  {i:>3} {r['tokens_per_s_per_gpu']:>10,.0f} {fmt_seconds(r['step_time_s'], 8)} {r['mfu']:>6.1%} "
                   f"{fmt_gib(r['peak_memory_gib'], 6)} {same:>4}  {plan_text(Plan.parse(r['plan']), w, profile, args.canonical)}")
+        if ranked["plans"]:
+            best = plan_text(Plan.parse(ranked["plans"][0]["plan"]), w, profile, args.canonical)
+            print(f"next: moetune predict {_workload_flags(args)} --plan {shlex.quote(best)} --complete defaults   "
+                  f"(then `moetune emit megatron` with the same flags)")
     return 0
+
+
+def _workload_flags(args) -> str:
+    """The workload flags of this `plans` call, for the "next:" line."""
+    a = ["--model", args.model, "--cluster", args.cluster] + (["--gpus", str(args.gpus)] if args.gpus else [])
+    a += ["--gbs", str(args.gbs)] + (["--seq", str(args.seq)] if args.seq else [])
+    a += ["--precision", args.precision] if args.precision != "bf16" else []
+    return " ".join(shlex.quote(x) for x in a)
 
 
 
