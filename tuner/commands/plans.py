@@ -155,12 +155,20 @@ def run(args) -> int:
                   r["variants"] > 1 for r in ranked["plans"]) else "") + "):")
         if ranked["bound_violated"]:
             print("  note: a scored plan beat its point's bound, so every plan was scored")
+        # columns: rank (~: the model cannot tell it from #1, when the calibration gives intervals),
+        # predicted tokens/s/GPU, step time (and its 90% interval), MFU, peak memory, predicted-equal variants
+        with_iv = any(r.get("step_time_interval_s") for r in ranked["plans"])
         if ranked["plans"]:
-            print(f"  {'#':>3} {'tok/s/GPU':>10} {'step':>11} {'MFU':>6} {'peak mem':>10} {'same':>4}  plan")
+            print(f"  {'#':>3} {'tok/s/GPU':>10} {'step':>11}" + (f" {'90% interval s':>15}" if with_iv else "") +
+                  f" {'MFU':>6} {'peak mem':>10} {'same':>4}  plan")
         for i, r in enumerate(ranked["plans"], 1):
             same = f"x{r['variants']}" if r["variants"] > 1 else ""
-            print(f"  {i:>3} {r['tokens_per_s_per_gpu']:>10,.0f} {fmt_seconds(r['step_time_s'], 8)} {r['mfu']:>6.1%} "
-                  f"{fmt_gib(r['peak_memory_gib'], 6)} {same:>4}  {plan_text(Plan.parse(r['plan']), w, profile, args.canonical)}")
+            iv = r.get("step_time_interval_s")
+            span = (f" {f'[{iv[0]:.3g}..{iv[1]:.3g}]' if iv else '':>15}") if with_iv else ""
+            mark = "~" if r.get("indistinguishable") else " "
+            print(f" {mark}{i:>3} {r['tokens_per_s_per_gpu']:>10,.0f} {fmt_seconds(r['step_time_s'], 8)}{span} "
+                  f"{r['mfu']:>6.1%} {fmt_gib(r['peak_memory_gib'], 6)} {same:>4}  "
+                  f"{plan_text(Plan.parse(r['plan']), w, profile, args.canonical)}")
         if ranked["plans"]:
             best = plan_text(Plan.parse(ranked["plans"][0]["plan"]), w, profile, args.canonical)
             print(f"next: moetune predict {_workload_flags(args)} --plan {shlex.quote(best)} --complete defaults   "
