@@ -1,4 +1,4 @@
-"""CLI conventions (tuner/cli_output.py, `moetune list`, specs.models' hub ids and "did you mean"):
+"""CLI conventions (tuner/conventions.py, `moetune list`, specs.models' hub ids and "did you mean"):
 --version, listing what names are accepted, JSON errors on stdout, the same workload fields in
 training and serving JSON, hub ids read from the local cache or refused with the reason."""
 import json

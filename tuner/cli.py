@@ -38,7 +38,7 @@ def _parsers(parser: argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tuner.cli_output import moetune_version
+    from tuner.conventions import moetune_version
     parser = Parser(prog="moetune", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"moetune {moetune_version()}",
                         help="Show moetune's version and exit.")
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"moetune {args.command}: error: {e}", file=sys.stderr)
         if getattr(args, "json", False):  # a caller parsing stdout gets the error too
-            from tuner.cli_output import error_json
+            from tuner.conventions import error_json
             print(error_json(e))
         return 2
     except KeyboardInterrupt:

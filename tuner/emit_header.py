@@ -13,7 +13,7 @@ import math
 import shlex
 
 from cost_model.constants import HBM_RESERVE_FRACTION
-from tuner.cli_output import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, moetune_version
+from tuner.conventions import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, moetune_version
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_DOES_NOT_FIT", "moetune_version", "megatron_header", "serving_header",
            "megatron_does_not_fit", "serve_memory_problem", "what_would_fit", "train_predict_argv",

@@ -71,7 +71,7 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     pred = predict_serve(model, cluster, priced, w, precision=precision, tables=tables, calibration=cal,
                          imbalance=args.imbalance, routing_skew=args.routing_skew, extra_reasons=reasons)
     d = pred.to_dict()
-    from tuner.cli_output import workload_json
+    from tuner.conventions import workload_json
     out = workload_json("serve", model.name, cluster.kind, cluster.num_devices, precision, isl=args.isl,
                         osl=args.osl, concurrency=conc, phase=args.phase)
     out.update({k: d[k] for k in SERVE_FIELDS})

@@ -53,7 +53,7 @@ def _stacks() -> list[dict]:
 def run(args) -> int:
     rows = {"models": _models, "clusters": _clusters, "stacks": _stacks}[args.what]()
     if args.json:
-        from tuner.cli_output import SCHEMA_VERSION
+        from tuner.conventions import SCHEMA_VERSION
         print(json.dumps({"schema_version": SCHEMA_VERSION, args.what: rows}, indent=1))
         return 0
     if args.what == "models":

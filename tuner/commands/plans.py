@@ -115,7 +115,7 @@ def run(args) -> int:
     ranked = _rank(w, space, profile, shard, nshards, args.top, tables, calibration, not args.exhaustive) \
         if args.rank else None
     if args.json:
-        from tuner.cli_output import SCHEMA_VERSION
+        from tuner.conventions import SCHEMA_VERSION
         print(json.dumps({
             "schema_version": SCHEMA_VERSION, "mode": "train",
             "model": w.model.name, "cluster": w.cluster.kind, "gpus": w.world, "gbs": w.gbs,

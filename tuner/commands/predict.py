@@ -99,7 +99,7 @@ def run(args) -> int:
         from tuner.whatif import megakernel_training
         what_if = megakernel_training(w, plan, pred, imbalance=args.imbalance)
     if args.json:
-        from tuner.cli_output import workload_json
+        from tuner.conventions import workload_json
         d = workload_json("train", w.model.name, w.cluster.kind, w.world, args.precision, gbs=w.gbs, seq=w.seq,
                           stack=profile.name)
         d.update(pred.to_dict())
