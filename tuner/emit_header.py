@@ -74,8 +74,9 @@ def megatron_header(w, plan, profile, pred, tables, cal, predict_argv: list[str]
         f"# predicted by moetune (tables {tables.directory.name} {tables_kind} sha256 {tables.digest[:16]}, "
         f"calibration {cal.id}), in Megatron's log units:",
         f"#   elapsed time per iteration (ms): {pred.step_time_s * 1e3:.1f}",
-        f"#   throughput per GPU (TFLOP/s/GPU): {pred.model_tflops_per_gpu:.1f}  (moetune's model-FLOP count; "
-        f"MFU {pred.mfu:.1%})",
+        f"#   throughput per GPU (TFLOP/s/GPU): {pred.model_tflops_per_gpu:.1f}  (Megatron's num_floating_point_operations"
+        + (f" without the {w.model.mtp_num_layers} MTP layer(s), which Megatron's log adds" if w.model.mtp_num_layers else "")
+        + f"; MFU {pred.mfu:.1%} of bf16 peak)",
         f"#   tokens/s: {pred.tokens_per_s_per_gpu * w.world:,.0f}  (tokens/s/GPU {pred.tokens_per_s_per_gpu:,.1f})",
         f"#   memory per pipeline stage (GiB): {stages}  (usable {usable:.1f} GiB of {w.cluster.hbm_gib:g}; "
         f"{'fits' if pred.feasible else 'DOES NOT FIT'})",
