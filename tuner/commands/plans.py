@@ -51,7 +51,9 @@ def add_parser(subparsers):
     p.add_argument("--json", action="store_true", help="Print the counts, examples and ranking as one JSON object.")
     add_canonical_arg(p)
     from tuner.predict_serve import add_serve_args
+    from tuner.serve_precision import add_weight_dtype_arg
     add_serve_args(p)
+    add_weight_dtype_arg(p)
     return p
 
 
@@ -229,7 +231,9 @@ def _run_serve(args) -> int:
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
     space = default_serve_space(cluster.num_devices)
-    workload, kw = _serve_rank_inputs(args, cluster) if args.rank else (None, {})
+    from tuner.serve_precision import resolve as resolve_weights
+    weights = resolve_weights(args, model)
+    workload, kw = _serve_rank_inputs(args, cluster, weights["precision"]) if args.rank else (None, {})
     t0 = time.time()
     s = summarize(space, model, cluster, max_examples=args.examples, keep_effective=args.rank)
     elapsed = time.time() - t0
@@ -237,13 +241,15 @@ def _run_serve(args) -> int:
     if args.json:
         print(json.dumps({
             "mode": "serve", "model": model.name, "cluster": cluster.kind, "gpus": cluster.num_devices,
+            "precision": weights["precision"], "weight_dtype": weights["dtype"], "weight_source": weights["source"],
             "space_size": s.total, "realizable": s.realizable,
             "rejections": dict(s.rejections.most_common()),
             "rejection_examples": {k: {"plan": p, "reason": r} for k, (p, r) in s.rejected_examples.items()},
             "examples": [p.canonical() for p in s.examples], "ranked": ranked,
             "elapsed_s": round(elapsed, 3)}, indent=1))
         return 0
-    print(f"{model.name} served on {cluster.num_devices} x {cluster.kind} (SGLang 0.5.23 rules)")
+    print(f"{model.name} served on {cluster.num_devices} x {cluster.kind} (SGLang 0.5.23 rules); "
+          f"weights {weights['dtype']} ({weights['source']})")
     pct = 100.0 * s.realizable / s.total if s.total else 0.0
     print(f"serving plan space: {s.total:,} plans; realizable: {s.realizable:,} ({pct:.2f}%)   [{elapsed:.1f} s]")
     if s.rejections:
@@ -263,6 +269,8 @@ def _run_serve(args) -> int:
               f"osl {workload.osl}, concurrency {workload.concurrency}):")
         for code, n in ranked["excluded"].items():
             print(f"  excluded: {n:,} x {code}")
+        if not ranked["plans"] and any(c.startswith("weights_exceed") for c in ranked["excluded"]):
+            print(f"  nothing fits: {_what_would_fit(model, cluster, weights)}")
         for r in ranked["plans"]:
             ttft = "n/a" if r["ttft_p90_s"] is None else f"{r['ttft_p90_s'] * 1e3:.0f} ms"
             tpot = "n/a" if r["tpot_p90_s"] is None else f"{r['tpot_p90_s'] * 1e3:.1f} ms"
@@ -298,7 +306,20 @@ def _equal(a: dict, b: dict) -> bool:
         abs(a["peak_memory_gib"] - b["peak_memory_gib"]) <= 1e-9 * max(b["peak_memory_gib"], 1e-12)
 
 
-def _serve_rank_inputs(args, cluster):
+def _what_would_fit(model, cluster, weights) -> str:
+    """When no serving plan's weights fit: the model's weight bytes against the deployment's HBM, and
+    what would change that (fp8 weights, more GPUs); a first-order estimate, said so."""
+    import math
+
+    from cost_model.flops import param_counts
+    gib = param_counts(model)["total"] * (1.0 if weights["precision"] == "fp8" else 2.0) / 2**30
+    need = 2 ** math.ceil(math.log2(max(gib / (0.8 * cluster.hbm_gib), 1.0)))  # ~80% of HBM for weights
+    alt = [] if weights["precision"] == "fp8" else [f"--weight-dtype fp8 ({gib / 2:,.0f} GiB)"]
+    return (f"{gib:,.0f} GiB of {weights['dtype']} weights; about {need} x {cluster.kind} at this weight format"
+            + (" or " + " ".join(alt) if alt else "") + " (weights only, to first order)")
+
+
+def _serve_rank_inputs(args, cluster, precision: str):
     """The serving workload and cost-model inputs of `plans --mode serve --rank` (checked before
     the walk, so a bad flag costs one line)."""
     from specs.errors import SpecError
@@ -315,7 +336,7 @@ def _serve_rank_inputs(args, cluster):
         raise UsageError(str(e)) from None
     if args.routing_skew < 0:
         raise UsageError(f"--routing-skew must be >= 0, got {args.routing_skew}")
-    kw = {"precision": args.precision, "routing_skew": args.routing_skew}
+    kw = {"precision": precision, "routing_skew": args.routing_skew}
     if args.tables:
         from cost_model.tables import load_tables
         try:
