@@ -82,6 +82,10 @@ def megatron_header(w, plan, profile, pred, tables, cal, predict_argv: list[str]
         f"{'fits' if pred.feasible else 'DOES NOT FIT'})",
         f"# reproduce: {predict_command(predict_argv)}",
     ]
+    if plan.pp_layout and w.model.mtp_num_layers:
+        lines.append(f"# layout: the plan's {plan.pp_layout} places the transformer layers; the "
+                     f"--pipeline-model-parallel-layout flag also places the {w.model.mtp_num_layers} MTP layer(s) "
+                     "('m') in the last stage, as Megatron requires")
     return lines
 
 
