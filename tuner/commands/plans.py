@@ -239,8 +239,9 @@ def _run_serve(args) -> int:
     elapsed = time.time() - t0
     ranked = rank_serve_plans(s.effective, model, cluster, workload, args.top, **kw) if args.rank else None
     if args.json:
+        from tuner.conventions import SCHEMA_VERSION
         print(json.dumps({
-            "mode": "serve", "model": model.name, "cluster": cluster.kind, "gpus": cluster.num_devices,
+            "schema_version": SCHEMA_VERSION, "mode": "serve", "model": model.name, "cluster": cluster.kind, "gpus": cluster.num_devices,
             "precision": weights["precision"], "weight_dtype": weights["dtype"], "weight_source": weights["source"],
             "space_size": s.total, "realizable": s.realizable,
             "rejections": dict(s.rejections.most_common()),
