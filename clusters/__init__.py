@@ -5,6 +5,7 @@ published performance tables live under `clusters/tables/<kind>/` (see `cost_mod
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -75,7 +76,9 @@ def load_cluster(kind: str, gpus: int | None = None) -> ClusterSpec:
     if not (path.suffix in (".yaml", ".yml") and path.exists()):
         path = CLUSTER_DIR / f"{kind}.yaml"
     if not path.exists():
-        raise SpecError(f"unknown cluster {kind!r}: choose one of {', '.join(kind_names())}")
+        near = difflib.get_close_matches(kind, kind_names(), n=1, cutoff=0.5)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise SpecError(f"unknown cluster {kind!r}: {hint}choose one of {', '.join(kind_names())}")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -90,6 +93,7 @@ def load_cluster(kind: str, gpus: int | None = None) -> ClusterSpec:
                 values[k][dt], sources[k][dt] = _value(e)
         else:
             values[k], sources[k] = _value(v)
+    _check_table_source(path, values)
     if kind == "cpu-local" or values.get("detect_host"):
         values = _detect_host(values)
     values.pop("detect_host", None)
@@ -107,6 +111,32 @@ def load_cluster(kind: str, gpus: int | None = None) -> ClusterSpec:
         return ClusterSpec(sources=sources, **values)
     except TypeError as e:
         raise SpecError(f"bad cluster file {path}: {e}") from None
+
+
+# The numbers the shipped tables of a kind are built from (cost_model/build_default_tables.py reads
+# them from clusters/<kind>.yaml); hbm_gib is not one: the memory model reads it from the YAML.
+TABLE_SOURCE_FIELDS = ("peak_tflops", "hbm_tbps", "sm_count", "nvlink_gbps", "scaleout_gbps", "pcie_gbps")
+
+
+def _check_table_source(path: Path, values: dict) -> None:
+    """A cluster file that names a catalog kind but changes a number that kind's tables were built
+    from would be priced with the catalog's tables, silently: refuse it, saying how to give it its
+    own tables."""
+    kind = values.get("kind")
+    shipped = CLUSTER_DIR / f"{kind}.yaml"
+    if not shipped.exists() or path.resolve() == shipped.resolve():
+        return
+    raw = yaml.safe_load(shipped.read_text())
+    base = {k: ({dt: _value(e)[0] for dt, e in v.items()} if k == "peak_tflops" else _value(v)[0])
+            for k, v in raw.items()}
+    diff = [f"{k} {values.get(k)} (tables: {base.get(k)})" for k in TABLE_SOURCE_FIELDS
+            if values.get(k) != base.get(k)]
+    if diff:
+        raise SpecError(f"{path}: kind {kind!r} but {'; '.join(diff)}: the shipped {kind} tables come from "
+                        f"clusters/{kind}.yaml, so these numbers would be ignored. Give the file its own `kind:` "
+                        f"and build its tables: python -m cost_model.build_default_tables --kinds {path} "
+                        "--out $MOETUNE_HOME/tables (or measure them on that machine: moetune profile --cluster "
+                        f"{path})")
 
 
 def _detect_host(values: dict) -> dict:

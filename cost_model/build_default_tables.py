@@ -1,6 +1,8 @@
 """Build the default (published-numbers) tables for every cluster preset: clusters/tables/<kind>/.
 
-    python -m cost_model.build_default_tables [--kinds h100-sxm,...] [--out clusters/tables]
+    python -m cost_model.build_default_tables [--kinds h100-sxm,my-cluster.yaml,...] [--out clusters/tables]
+
+(a cluster YAML of a kind of its own: `--out $MOETUNE_HOME/tables`, where the cost model looks first)
 
 Nothing here is hand-tuned: each family is a physical skeleton whose few parameters are either
 datasheet values of the target GPU or fitted to public measurements (`cost_model/data/`, each row
@@ -153,14 +155,16 @@ NO_NETWORK_PLACEHOLDER_GBIT = 10.0
 
 
 def _spec_for(kind: str) -> dict:
-    """Hardware numbers from the cluster catalog (clusters/<kind>.yaml), the one place they live."""
+    """Hardware numbers from the cluster catalog (clusters/<kind>.yaml), the one place they live,
+    or from a cluster YAML file (a kind of its own)."""
     from clusters import load_cluster
     c = load_cluster(kind)
+    is_file = kind.endswith((".yaml", ".yml"))
     pk = c.peak_tflops
     return dict(bf16=float(pk.get("bf16") or pk.get("fp16") or pk.get("fp32")),
                 fp8=float(pk.get("fp8") or 0.0), hbm_tbps=float(c.hbm_tbps), sm=int(c.sm_count),
                 nvlink=float(c.nvlink_gbps), nic_gbit=float(c.scaleout_gbps or NO_NETWORK_PLACEHOLDER_GBIT), pcie=float(c.pcie_gbps),
-                src_kind=f"clusters/{kind}.yaml")
+                name=c.kind, src_kind=kind if is_file else f"clusters/{kind}.yaml")
 
 
 # bf16 tensor-core efficiency e_c, from measured maximum achievable matmul FLOPS (MAMF, mamf-finder.py
@@ -196,8 +200,10 @@ def bf16_efficiency(kind: str, params) -> tuple[float, str]:
 
 
 def build(kind: str, out_root: Path, params, rms) -> str:
+    """Write the tables of `kind` (a catalog name or a cluster YAML file) under out_root/<its kind>."""
     s = _spec_for(kind)
     src_hw = s["src_kind"]
+    kind = s["name"]
     out = out_root / kind
     out.mkdir(parents=True, exist_ok=True)
     notes = [f"hardware values from {src_hw}",

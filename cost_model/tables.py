@@ -271,7 +271,12 @@ class Tables:
     def load(cls, directory: str | Path) -> "Tables":
         directory = Path(directory)
         if not directory.is_dir():
-            raise TableError(f"{directory}: no such table directory")
+            hint = ""
+            if directory.parent in (TABLE_ROOT, moetune_home() / "tables"):  # a kind with no tables yet
+                hint = (f"; no tables for cluster kind {directory.name!r}: build them from its YAML with "
+                        "`python -m cost_model.build_default_tables --kinds FILE.yaml --out $MOETUNE_HOME/tables` "
+                        "or measure them with `moetune profile --cluster FILE.yaml`")
+            raise TableError(f"{directory}: no such table directory{hint}")
         meta_path = directory / "meta.json"
         try:
             meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}

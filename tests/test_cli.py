@@ -219,14 +219,16 @@ def test_plans_examples_and_ranked_rows_are_short_and_distinct(capsys):
     assert main(["plans", *CPU, "--rank", "--top", "8", "--examples", "3"]) == 0
     out = capsys.readouterr().out
     ex = out.split("realizable examples", 1)[1].split("top 8", 1)[0].splitlines()[1:]
-    rows = out.split("top 8", 1)[1].splitlines()[1:]
-    assert len(ex) == 3 and len(rows) == 8
+    table = out.split("top 8", 1)[1].splitlines()[1:]
+    assert table[0].split()[:4] == ["#", "tok/s/GPU", "step", "MFU"] and table[-1].startswith("next: moetune predict")
+    rows = [r for r in table if r.lstrip(" ~").split()[0].isdigit()]
+    assert len(ex) == 3 and len(rows) == 8 and [int(r.lstrip(" ~").split()[0]) for r in rows] == list(range(1, 9))
     shown = [r.split()[-1] for r in rows]
     assert len(set(shown)) == len(shown)
     for text in [e.strip() for e in ex] + shown:
         assert text == "(defaults)" or len(parse_fields(text)) < 8, text
     assert main(["plans", *CPU, "--rank", "--top", "8", "--examples", "3", "--canonical"]) == 0
-    rows = capsys.readouterr().out.split("top 8", 1)[1].splitlines()[1:]
+    rows = [r for r in capsys.readouterr().out.split("top 8", 1)[1].splitlines()[1:] if r.lstrip(" ~").split()[0].isdigit()]
     from specs.plan import Plan
     assert all(r.split()[-1].startswith("tp=") and r.count("=") == len(Plan.__dataclass_fields__) for r in rows)
 

@@ -154,11 +154,17 @@ def test_code_hash_covers_every_package_that_predicts(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b"])
 def test_emit_sglang_writes_the_config_a_trial_serves(tmp_path, capsys, name):
+    """A model with no published checkpoint (the preset's YAML without its `source:` line) emitted
+    for a benchmark writes its config-only directory beside --out: the same bytes a trial serves."""
+    from specs.models import PRESET_DIR
     from trials.serving.model_dir import serve_model, write_model_dir
     from tuner.cli import main
-    assert main(["emit", "sglang", "--model", name, "--cluster", "h200-sxm", "--gpus", "8", "--plan", "tp=8",
-                 "--out", str(tmp_path / "launch.sh")]) == 0, capsys.readouterr().err
-    trial = write_model_dir(serve_model(load_model(name)), tmp_path / "trial", tokenizer=False)
+    src = (PRESET_DIR / f"{name}.yaml").read_text()
+    yaml_path = tmp_path / f"{name}.yaml"
+    yaml_path.write_text("".join(line for line in src.splitlines(keepends=True) if not line.startswith("source:")))
+    assert main(["emit", "sglang", "--model", str(yaml_path), "--cluster", "h200-sxm", "--gpus", "8", "--plan", "tp=8",
+                 "--isl", "1024", "--osl", "1024", "--benchmark", "--out", str(tmp_path / "launch.sh")]) == 0, capsys.readouterr().err
+    trial = write_model_dir(serve_model(load_model(str(yaml_path))), tmp_path / "trial", tokenizer=False)
     assert (tmp_path / f"{name}-config" / "config.json").read_bytes() == (trial / "config.json").read_bytes()
 
 

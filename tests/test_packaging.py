@@ -52,7 +52,7 @@ rcs = []
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     for argv in (["plans", *T], ["predict", *T, "--plan", "tp=1"], ["emit", "megatron", *T, "--plan", "tp=1"],
                  ["predict", "--mode", "serve", *S, "--isl", "100", "--osl", "10", "--plan", "tp=8"],
-                 ["emit", "sglang", *S, "--plan", "tp=8", "--out", {str(tmp_path / "l.sh")!r}]):
+                 ["emit", "sglang", *S, "--plan", "tp=8", "--isl", "100", "--osl", "10", "--out", {str(tmp_path / "l.sh")!r}]):
         rcs.append(main(argv))
 heavy = ("torch", "megatron", "triton", "vllm", "sglang", "transformers")
 print(json.dumps([rcs, sorted(m for m in heavy if m in sys.modules)]))

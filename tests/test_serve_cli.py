@@ -7,25 +7,43 @@ import pytest
 from tuner.cli import main
 
 Q = ["--model", "qwen3-30b-a3b", "--cluster", "h200-sxm"]
+IO = ["--isl", "1024", "--osl", "1024"]
 
 
-def test_emit_sglang_one_node(capsys, tmp_path):
-    assert main(["emit", "sglang", *Q, "--gpus", "8", "--plan", "tp=8,attn_dp=8,a2a=deepep,cuda_graph_max_bs=128",
+def test_emit_sglang_one_node(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["emit", "sglang", *Q, *IO, "--gpus", "8", "--plan", "tp=8,attn_dp=8,a2a=deepep,cuda_graph_max_bs=128",
                  "--out", str(tmp_path / "launch.sh")]) == 0
     text = (tmp_path / "launch.sh").read_text()
     assert text.count("python -m sglang.launch_server") == 1
     assert "--attn-dp-size 8" in text and "--moe-a2a-backend deepep" in text
     assert "--cuda-graph-max-bs-decode 128" in text and "--enable-dp-attention" not in text
     assert "--nnodes" not in text and "a2a-forces-ep" in text
-    assert json.loads((tmp_path / "qwen3-30b-a3b-config" / "config.json").read_text())["num_experts"] == 128
+    # real weights of the preset's published checkpoint; nothing but the file is written
+    assert "--model-path Qwen/Qwen3-30B-A3B" in text and "--load-format" not in text
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["launch.sh"]
+    assert "python -m sglang.bench_serving" in text and "--max-concurrency 64" in text
+
+
+def test_emit_sglang_benchmark_writes_a_config_only_beside_out(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tiny = ["--model", "tiny-moe", "--cluster", "h200-sxm", "--gpus", "8", "--plan", "tp=2", *IO]
+    assert main(["emit", "sglang", *tiny]) == 2  # no checkpoint to load: --model-path or --benchmark
+    assert main(["emit", "sglang", *tiny, "--benchmark"]) == 2  # the config dir needs --out
+    assert list(tmp_path.iterdir()) == []
+    assert main(["emit", "sglang", *tiny, "--benchmark", "--out", str(tmp_path / "o" / "l.sh")]) == 0
+    text = (tmp_path / "o" / "l.sh").read_text()
+    assert "--load-format dummy" in text and "dummy weights" in text
+    assert json.loads((tmp_path / "o" / "tiny-moe-config" / "config.json").read_text())["num_experts"] == 4
 
 
 def test_emit_sglang_multinode_and_pd(capsys):
-    assert main(["emit", "sglang", "--model", "deepseek-v3", "--cluster", "h200-sxm", "--gpus", "16",
+    assert main(["emit", "sglang", "--model", "deepseek-v3", "--cluster", "h200-sxm", "--gpus", "16", *IO,
                  "--plan", "tp=16,attn_dp=16,a2a=deepep", "--nnodes", "2", "--model-path", "/m"]) == 0
     out = capsys.readouterr().out
     assert out.count("sglang.launch_server") == 2 and "--node-rank 1" in out and "--dist-init-addr" in out
-    assert main(["emit", "sglang", *Q, "--gpus", "8", "--plan", "tp=2,pd=1:3", "--pd", "--model-path", "/m"]) == 0
+    assert out.count("--quantization fp8") == 2  # DeepSeek-V3's checkpoint is fp8, as priced
+    assert main(["emit", "sglang", *Q, *IO, "--gpus", "8", "--plan", "tp=2,pd=1:3", "--pd", "--model-path", "/m"]) == 0
     out = capsys.readouterr().out
     assert out.count("--disaggregation-mode prefill") == 1 and out.count("--disaggregation-mode decode") == 3
     assert out.count("sglang_router.launch_router --pd-disaggregation") == 1
@@ -38,7 +56,7 @@ def test_emit_sglang_multinode_and_pd(capsys):
     ["--gpus", "16", "--plan", "tp=16,attn_dp=16", "--nnodes", "3"],  # wrong node count
 ])
 def test_emit_sglang_bad_input_one_line(capsys, argv):
-    assert main(["emit", "sglang", *Q, *argv]) == 2
+    assert main(["emit", "sglang", *Q, *IO, *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err and "\n" not in err
 
@@ -88,7 +106,7 @@ def test_plans_serve_rank_needs_lengths(capsys):
 
 def test_predict_serve_reports_our_rules_and_prices_the_effective_plan(capsys):
     base = ["predict", "--mode", "serve", *Q, "--gpus", "8", "--isl", "4000", "--osl", "1000", "--json"]
-    assert main([*base, "--plan", "tp=8,tbo=1"]) == 0
+    assert main([*base, "--plan", "tp=8,tbo=1"]) == 2  # printed, then exit 2: SGLang cannot run it
     d = json.loads(capsys.readouterr().out)
     assert d["feasible"] is False and d["realizable"] is False
     assert any(r.startswith("tbo-needs-a2a-or-attn-dp:") for r in d["reasons"])

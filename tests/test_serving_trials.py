@@ -185,13 +185,17 @@ EMIT = ["emit", "vllm", "--model", "qwen3-30b-a3b", "--cluster", "h200-sxm", "--
 @pytest.mark.parametrize("plan", ["tp=8", "tp=4,dp=2,ep=8", "tp=8,ep=8,a2a=deepep,deepep_mode=low_latency,tbo=1",
                                   "tp=2,pp=2,max_running=64,chunked_prefill=4096,mem_frac=0.85,cuda_graph=-1",
                                   "tp=8,ep=8,eplb_redundant=16,cuda_graph=256,page_size=16"])
-def test_emit_vllm_parses_with_vllms_own_parser(plan):
+def test_emit_vllm_parses_with_vllms_own_parser(plan, monkeypatch):
+    import huggingface_hub.constants
+    # the command names the checkpoint's hub id; offline, EngineArgs would look it up in the local cache
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     from vllm.engine.arg_utils import EngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     p = _moetune(*EMIT, "--plan", plan)
     assert p.returncode == 0, p.stderr
-    argv = shlex.split(p.stdout)
+    line = [x for x in p.stdout.splitlines() if "vllm.entrypoints.openai.api_server" in x and not x.startswith("#")]
+    argv = shlex.split(line[0])
     i = argv.index("vllm.entrypoints.openai.api_server")
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[i + 1:])
     validate_parsed_serve_args(args)
@@ -199,6 +203,7 @@ def test_emit_vllm_parses_with_vllms_own_parser(plan):
     sp = ServePlan.parse(plan)
     assert (ea.tensor_parallel_size, ea.pipeline_parallel_size, ea.data_parallel_size) == (sp.tp, sp.pp, sp.dp)
     assert ea.enable_expert_parallel == (sp.ep > 1)
+    assert ea.model == "Qwen/Qwen3-30B-A3B" and ea.load_format != "dummy" and ea.kv_cache_dtype == "auto"
     if sp.max_running:
         assert ea.max_num_seqs == sp.max_running and ea.max_num_batched_tokens == sp.chunked_prefill
         assert ea.gpu_memory_utilization == pytest.approx(sp.mem_frac) and ea.enforce_eager

@@ -61,7 +61,7 @@ def test_whatif_not_applicable(model, kind, gpus, plan, why):
 
 def test_predict_cli_prints_the_whatif():
     args = [sys.executable, "-m", "tuner.cli", "predict", "--model", "deepseek-v2-lite", "--cluster", "h100-sxm",
-            "--gpus", "8", "--gbs", "64", "--seq", "4096", "--plan", "tp=1,pp=1,ep=8,mbs=2", "--complete", "defaults", "--what-if", "megakernel"]
+            "--gpus", "8", "--gbs", "64", "--seq", "4096", "--plan", "tp=1,pp=1,ep=8,mbs=1", "--complete", "defaults", "--what-if", "megakernel"]
     out = subprocess.run(args + ["--json"], capture_output=True, text=True, check=True).stdout
     d = json.loads(out)
     assert d["what_if"]["applicable"] and d["what_if"]["step_time_s"] < d["step_time_s"]
@@ -85,3 +85,28 @@ def test_report_shows_the_whatif(tmp_path):
     text = path.read_text()
     assert "What-if" in text and "faster with a Weave-style megakernel" in text
     assert np.isfinite(pred.step_time_s)
+
+
+def test_serving_whatif_never_beats_the_hbm_roofline_of_the_experts_it_reads(capsys):
+    """DeepSeek-V3 decode on 8 H200 (fp8 checkpoint), 16 requests per GPU: 128 tokens pick top-8 of 256
+    experts, ~31 local experts x 3 x 7168 x 2048 fp8 bytes = 1.39 GB per layer per GPU, >= 0.29 ms at
+    4.8 TB/s. Weave's model alone says 0.018 ms; the what-if must not claim less than the floor."""
+    from tuner.cli import main
+    assert main(["predict", "--mode", "serve", "--model", "deepseek-v3", "--cluster", "h200-sxm", "--gpus", "8",
+                 "--phase", "decode", "--isl", "1024", "--osl", "1024", "--plan", "tp=8,attn_dp=8,ep=8,a2a=deepep",
+                 "--what-if", "megakernel", "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["what_if"]
+    active = 256 * (1 - (1 - 8 / 256) ** (16 * 8)) / 8
+    floor_ms = active * 3 * 7168 * 2048 * 1.0 / 4.8e12 * 1e3
+    assert floor_ms == pytest.approx(0.2886, abs=1e-3)
+    assert w["decode_weave_ms"] >= floor_ms * (1 - 1e-9) and w["floored"]
+    assert w["decode_weave_model_ms"] < floor_ms  # what the kernel model alone claims
+    # the gain is bounded by replacing the layer with its floor: no +294%
+    assert w["speedup"] <= w["decode_baseline_ms"] / floor_ms - 1
+    assert w["speedup"] < 0.5
+
+
+def test_training_whatif_is_floored_too():
+    w, p, pred = _case()
+    r = megakernel_training(w, p, pred)
+    assert r["weave_ms"] >= r["hbm_floor_ms"] > 0 and r["weave_ms"] == max(r["weave_model_ms"], r["hbm_floor_ms"])

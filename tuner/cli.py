@@ -38,7 +38,10 @@ def _parsers(parser: argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tuner.conventions import moetune_version
     parser = Parser(prog="moetune", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"moetune {moetune_version()}",
+                        help="Show moetune's version and exit.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands", parser_class=Parser)
     for mod in sorted(pkgutil.iter_modules(commands_pkg.__path__), key=lambda m: m.name):
@@ -64,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except InputError as e:
         print(f"moetune {args.command}: error: {e}", file=sys.stderr)
+        if getattr(args, "json", False):  # a caller parsing stdout gets the error too
+            from tuner.conventions import error_json
+            print(error_json(e))
         return 2
     except KeyboardInterrupt:
         print(f"moetune {args.command}: interrupted", file=sys.stderr)

@@ -172,29 +172,46 @@ def not_expressible(m) -> list[str]:
     return out
 
 
-def megatron_script(w: Workload, p: Plan, profile: StackProfile, train_iters: int = 50) -> str:
-    """A bash script that launches this plan with torchrun on every node."""
+def megatron_script(w: Workload, p: Plan, profile: StackProfile, train_iters: int = 50,
+                    header: list[str] | tuple = ()) -> str:
+    """A bash script that launches this plan with torchrun on every node, or under Slurm with one
+    `srun` task per node. `header`: comment lines (tuner.emit_header.megatron_header) placed after
+    the plan line."""
     c = w.cluster
     per_node = c.devices_per_node
     nodes = max(1, w.world // per_node)
-    args = model_args(w, profile) + plan_args(w, p, profile) + [
+    bench = ["--moe-router-force-load-balancing"] if w.model.is_moe else []  # what the cost model prices
+    args = model_args(w, profile) + plan_args(w, p, profile) + bench + [
         "--train-iters", str(train_iters), "--lr", "1e-4", "--min-lr", "1e-5",
         "--lr-decay-style", "cosine", "--weight-decay", "0.1", "--clip-grad", "1.0",
         "--mock-data", "--split", "99,1,0", "--log-interval", "1", "--eval-iters", "0",
         "--log-throughput"]
+    gaps = not_expressible(w.model)
     lines = ["#!/usr/bin/env bash",
              f"# moetune plan: {p.canonical()}",
              f"# model {w.model.name} ({w.model.digest()[:12]}), cluster {c.kind} x {w.world}, "
              f"gbs {w.gbs}, seq {w.seq}, stack {profile.describe()}",
-             "# Run on every node with NODE_RANK and MASTER_ADDR set; MEGATRON_LM points at a",
-             "# Megatron-LM checkout matching megatron-core " + profile.megatron_core + ".",
+             *header,
+             f"# not expressible: {'; '.join(gaps) if gaps else 'none'}",
+             f"# launch: MEGATRON_LM=<Megatron-LM checkout matching megatron-core {profile.megatron_core}>, then",
+             f"#   torchrun: run this script on each of the {nodes} node(s)"
+             + (" with NODE_RANK (0..N-1) and MASTER_ADDR (node 0) set" if nodes > 1 else ""),
+             f"#   Slurm:    sbatch --nodes={nodes} --ntasks-per-node=1 --gpus-per-node={per_node} "
+             "--wrap \"srun bash THIS_SCRIPT\"",
              "set -euo pipefail"]
-    lines[-1:-1] = [f"# not expressible: {x}" for x in not_expressible(w.model)]
     for k, v in env_vars(w, p).items():
         lines.append(f"export {k}={shlex.quote(v)}")
     lines += [": \"${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}\"",
-              "NODE_RANK=${NODE_RANK:-0}", "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}",
-              "MASTER_PORT=${MASTER_PORT:-6000}", "",
+              "if [ -n \"${SLURM_JOB_ID:-}\" ]; then  # one srun task per node: Slurm names the rank and node 0",
+              "  NODE_RANK=${SLURM_NODEID}",
+              "  MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)}",
+              "fi"]
+    if nodes > 1:  # a default of 127.0.0.1 would make every node wait for itself
+        lines += [f": \"${{NODE_RANK:?set NODE_RANK (0..{nodes - 1}) on each node}}\"",
+                  ": \"${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}\""]
+    else:
+        lines += ["NODE_RANK=${NODE_RANK:-0}", "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}"]
+    lines += ["MASTER_PORT=${MASTER_PORT:-6000}", "",
               f"torchrun --nproc-per-node {per_node} --nnodes {nodes} --node-rank \"$NODE_RANK\" \\",
               "  --master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" \\",
               "  \"$MEGATRON_LM/pretrain_gpt.py\" \\"]

@@ -11,6 +11,7 @@ import shlex
 
 from specs.serve_plan import ServePlan
 from trials.serving.sglang_backend import sglang_flags
+from tuner.serve_precision import KV_CACHE_FLAG
 from tuner.serve_realize import server_nodes
 
 ROUTER_PORT = 8000
@@ -25,9 +26,14 @@ def attention_backend(model, cluster) -> str:
 
 
 def server_argv(plan: ServePlan, model_path: str, model, cluster, *, nnodes: int = 1, node_rank: int = 0,
-                dist_init_addr: str = "", mode: str = "", port: int = 30000) -> list[str]:
-    """Arguments of `python -m sglang.launch_server` for one node of one server."""
-    a = ["--model-path", model_path, "--load-format", "dummy", "--device", "cuda",
+                dist_init_addr: str = "", mode: str = "", port: int = 30000, quantization: str | None = None,
+                dummy: bool = False) -> list[str]:
+    """Arguments of `python -m sglang.launch_server` for one node of one server: real weights from
+    `model_path` unless `dummy` (--load-format dummy, a speed benchmark), in the weight format the
+    plan was priced with (`quantization`, None = the checkpoint's bf16) and the KV cache dtype it
+    was priced with (auto: bf16 for these models, tuner.serve_precision)."""
+    a = ["--model-path", model_path, *(["--load-format", "dummy"] if dummy else []), "--device", "cuda",
+         *(["--quantization", quantization] if quantization else []), "--kv-cache-dtype", KV_CACHE_FLAG,
          "--attention-backend", attention_backend(model, cluster), "--host", "0.0.0.0", "--port", str(port)]
     a += sglang_flags(plan)
     if nnodes > 1:
@@ -42,18 +48,21 @@ def _line(argv: list[str], head: str = "python -m sglang.launch_server") -> str:
 
 
 def launch_commands(plan: ServePlan, model_path: str, model, cluster, *, nnodes: int | None = None,
-                    pd: bool = False) -> list[tuple[str, list[str]]]:
+                    pd: bool = False, quantization: str | None = None,
+                    dummy: bool = False) -> list[tuple[str, list[str]]]:
     """(title, argv) per process to start, in order; the router, if any, last.
 
     Aggregated: one server over `nnodes` nodes (default: as many as the plan needs).
     pd: the plan's prefill:decode ratio of servers (1:1 if none), each the plan's instance on its
     own nodes, then the router that joins them (`python -m sglang_router.launch_router --pd-disaggregation`).
+    quantization, dummy: as for `server_argv`.
     """
+    wfmt = {"quantization": quantization, "dummy": dummy}
     gpn = cluster.devices_per_node
     n = nnodes or server_nodes(plan, gpn)
     if not pd:
         return [(f"node {r} of {n}", server_argv(plan, model_path, model, cluster, nnodes=n, node_rank=r,
-                                                 dist_init_addr="NODE0_IP:5000"))
+                                                 dist_init_addr="NODE0_IP:5000", **wfmt))
                 for r in range(n)]
     inst = plan.replace(dp=1, pd="")
     n = nnodes or server_nodes(inst, gpn)
@@ -65,7 +74,7 @@ def launch_commands(plan: ServePlan, model_path: str, model, cluster, *, nnodes:
             for r in range(n):
                 out.append((f"{mode} server {i}, node {r} of {n}",
                             server_argv(inst, model_path, model, cluster, nnodes=n, node_rank=r,
-                                        dist_init_addr=f"{host}:5000", mode=mode, port=base + i)))
+                                        dist_init_addr=f"{host}:5000", mode=mode, port=base + i, **wfmt)))
             router += [f"--{mode}", f"http://{host}:{base + i}"] + ([str(BOOTSTRAP_PORT)] if mode == "prefill" else [])
     out.append(("router", router + ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]))
     return out
@@ -77,3 +86,14 @@ def render(commands: list[tuple[str, list[str]]]) -> str:
         head = "python -m sglang_router.launch_router" if title == "router" else "python -m sglang.launch_server"
         lines += [f"# {title}", _line(argv, head)]
     return "\n".join(lines) + "\n"
+
+
+def bench_command(model_path: str, isl: int, osl: int, concurrency: int, *, pd: bool = False) -> str:
+    """The `sglang.bench_serving` run that measures what the header predicts: random prompts of
+    exactly isl / osl tokens (--random-range-ratio 1), `concurrency` in flight, 4x as many prompts
+    (at least 64, as the serving model's closed loop), against the server (or the pd router)."""
+    argv = ["--backend", "sglang", "--host", "127.0.0.1", "--port", str(ROUTER_PORT if pd else 30000),
+            "--model", model_path, "--dataset-name", "random", "--random-input-len", str(isl),
+            "--random-output-len", str(osl), "--random-range-ratio", "1", "--num-prompts",
+            str(max(4 * concurrency, 64)), "--max-concurrency", str(concurrency)]
+    return _line(argv, "python -m sglang.bench_serving")

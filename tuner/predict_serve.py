@@ -59,7 +59,7 @@ def serve_workload_from_args(args, devices: int, *, what: str = "--mode serve"):
 
 
 def serve_prediction(args, extra_reasons=()) -> dict:
-    """The JSON-ready prediction of `--mode serve` (the fields of SERVE_FIELDS first)."""
+    """The JSON-ready prediction of `--mode serve` (schema_version and the workload, then SERVE_FIELDS)."""
     from clusters import load_cluster
     from cost_model.serving import predict_serve
     from cost_model.tables import load_tables, tables_dir_for
@@ -71,8 +71,11 @@ def serve_prediction(args, extra_reasons=()) -> dict:
         raise UsageError("--mode serve needs --isl and --osl")
     if args.routing_skew < 0:
         raise UsageError(f"--routing-skew must be >= 0, got {args.routing_skew}")
+    from tuner.serve_precision import resolve as resolve_weights
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
+    weights = resolve_weights(args, model)
+    precision = weights["precision"]
     w = serve_workload_from_args(args, cluster.num_devices)
     plan = ServePlan.parse(args.plan or "")
     verdict = realize(plan, model, cluster)
@@ -88,10 +91,13 @@ def serve_prediction(args, extra_reasons=()) -> dict:
             cal = ServeCalibration.load(args.calibration)
         except (OSError, ValueError, KeyError) as e:
             raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
-    pred = predict_serve(model, cluster, priced, w, precision=args.precision, tables=tables, calibration=cal,
+    pred = predict_serve(model, cluster, priced, w, precision=precision, tables=tables, calibration=cal,
                          imbalance=args.imbalance, routing_skew=args.routing_skew, extra_reasons=reasons)
     d = pred.to_dict()
-    out = {k: d[k] for k in SERVE_FIELDS}
+    from tuner.conventions import workload_json
+    out = workload_json("serve", model.name, cluster.kind, cluster.num_devices, precision, isl=args.isl,
+                        osl=args.osl, concurrency=w.concurrency, phase=args.phase)
+    out.update({k: d[k] for k in SERVE_FIELDS})
     out.update({k: v for k, v in d.items() if k not in SERVE_FIELDS})
     out["plan"] = plan.canonical()
     if verdict.ok:  # what SGLang runs (chunked_prefill per attention-DP rank, -1 = no CUDA graphs)
@@ -103,20 +109,34 @@ def serve_prediction(args, extra_reasons=()) -> dict:
         out["slo_met"] = all(v is None or (out[k] is not None and out[k] <= v) for k, v in slo.items())
     if getattr(args, "what_if", None) == "megakernel":
         from tuner.whatif import megakernel_serving
-        out["what_if"] = megakernel_serving(model, cluster, priced, w, pred, precision=args.precision,
+        out["what_if"] = megakernel_serving(model, cluster, priced, w, pred, precision=precision,
                                             tables=tables, calibration=cal, imbalance=args.imbalance,
                                             routing_skew=args.routing_skew)
     out.update({"mode": "serve", "phase": args.phase, "isl": args.isl, "osl": args.osl, "concurrency": w.concurrency,
                 "model": model.name, "cluster": cluster.kind, "gpus": cluster.num_devices,
-                "precision": args.precision, "tables_digest": tables.digest})
+                "precision": precision, "weight_dtype": weights["dtype"], "weight_source": weights["source"],
+                "hbm_gib": cluster.hbm_gib, "instance_gpus": priced.instance_gpus, "tables_digest": tables.digest})
+    from tuner.emit_header import serve_memory_problem, what_would_fit
+    if serve_memory_problem(out):
+        out["would_fit"] = what_would_fit(out, weights["dtype"])
     return out
+
+
+def exit_code(d: dict, force: bool = False) -> int:
+    """The CLI's exit code for a printed serving prediction: 3 when it does not fit in memory, 2
+    when SGLang cannot run the plan (unless --force), else 0 (README "Exit codes")."""
+    from tuner.emit_header import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, serve_memory_problem
+    if serve_memory_problem(d):
+        return EXIT_DOES_NOT_FIT
+    return EXIT_BAD_INPUT if not d["realizable"] and not force else 0
 
 
 def run_serve(args, extra_reasons=()) -> int:
     d = serve_prediction(args, extra_reasons)
+    rc = exit_code(d, getattr(args, "force", False))
     if args.json:
         print(json.dumps(d, indent=1))
-        return 0
+        return rc
 
     def f(x, unit="s"):
         return "n/a" if x is None else f"{x * 1e3:.1f} ms" if unit == "s" else f"{x:,.0f}"
@@ -124,9 +144,12 @@ def run_serve(args, extra_reasons=()) -> int:
     print(f"priced as      {d['effective_plan']}")
     print(f"workload       {d['model']} on {d['gpus']}x {d['cluster']}, phase {d['phase']}, isl {d['isl']}, "
           f"osl {d['osl']}, concurrency {d['concurrency']}")
+    print(f"weights        {d['weight_dtype']} ({d['weight_source']})")
     print(f"feasible       {'yes' if d['feasible'] else 'no'}")
     for r in d["reasons"]:
         print(f"reason         {r}")
+    if d.get("would_fit"):
+        print(f"hint           {d['would_fit']}")
     print(f"input tok/s/GPU  {d['input_tokens_per_s_per_gpu']:,.0f}")
     print(f"output tok/s/GPU {d['output_tokens_per_s_per_gpu']:,.0f}")
     print(f"TTFT p90       {f(d['ttft_p90_s'])}")
@@ -138,4 +161,4 @@ def run_serve(args, extra_reasons=()) -> int:
         print(f"what-if        {describe(d['what_if'])}")
     print(f"method         {d['extra']['method']}; calibration {d['extra']['calibration_id']} "
           f"(scale {d['extra']['calibration_scale']:.2f})")
-    return 0
+    return rc

@@ -121,10 +121,15 @@ def write_serve_report(study_dir, *, task, prereg: dict, rows: list[dict], calib
         L += ["", "## Winner", "", f"Trial #{best['number']} `{best['plan']}`: "
               f"{best['measured_tokens_per_s_per_gpu']:.1f} {unit} tok/s/GPU measured."]
         if task.backend == "vllm":
+            from specs.models import hf_id
             from specs.serve_plan import ServePlan
             from tuner.emit_vllm import vllm_command
-            cmd, why = vllm_command(ServePlan.parse(best["plan"]), task.model.name, served_name=task.model.name,
-                                    max_model_len=w.isl + w.osl, cpu=not task.cluster.is_gpu, dummy=True)
+            # the published checkpoint when the model has one (real weights); else the config-only
+            # directory the trials served, with random weights
+            repo = hf_id(task.model)
+            cmd, why = vllm_command(ServePlan.parse(best["plan"]), repo or f"{task.model.name}-config",
+                                    served_name=task.model.name, max_model_len=w.isl + w.osl,
+                                    cpu=not task.cluster.is_gpu, dummy=not repo)
             if cmd:
                 L += ["", "```", cmd, "```"]
     if plots:

@@ -17,6 +17,13 @@ plus MoE communication of one MoE layer of a prefill step (the chunk's tokens pe
 decode step (the running batch), against Weave's time for that layer, and what that does to the
 workload's objective through the same steady-state composition the model ranks with.
 
+Physics first: Weave's time model (kernels/weave.py) has compute and communication terms but no
+weight-read term, so at decode batch sizes it can predict an MoE layer faster than reading the
+experts it activates from HBM. Every what-if here floors the kernel's time at that HBM roofline:
+the routed-expert weights the layer's tokens activate on one GPU, read once at the datasheet HBM
+bandwidth (`hbm_floor_ms`; `weave_model_ms` keeps the kernel model's own figure, `floored` says
+when the floor bound).
+
 This module composes two sibling engines (cost_model and kernels), which is why it lives in tuner/.
 """
 from __future__ import annotations
@@ -29,6 +36,15 @@ WHAT_IFS = ("megakernel",)
 
 def _not_applicable(why: str) -> dict:
     return {"what_if": "megakernel", "applicable": False, "why": why, "reason_code": REASON_CODE}
+
+
+def _floored(r: dict, baseline_ms: float, floor_ms: float) -> tuple[float, float, dict]:
+    """(kernel ms, saving fraction, fields): the kernel model's time floored at the HBM roofline of
+    the expert weights the layer reads, and the saving against the cost model's `baseline_ms`."""
+    model_ms = float(r["weave_ms"])
+    ms = max(model_ms, floor_ms)
+    saving = min(max(1.0 - ms / baseline_ms, 0.0), 1.0) if baseline_ms > 0 else 0.0
+    return ms, saving, {"weave_model_ms": model_ms, "hbm_floor_ms": floor_ms, "floored": ms > model_ms}
 
 
 def megakernel_training(workload, plan, pred, *, imbalance: float = 1.0, curves=None) -> dict:
@@ -64,7 +80,12 @@ def megakernel_training(workload, plan, pred, *, imbalance: float = 1.0, curves=
     # tokens entering one GPU's MoE layer per microbatch (sequence-parallel TP splits them)
     tokens = plan.mbs * workload.seq / (plan.cp * plan.tp)
     r = megakernel_whatif(shape, tokens, plan.ep, imbalance, base_s * 1e3, curves or load_curves(cl.kind))
-    weave_ms, saving_frac = float(r["weave_ms"]), float(r["saving"])
+    # HBM floor: the local experts the EP group's tokens activate (uniform routing), each read once
+    E, k = model.num_experts, model.moe_router_topk
+    active = E / plan.ep * (1.0 - (1.0 - k / E) ** (tokens * plan.ep))
+    wbytes = 1.0 if plan.fp8 else 2.0
+    floor_ms = active * 3 * model.hidden_size * model.moe_ffn_hidden_size / plan.etp * wbytes / (cl.hbm_tbps * 1e12) * 1e3
+    weave_ms, saving_frac, floor = _floored(r, base_s * 1e3, floor_ms)
     # the step's calibration multiplies the raw time, the saving is raw time
     scale = pred.step_time_s / pred.extra["raw_step_time_s"] if pred.extra.get("raw_step_time_s") else 1.0
     saving_s = pred.extra["microbatches"] * n_moe * base_s * saving_frac * scale
@@ -72,7 +93,7 @@ def megakernel_training(workload, plan, pred, *, imbalance: float = 1.0, curves=
     return {"what_if": "megakernel", "applicable": True, "reason_code": REASON_CODE,
             "reason": "the Weave megakernel is not part of megatron-core 0.16.1: a what-if, not a plan to run",
             "c": int(r["c"]), "K": int(r["K"]), "n_steal": int(r["n_steal"]), "tokens_per_gpu": tokens,
-            "baseline_ms": base_s * 1e3, "weave_ms": weave_ms, "moe_layers": n_moe,
+            "baseline_ms": base_s * 1e3, "weave_ms": weave_ms, **floor, "moe_layers": n_moe,
             "step_time_s": step, "saving_s": saving_s,
             "speedup": float(np.float64(pred.step_time_s) / step - 1.0) if step > 0 else 0.0}
 
@@ -123,11 +144,13 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
     replicas = max(int(pred.extra.get("replicas", 1)), 1)
     K_req = max(max(workload.concurrency, 1) / replicas / a, 1.0)
 
-    def layer(step_s, parts, tokens_gpu):
+    def layer(step_s, parts, tokens_gpu, tokens_inst):
         base_ms = (float(parts["experts"][0]) / n_moe + float(parts["communication"][0]) / n_layers) * 1e3
         r = megakernel_whatif(shape, tokens_gpu, plan.ep, imbalance, base_ms, cv)
-        new_s = float(step_s[0]) - n_moe * base_ms * 1e-3 * float(r["saving"])
-        return base_ms, r, cal.scale * float(step_s[0]), cal.scale * new_s
+        floor_ms = float(np.ravel(sm.expert_weight_bytes(tokens_inst))[0]) / (cluster.hbm_tbps * 1e12) * 1e3
+        ms, saving, floor = _floored(r, base_ms, floor_ms)
+        new_s = float(step_s[0]) - n_moe * base_ms * 1e-3 * saving
+        return base_ms, dict(r, weave_ms=ms, **floor), cal.scale * float(step_s[0]), cal.scale * new_s
 
     C = float(min(c.chunk[0], isl * K_req)) if workload.phase != "decode" else 0.0
     out = {"what_if": "megakernel", "applicable": True, "reason_code": REASON_CODE,
@@ -136,10 +159,11 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
     if C > 0:
         t, parts = sm.prefill(C, isl / 2 if workload.phase != "prefill" else 0.0)
         tok = C * a / tp  # tokens of one prefill step entering one GPU's MoE layer
-        b_ms, r, pre_old, pre_new = layer(t, parts, tok)
+        b_ms, r, pre_old, pre_new = layer(t, parts, tok, C * a)
         out.update({"c": int(r["c"]), "K": int(r["K"]), "n_steal": int(r["n_steal"]),
                     "prefill_tokens_per_gpu": tok, "prefill_baseline_ms": b_ms,
-                    "prefill_weave_ms": float(r["weave_ms"]), "baseline_ms": b_ms, "weave_ms": float(r["weave_ms"])})
+                    "prefill_weave_ms": float(r["weave_ms"]), "prefill_hbm_floor_ms": r["hbm_floor_ms"],
+                    "baseline_ms": b_ms, "weave_ms": float(r["weave_ms"])})
     if workload.phase != "prefill":
         if workload.phase == "decode":
             B = float(max(workload.concurrency, 1)) * tp * pp / a
@@ -147,9 +171,10 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
             B = max(min(K_req, pred.max_batch * tp * pp / a), 1.0)
         t, parts = sm.decode(B, isl + osl / 2)
         tok = B * a / tp
-        b_ms, r, dec_old, dec_new = layer(t, parts, tok)
+        b_ms, r, dec_old, dec_new = layer(t, parts, tok, B * a)
         out.update({"decode_batch_tokens_per_gpu": tok, "decode_baseline_ms": b_ms,
-                    "decode_weave_ms": float(r["weave_ms"])})
+                    "decode_weave_ms": float(r["weave_ms"]), "decode_weave_model_ms": r["weave_model_ms"],
+                    "decode_hbm_floor_ms": r["hbm_floor_ms"], "floored": r["floored"]})
         if "c" not in out:
             out.update({"c": int(r["c"]), "K": int(r["K"]), "n_steal": int(r["n_steal"]),
                         "baseline_ms": b_ms, "weave_ms": float(r["weave_ms"])})
@@ -174,8 +199,12 @@ def describe(w: dict) -> str:
             parts.append(f"prefill MoE layer {w['prefill_baseline_ms']:.3f} -> {w['prefill_weave_ms']:.3f} ms")
         if "decode_baseline_ms" in w:
             parts.append(f"decode MoE layer {w['decode_baseline_ms']:.3f} -> {w['decode_weave_ms']:.3f} ms")
+        floor = ""
+        if w.get("floored"):
+            floor = (f"; floored at the HBM time of the expert weights it reads, "
+                     f"{w['decode_hbm_floor_ms']:.3f} ms (the kernel model alone: {w['decode_weave_model_ms']:.3f} ms)")
         return (f"megakernel what-if: {w['speedup']:.1%} more throughput with a Weave-style megakernel "
-                f"(c*={w['c']}, K*={w['K']}; {', '.join(parts)} x {w['moe_layers']} layers); unrealizable "
+                f"(c*={w['c']}, K*={w['K']}; {', '.join(parts)} x {w['moe_layers']} layers{floor}); unrealizable "
                 f"on the pinned stacks [{w['reason_code']}]")
     return (f"megakernel what-if: this plan would be {w['speedup']:.1%} faster with a Weave-style megakernel "
             f"(c*={w['c']}, K*={w['K']}, n_steal={w['n_steal']}; forward MoE layer {w['baseline_ms']:.3f} -> "

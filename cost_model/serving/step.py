@@ -75,25 +75,40 @@ class StepModel:
         t = np.asarray(tokens, float)[..., None]
         return np.sum(1.0 - (1.0 - q) ** t, axis=-1)
 
+    def active_local_experts(self, tokens_inst):
+        """Distinct routed experts (EPLB copies included) on one GPU that `tokens_inst` tokens of the
+        instance activate in one MoE layer."""
+        s, c = self.s, self.c
+        E = s.num_experts
+        e_loc = (E + c.redundant) / c.ep
+        return np.minimum(self.distinct_experts(tokens_inst) / c.ep * (1 + c.redundant / E), e_loc)
+
+    def expert_weight_bytes(self, tokens_inst):
+        """Bytes of routed-expert weights one GPU reads in one MoE layer for `tokens_inst` tokens of
+        the instance (gate, up and down of each activated local expert): the HBM floor of the layer."""
+        s, c = self.s, self.c
+        if not s.num_experts:
+            return np.zeros(len(c))
+        f_loc = s.moe_ffn_hidden_size / c.moe_tp
+        return self.active_local_experts(tokens_inst) * 3 * s.hidden_size * f_loc * self.wbytes
+
     def _experts(self, tokens_inst):
         """Routed-expert seconds per MoE layer on one GPU for `tokens_inst` tokens of the instance."""
         s, c = self.s, self.c
         if not s.num_experts:
             return 0.0
-        E, k, h = s.num_experts, s.moe_router_topk, s.hidden_size
+        k, h = s.moe_router_topk, s.hidden_size
         f_loc = s.moe_ffn_hidden_size / c.moe_tp
-        e_loc = (E + c.redundant) / c.ep
         rows = tokens_inst * k / c.ep * self.imb  # routed rows landing on this GPU
-        active = np.minimum(self.distinct_experts(tokens_inst) / c.ep * (1 + c.redundant / E), e_loc)
-        active = np.maximum(active, 1e-9)
+        active = np.maximum(self.active_local_experts(tokens_inst), 1e-9)
         m = np.maximum(rows / active, 1.0)
         up, _ = self.ops.grouped(active, m, 2 * f_loc, h, True)
         down, _ = self.ops.grouped(active, m, h, f_loc, True)
         g = np.maximum(active, 1.0)  # as `grouped` clamps it
         up = up + self.ops.fp8_cast(g * m * h)  # w8a8: each expert GEMM's input cast
         down = down + self.ops.fp8_cast(g * m * f_loc)
-        bytes_ = active * 3 * h * f_loc * self.wbytes  # decode: the weights the batch activates
-        return np.maximum(up + down, bytes_ / self.hbm_bw)
+        # decode: the weights the batch activates
+        return np.maximum(up + down, self.expert_weight_bytes(tokens_inst) / self.hbm_bw)
 
     def _comm(self, tokens_inst, decode: bool = False):
         """Communication seconds on one GPU per (MoE layer, dense layer).

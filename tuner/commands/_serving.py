@@ -1,13 +1,10 @@
-"""Shared pieces of the serving commands (`emit vllm`, `serve-trial`): the serving workload and plan
-flags, and the body of `emit vllm` (kept here so tuner/commands/emit.py only routes to it)."""
+"""Shared pieces of the serving commands (`serve-trial`, `tune --mode serve`): the serving workload
+and plan flags."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from clusters import load_cluster
 from specs.errors import UsageError
-from specs.models import load_model
 from specs.serve_plan import ServePlan
 
 
@@ -25,21 +22,3 @@ def serve_plan_from_args(args, devices: int) -> ServePlan:
     if plan.gpus > devices:
         raise UsageError(f"plan {plan.canonical()} needs {plan.gpus} devices (tp*pp*dp), --gpus is {devices}")
     return plan
-
-
-def run_vllm(args) -> int:
-    """`moetune emit vllm`: print the vLLM server command of a serving plan; exit 2 with the reasons
-    when vLLM cannot express it."""
-    from tuner.emit_vllm import vllm_command
-    load_model(args.model)  # a bad model reference is one line, exit 2
-    cluster = load_cluster(args.cluster, args.gpus)
-    plan = serve_plan_from_args(args, cluster.num_devices)
-    ref = Path(args.model)
-    model_path = str(ref.parent if ref.name == "config.json" else ref)
-    max_len = args.isl + args.osl if args.isl and args.osl else None
-    cmd, why = vllm_command(plan, model_path, served_name=ref.stem if ref.suffix else args.model,
-                            max_model_len=max_len, cpu=not cluster.is_gpu, dummy=not ref.exists())
-    if why:
-        raise UsageError(f"vLLM cannot run plan {plan.canonical()}: " + "; ".join(f"{c}: {s}" for c, s in why))
-    print(cmd)
-    return 0

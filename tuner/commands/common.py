@@ -40,7 +40,8 @@ def add_workload_args(p: argparse.ArgumentParser, *, gpus_required: bool = False
                    help="Sequence length in tokens; by default the model's own.")
     p.add_argument("--precision", default="bf16",
                    help="Training precision: bf16, fp8 (the best fp8 recipe the hardware has) or one recipe "
-                        "(fp8-tensorwise, fp8-delayed, fp8-blockwise, mxfp8).")
+                        "(fp8-tensorwise, fp8-delayed, fp8-blockwise, mxfp8). Serving: the weight format only "
+                        "when the checkpoint sets none and --weight-dtype is auto.")
 
 
 def workload_from_args(args) -> Workload:

@@ -3,6 +3,7 @@ is not, and examples; `--rank` ranks realizable plans by the cost model's predic
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 
@@ -50,7 +51,9 @@ def add_parser(subparsers):
     p.add_argument("--json", action="store_true", help="Print the counts, examples and ranking as one JSON object.")
     add_canonical_arg(p)
     from tuner.predict_serve import add_serve_args
+    from tuner.serve_precision import add_weight_dtype_arg
     add_serve_args(p)
+    add_weight_dtype_arg(p)
     return p
 
 
@@ -114,7 +117,9 @@ def run(args) -> int:
     ranked = _rank(w, space, profile, shard, nshards, args.top, tables, calibration, not args.exhaustive) \
         if args.rank else None
     if args.json:
+        from tuner.conventions import SCHEMA_VERSION
         print(json.dumps({
+            "schema_version": SCHEMA_VERSION, "mode": "train",
             "model": w.model.name, "cluster": w.cluster.kind, "gpus": w.world, "gbs": w.gbs,
             "seq": w.seq, "precision": args.precision, "stack": profile.name, "level": args.level,
             "shard": [shard, nshards], "space_size": s.total, "realizable": s.realizable,
@@ -152,11 +157,33 @@ def run(args) -> int:
                   r["variants"] > 1 for r in ranked["plans"]) else "") + "):")
         if ranked["bound_violated"]:
             print("  note: a scored plan beat its point's bound, so every plan was scored")
-        for r in ranked["plans"]:
+        # columns: rank (~: the model cannot tell it from #1, when the calibration gives intervals),
+        # predicted tokens/s/GPU, step time (and its 90% interval), MFU, peak memory, predicted-equal variants
+        with_iv = any(r.get("step_time_interval_s") for r in ranked["plans"])
+        if ranked["plans"]:
+            print(f"  {'#':>3} {'tok/s/GPU':>10} {'step':>11}" + (f" {'90% interval s':>15}" if with_iv else "") +
+                  f" {'MFU':>6} {'peak mem':>10} {'same':>4}  plan")
+        for i, r in enumerate(ranked["plans"], 1):
             same = f"x{r['variants']}" if r["variants"] > 1 else ""
-            print(f"  {r['tokens_per_s_per_gpu']:>10,.0f} tok/s/GPU  {fmt_seconds(r['step_time_s'], 8)}  "
-                  f"{fmt_gib(r['peak_memory_gib'], 6)} {same:>4}  {plan_text(Plan.parse(r['plan']), w, profile, args.canonical)}")
+            iv = r.get("step_time_interval_s")
+            span = (f" {f'[{iv[0]:.3g}..{iv[1]:.3g}]' if iv else '':>15}") if with_iv else ""
+            mark = "~" if r.get("indistinguishable") else " "
+            print(f" {mark}{i:>3} {r['tokens_per_s_per_gpu']:>10,.0f} {fmt_seconds(r['step_time_s'], 8)}{span} "
+                  f"{r['mfu']:>6.1%} {fmt_gib(r['peak_memory_gib'], 6)} {same:>4}  "
+                  f"{plan_text(Plan.parse(r['plan']), w, profile, args.canonical)}")
+        if ranked["plans"]:
+            best = plan_text(Plan.parse(ranked["plans"][0]["plan"]), w, profile, args.canonical)
+            print(f"next: moetune predict {_workload_flags(args)} --plan {shlex.quote(best)} --complete defaults   "
+                  f"(then `moetune emit megatron` with the same flags)")
     return 0
+
+
+def _workload_flags(args) -> str:
+    """The workload flags of this `plans` call, for the "next:" line."""
+    a = ["--model", args.model, "--cluster", args.cluster] + (["--gpus", str(args.gpus)] if args.gpus else [])
+    a += ["--gbs", str(args.gbs)] + (["--seq", str(args.seq)] if args.seq else [])
+    a += ["--precision", args.precision] if args.precision != "bf16" else []
+    return " ".join(shlex.quote(x) for x in a)
 
 
 
@@ -204,21 +231,26 @@ def _run_serve(args) -> int:
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
     space = default_serve_space(cluster.num_devices)
-    workload, kw = _serve_rank_inputs(args, cluster) if args.rank else (None, {})
+    from tuner.serve_precision import resolve as resolve_weights
+    weights = resolve_weights(args, model)
+    workload, kw = _serve_rank_inputs(args, cluster, weights["precision"]) if args.rank else (None, {})
     t0 = time.time()
     s = summarize(space, model, cluster, max_examples=args.examples, keep_effective=args.rank)
     elapsed = time.time() - t0
     ranked = rank_serve_plans(s.effective, model, cluster, workload, args.top, **kw) if args.rank else None
     if args.json:
+        from tuner.conventions import SCHEMA_VERSION
         print(json.dumps({
-            "mode": "serve", "model": model.name, "cluster": cluster.kind, "gpus": cluster.num_devices,
+            "schema_version": SCHEMA_VERSION, "mode": "serve", "model": model.name, "cluster": cluster.kind, "gpus": cluster.num_devices,
+            "precision": weights["precision"], "weight_dtype": weights["dtype"], "weight_source": weights["source"],
             "space_size": s.total, "realizable": s.realizable,
             "rejections": dict(s.rejections.most_common()),
             "rejection_examples": {k: {"plan": p, "reason": r} for k, (p, r) in s.rejected_examples.items()},
             "examples": [p.canonical() for p in s.examples], "ranked": ranked,
             "elapsed_s": round(elapsed, 3)}, indent=1))
         return 0
-    print(f"{model.name} served on {cluster.num_devices} x {cluster.kind} (SGLang 0.5.23 rules)")
+    print(f"{model.name} served on {cluster.num_devices} x {cluster.kind} (SGLang 0.5.23 rules); "
+          f"weights {weights['dtype']} ({weights['source']})")
     pct = 100.0 * s.realizable / s.total if s.total else 0.0
     print(f"serving plan space: {s.total:,} plans; realizable: {s.realizable:,} ({pct:.2f}%)   [{elapsed:.1f} s]")
     if s.rejections:
@@ -238,6 +270,8 @@ def _run_serve(args) -> int:
               f"osl {workload.osl}, concurrency {workload.concurrency}):")
         for code, n in ranked["excluded"].items():
             print(f"  excluded: {n:,} x {code}")
+        if not ranked["plans"] and any(c.startswith("weights_exceed") for c in ranked["excluded"]):
+            print(f"  nothing fits: {_what_would_fit(model, cluster, weights)}")
         for r in ranked["plans"]:
             ttft = "n/a" if r["ttft_p90_s"] is None else f"{r['ttft_p90_s'] * 1e3:.0f} ms"
             tpot = "n/a" if r["tpot_p90_s"] is None else f"{r['tpot_p90_s'] * 1e3:.1f} ms"
@@ -273,14 +307,27 @@ def _equal(a: dict, b: dict) -> bool:
         abs(a["peak_memory_gib"] - b["peak_memory_gib"]) <= 1e-9 * max(b["peak_memory_gib"], 1e-12)
 
 
-def _serve_rank_inputs(args, cluster):
+def _what_would_fit(model, cluster, weights) -> str:
+    """When no serving plan's weights fit: the model's weight bytes against the deployment's HBM, and
+    what would change that (fp8 weights, more GPUs); a first-order estimate, said so."""
+    import math
+
+    from cost_model.flops import param_counts
+    gib = param_counts(model)["total"] * (1.0 if weights["precision"] == "fp8" else 2.0) / 2**30
+    need = 2 ** math.ceil(math.log2(max(gib / (0.8 * cluster.hbm_gib), 1.0)))  # ~80% of HBM for weights
+    alt = [] if weights["precision"] == "fp8" else [f"--weight-dtype fp8 ({gib / 2:,.0f} GiB)"]
+    return (f"{gib:,.0f} GiB of {weights['dtype']} weights; about {need} x {cluster.kind} at this weight format"
+            + (" or " + " ".join(alt) if alt else "") + " (weights only, to first order)")
+
+
+def _serve_rank_inputs(args, cluster, precision: str):
     """The serving workload and cost-model inputs of `plans --mode serve --rank` (checked before
     the walk, so a bad flag costs one line)."""
     from tuner.predict_serve import serve_workload_from_args
     w = serve_workload_from_args(args, cluster.num_devices, what="plans --mode serve --rank")
     if args.routing_skew < 0:
         raise UsageError(f"--routing-skew must be >= 0, got {args.routing_skew}")
-    kw = {"precision": args.precision, "routing_skew": args.routing_skew}
+    kw = {"precision": precision, "routing_skew": args.routing_skew}
     if args.tables:
         from cost_model.tables import load_tables
         try:

@@ -26,7 +26,8 @@ DESCRIPTION = ("Complete a partial plan (--complete best: the fastest realizable
                "predicts; defaults: the documented defaults), check that the target stack can run "
                "it, and print the cost model's prediction: step time and its breakdown, tokens/s per GPU, "
                "MFU, memory per pipeline stage, and which tables and calibration were used. A plan the "
-               "stack cannot run exits with code 2 and its reasons, unless --force.")
+               "stack cannot run exits with code 2 and its reasons, unless --force; a plan predicted not to fit in "
+               "memory is printed and exits with code 3.")
 
 # |scale - 1| above this and `predict` says in one line how much of the step time the term is
 LARGE_CALIBRATION = 0.15
@@ -42,6 +43,8 @@ def add_parser(subparsers):
             a.required = False
             a.default = None
     add_serve_args(p)
+    from tuner.serve_precision import add_weight_dtype_arg
+    add_weight_dtype_arg(p)
     add_stack_arg(p)
     add_plan_args(p)
     add_cost_model_args(p)
@@ -96,7 +99,10 @@ def run(args) -> int:
         from tuner.whatif import megakernel_training
         what_if = megakernel_training(w, plan, pred, imbalance=args.imbalance)
     if args.json:
-        d = pred.to_dict()
+        from tuner.conventions import workload_json
+        d = workload_json("train", w.model.name, w.cluster.kind, w.world, args.precision, gbs=w.gbs, seq=w.seq,
+                          stack=profile.name)
+        d.update(pred.to_dict())
         if what_if is not None:
             d["what_if"] = what_if
         d["plan"] = plan.canonical()
@@ -105,7 +111,7 @@ def run(args) -> int:
         d["calibration_scale"] = cal.scale
         d["completion"] = completion.to_dict()
         print(json.dumps(d, indent=1))
-        return 0
+        return _exit_code(pred)
     if realize_reasons:
         print(f"NOT REALIZABLE — indicative only: {profile.name} cannot run this plan (--force)")
     print(f"plan           {plan_text(plan, w, profile, args.canonical)}")
@@ -145,4 +151,10 @@ def run(args) -> int:
     kind = "measured" if t.meta.get("measured") else "shipped defaults"
     print(f"tables         {t.directory} ({kind}{', --tables' if args.tables else ''}) sha256 {pred.tables_digest[:16]}")
     print(f"calibration    {pred.calibration_id} ({cal_src})")
-    return 0
+    return _exit_code(pred)
+
+
+def _exit_code(pred) -> int:
+    """3 when the plan does not fit in memory (printed first, so scripts can branch on it), else 0."""
+    from tuner.emit_header import EXIT_DOES_NOT_FIT
+    return 0 if pred.feasible else EXIT_DOES_NOT_FIT
