@@ -11,7 +11,8 @@ Field meanings (the SGLang 0.5.23 flag each one becomes):
 - dp: `--dp-size`, independent replicas of the instance (data-parallel serving), each tp*pp GPUs.
 - attn_dp: `--attn-dp-size`, attention data-parallel size inside one instance (1 = off);
   must divide tp.
-- ep: `--ep-size`; an all-to-all backend forces ep = tp (SGLang rewrites it).
+- ep: `--ep-size`; an all-to-all backend forces ep = tp (SGLang rewrites it: specs/serve_resolve.py
+  holds every such rewrite).
 - a2a: `--moe-a2a-backend` (none | deepep | mooncake | …).
 - deepep_mode: `--deepep-mode` (auto | normal | low_latency).
 - tbo: `--enable-two-batch-overlap`.
@@ -155,17 +156,3 @@ class ServeWorkload:
         """What the search maximises: input tokens/s/GPU for a prefill pool, output tokens/s/GPU otherwise."""
         return "input_tokens_per_s_per_gpu" if self.phase == "prefill" else "output_tokens_per_s_per_gpu"
 
-
-def sglang_memory_tier_defaults(gpu_gib: float, tp: int) -> tuple[int, int]:
-    """SGLang 0.5.23's memory-tier defaults (chunked_prefill_size, decode CUDA-graph max batch) for a
-    GPU of `gpu_gib` GiB (memory_hook.py:89-170 compares the device capacity in MiB / 1024; the
-    resolver cross-check in tests/test_serve_oracle.py confirms the tier edges)."""
-    if gpu_gib < 20:
-        return 2048, 8
-    if gpu_gib < 35:
-        return 4096, 48 if tp < 4 else 160
-    if gpu_gib < 60:
-        return 4096, 32 if tp < 4 else 160
-    if gpu_gib < 160:
-        return 8192, 256 if tp < 4 else 512
-    return 16384, 512

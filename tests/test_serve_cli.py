@@ -101,20 +101,34 @@ def test_predict_serve_reports_our_rules_and_prices_the_effective_plan(capsys):
     assert eff.ep == 8 and eff.chunked_prefill == 1024
 
 
-def test_priced_plan_gives_the_cost_model_sglangs_per_rank_chunk():
+def test_every_path_prices_sglangs_resolution_once(capsys):
+    """DeepSeek-V3 tp=8,attn_dp=8,ep=8,a2a=deepep,deepep_mode=normal on 8xH200: SGLang's resolver gives
+    mem_fraction_static 0.755 (its decode-graph batch 512 counts in the reserve before deepep normal
+    turns the graphs off). Every path prices that value: `predict --mode serve`, the ranking of
+    `plans --rank`, the serving study's screening (pinned plans) and the cost model called directly.
+    (Before specs/serve_resolve.py the tuner path priced 0.904.)"""
     from clusters import load_cluster
-    from cost_model.serving.plans import to_cols
+    from cost_model.serving import predict_serve
     from specs.models import load_model
-    from specs.serve_plan import ServePlan
-    from tuner.serve_price import priced_plan
+    from specs.serve_plan import ServePlan, ServeWorkload
+    from tuner.serve_price import rank, score_plans
     from tuner.serve_realize import realize
-    c = load_cluster("h200-sxm", 8)
-    for text in ("tp=8,attn_dp=8,a2a=deepep", "tp=8,attn_dp=4,chunked_prefill=4096", "tp=4,dp=2,max_running=128"):
-        v = realize(ServePlan.parse(text), load_model("qwen3-30b-a3b"), c)
-        cols = to_cols([priced_plan(v.effective)], c.hbm_gib)
-        assert int(cols.chunk[0]) == v.effective.plan.chunked_prefill
-        assert int(cols.ep[0]) == v.effective.plan.ep
-        assert int(cols.graph_bs[0]) == max(v.effective.plan.cuda_graph_max_bs, 0)
+    text = "tp=8,attn_dp=8,ep=8,a2a=deepep,deepep_mode=normal"
+    m, c = load_model("deepseek-v3"), load_cluster("h200-sxm", 8)
+    w = ServeWorkload(isl=1000, osl=1000, concurrency=64)
+    assert main(["predict", "--mode", "serve", "--model", "deepseek-v3", "--cluster", "h200-sxm", "--gpus", "8",
+                 "--isl", "1000", "--osl", "1000", "--concurrency", "64", "--precision", "fp8", "--plan", text,
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["extra"]["mem_frac"] == pytest.approx(0.755, abs=1e-9)
+    direct = predict_serve(m, c, ServePlan.parse(text), w, precision="fp8")
+    assert direct.extra["mem_frac"] == pytest.approx(0.755, abs=1e-9)
+    assert direct.effective_plan == d["effective_plan"]
+    eff = realize(ServePlan.parse(text), m, c).effective
+    assert rank([eff], m, c, w, precision="fp8").plans[0]["mem_frac"] == pytest.approx(0.755, abs=1e-9)
+    assert score_plans([eff.pinned()], m, c, w, precision="fp8")["mem_frac"][0] == pytest.approx(0.755, abs=1e-9)
+    # the per-rank chunk is divided once: flag 8192 (H200 tier) -> 1024 per attention-DP rank
+    assert ServePlan.parse(d["effective_plan"]).chunked_prefill == 1024 and eff.pinned().chunked_prefill == 8192
 
 
 def test_predict_serve_megakernel_what_if(capsys):

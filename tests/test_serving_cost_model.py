@@ -86,13 +86,13 @@ def test_memory_infeasible_with_reason():
 
 
 def test_expected_distinct_experts():
-    from cost_model.serving.plans import to_cols
+    from cost_model.serving.plans import effective_plans, to_cols
     from cost_model.serving.step import StepModel
     from cost_model.tables import load_tables, tables_dir_for
-    sm = StepModel(QWEN, H200, load_tables(tables_dir_for("h200-sxm")), to_cols(plans("tp=1"), 141), fp8=False)
+    sm = StepModel(QWEN, H200, load_tables(tables_dir_for("h200-sxm")), to_cols(effective_plans(plans("tp=1"), QWEN, H200)), fp8=False)
     d = sm.distinct_experts(np.array([1.0, 8, 64, 1024]))
     assert d[0] == pytest.approx(8) and np.all(np.diff(d) > 0) and d[-1] == pytest.approx(128, rel=1e-3)
-    skew = StepModel(QWEN, H200, load_tables(tables_dir_for("h200-sxm")), to_cols(plans("tp=1"), 141), fp8=False,
+    skew = StepModel(QWEN, H200, load_tables(tables_dir_for("h200-sxm")), to_cols(effective_plans(plans("tp=1"), QWEN, H200)), fp8=False,
                      routing_skew=1.0).distinct_experts(np.array([64.0]))
     assert skew[0] < d[2]
 
@@ -169,17 +169,16 @@ def test_extra_reasons_make_infeasible():
     ("deepseek-v3", 16, "tp=16,attn_dp=16,a2a=deepep", "decode", 0.684),
 ])
 def test_default_mem_frac_matches_sglang_resolver(name, gpus, plan, role, want):
-    from cost_model.serving.memory import default_mem_frac
-    from cost_model.serving.plans import to_cols
+    from specs.serve_resolve import resolve
     cl = load_cluster("h200-sxm", gpus)
-    c = to_cols(plans(plan), cl.hbm_gib)
-    assert default_mem_frac(c, cl.hbm_gib * 1024, role)[0] == pytest.approx(want, abs=1e-9)
+    assert resolve(ServePlan.parse(plan), load_model(name), cl).mem_frac_for(role) == pytest.approx(want, abs=1e-9)
 
 
 def test_deepep_buffers_are_gigabytes_not_tens():
     from cost_model.serving.memory import deepep_buffer_bytes
-    from cost_model.serving.plans import to_cols
-    c = to_cols(plans("tp=8,attn_dp=8,a2a=deepep", "tp=8,attn_dp=8,a2a=deepep,deepep_mode=normal", "tp=8"), 141)
+    from cost_model.serving.plans import effective_plans, to_cols
+    c = to_cols(effective_plans(plans("tp=8,attn_dp=8,a2a=deepep", "tp=8,attn_dp=8,a2a=deepep,deepep_mode=normal", "tp=8"),
+                                DSV3, H200))
     b = deepep_buffer_bytes(DSV3, c) / 2 ** 30
     # low latency: 2 x 2 x 256 experts x 128 tokens x (7168 x 2 + 16) B = 1.75 GiB; normal: 12 x 8 x 256 x 14336 B
     assert b[0] == pytest.approx(4 * 256 * 128 * (7168 * 2 + 16) / 2 ** 30)
@@ -187,10 +186,11 @@ def test_deepep_buffers_are_gigabytes_not_tens():
 
 
 def _step(model, text):
-    from cost_model.serving.plans import to_cols
+    from cost_model.serving.plans import effective_plans, to_cols
     from cost_model.serving.step import StepModel
     from cost_model.tables import load_tables, tables_dir_for
-    return StepModel(model, H200, load_tables(tables_dir_for("h200-sxm")), to_cols(plans(text), 141), fp8=True)
+    return StepModel(model, H200, load_tables(tables_dir_for("h200-sxm")), to_cols(effective_plans(plans(text), model, H200)),
+                     fp8=True)
 
 
 def test_deepep_low_latency_and_normal_priced_apart():

@@ -10,18 +10,11 @@ from __future__ import annotations
 import shlex
 
 from specs.serve_plan import ServePlan
+from specs.serve_resolve import attention_backend, server_nodes
 from trials.serving.sglang_backend import sglang_flags
-from tuner.serve_realize import server_nodes
 
 ROUTER_PORT = 8000
 BOOTSTRAP_PORT = 8998
-
-
-def attention_backend(model, cluster) -> str:
-    """The backend SGLang would probe on the target GPU (a CPU host probes wrongly, so we name it)."""
-    if cluster.device_name.upper().startswith(("B200", "GB200", "B300", "GB300")) or "blackwell" in cluster.device_name.lower():
-        return "trtllm_mla" if model.mla else "triton"
-    return "fa3"  # Hopper: SGLang's default for MLA and GQA models alike
 
 
 def server_argv(plan: ServePlan, model_path: str, model, cluster, *, nnodes: int = 1, node_rank: int = 0,

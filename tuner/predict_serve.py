@@ -2,8 +2,8 @@
 
 `serve_prediction(args, extra_reasons)` is the one entry point. It checks the plan with our SGLang
 rules (tuner/serve_realize: reason codes in `reasons`, any reason makes it infeasible) and prices
-the *effective* plan, the one SGLang runs after its silent rewrites (tuner/serve_price); an
-unrealizable plan is priced as written, indicative only. Callers that know more reasons pass them
+the *effective* plan, the one SGLang runs after its silent rewrites (specs.serve_resolve); an
+unrealizable plan is priced as SGLang would resolve it, indicative only. Callers that know more reasons pass them
 in `extra_reasons`. `--what-if megakernel` adds the Weave megakernel what-if (tuner/whatif.py)."""
 from __future__ import annotations
 
@@ -39,7 +39,6 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     from cost_model.tables import load_tables, tables_dir_for
     from specs.models import load_model
     from specs.serve_plan import ServePlan, ServeWorkload
-    from tuner.serve_price import priced_plan
     from tuner.serve_realize import realize
     if args.isl is None or args.osl is None:
         raise UsageError("--mode serve needs --isl and --osl")
@@ -54,8 +53,8 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     plan = ServePlan.parse(args.plan or "")
     verdict = realize(plan, model, cluster)
     reasons = list(extra_reasons) + [str(r) for r in verdict.reasons]
-    priced = priced_plan(verdict.effective) if verdict.ok else plan
-    if priced.instance_gpus > cluster.num_devices:  # reasons say why; price what fits, flagged
+    priced = verdict.effective if verdict.ok else plan
+    if not verdict.ok and priced.instance_gpus > cluster.num_devices:  # reasons say why; price what fits, flagged
         priced = priced.replace(tp=max(1, cluster.num_devices // priced.pp))
     tables = load_tables(args.tables or tables_dir_for(cluster.kind))
     cal = None
@@ -74,6 +73,7 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     if verdict.ok:  # what SGLang runs (chunked_prefill per attention-DP rank, -1 = no CUDA graphs)
         out["effective_plan"] = verdict.effective.plan.canonical()
         out["rewrites"] = list(verdict.effective.rewrites)
+        out["pinned_plan"] = verdict.effective.pinned().canonical()
     out["realizable"] = verdict.ok
     slo = {"ttft_p90_s": getattr(args, "ttft_slo", None), "tpot_p90_s": getattr(args, "tpot_slo", None)}
     if any(slo.values()):  # None when a bound is given but the phase has no such latency
