@@ -43,9 +43,12 @@ REWRITES: dict[str, str] = {
 }
 
 
-def memory_tier_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
+def memory_tier_defaults(gpu_mib: float | None, tp: int) -> tuple[int, int]:
     """SGLang 0.5.23's memory-tier defaults (chunked_prefill_size, decode CUDA-graph max batch) for a
-    GPU of `gpu_mib` MiB (SG/arg_groups/memory_hook.py:89-170; the tier edges are MiB / 1024 = GiB)."""
+    GPU of `gpu_mib` MiB (SG/arg_groups/memory_hook.py:89-170; the tier edges are MiB / 1024 = GiB);
+    None = no GPU memory known (its fallback, memory_hook.py:171)."""
+    if gpu_mib is None:
+        return 4096, 160
     gib = gpu_mib / 1024
     if gib < 20:
         return 2048, 8
@@ -85,7 +88,7 @@ def server_nodes(plan: ServePlan, gpus_per_node: int) -> int:
     return max(1, math.ceil(g / gpus_per_node))
 
 
-def static_mem_frac(gpu_mib: float, *, tp: int, pp: int, attn_dp: int, chunk_flag: int, max_running: int,
+def static_mem_frac(gpu_mib: float | None, *, tp: int, pp: int, attn_dp: int, chunk_flag: int, max_running: int,
                     graph_bs: int, decode_graphs: bool, deepep: bool, role: str = "agg") -> float:
     """SGLang 0.5.23's `--mem-fraction-static` when not given (SG/arg_groups/memory_hook.py:245-300,
     `reserve_for_graph_mb`, `reserve_for_deepep_a2a_mb`), MiB:
@@ -99,7 +102,10 @@ def static_mem_frac(gpu_mib: float, *, tp: int, pp: int, attn_dp: int, chunk_fla
     The decode graphs and DeepEP terms count as the memory hook sees them, before deepep normal
     turns the graphs off (moe_hook runs later). activation_tokens = max(chunked_prefill_size, 2048)
     (the flag, before attention DP divides it) or, on a pd decode server, max(max_running or max_bs,
-    2048); a pd prefill server drops the decode-graph, attention-DP and DeepEP terms."""
+    2048); a pd prefill server drops the decode-graph, attention-DP and DeepEP terms. No GPU memory
+    known (None): 0.95."""
+    if gpu_mib is None:
+        return 0.95
     bs = float(graph_bs)
     if role == "decode":
         act = max(max_running or graph_bs or 1, 2048)
@@ -205,13 +211,16 @@ def resolve(plan: ServePlan, model, cluster) -> EffectivePlan:
     page = backend_page_size(backend, p.page_size)
     if page != p.page_size:
         fired.append("backend-page-size")
+    # a host without GPUs (cpu-local, where vLLM-CPU serves from its own KV space) has no GPU memory
+    # formula to apply: the fraction SGLang takes for an unknown capacity (memory_hook.py:292)
+    mem_mib = gpu_mib if getattr(cluster, "is_gpu", True) else None
     kw = dict(tp=p.tp, pp=p.pp, attn_dp=p.attn_dp, chunk_flag=chunk_flag, max_running=p.max_running,
               graph_bs=bs_mem, decode_graphs=decode_graphs_mem, deepep=p.a2a == "deepep")
     if p.mem_frac:
         mf = mf_p = mf_d = p.mem_frac
     else:
         fired.append("default-mem-frac")
-        mf, mf_p, mf_d = (static_mem_frac(gpu_mib, role=r, **kw) for r in ROLES)
+        mf, mf_p, mf_d = (static_mem_frac(mem_mib, role=r, **kw) for r in ROLES)
     eff = p.replace(ep=ep, deepep_mode=mode, chunked_prefill=chunk, cuda_graph_max_bs=bs, page_size=page,
                     mem_frac=min(max(mf, 0.0), 0.999))
     return EffectivePlan(
