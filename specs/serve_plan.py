@@ -22,6 +22,7 @@ Field meanings (the SGLang 0.5.23 flag each one becomes):
 - cuda_graph_max_bs: `--cuda-graph-max-bs-decode`; 0 = SGLang's default, -1 = CUDA graphs off.
 - mem_frac: `--mem-fraction-static`; 0 = SGLang picks by GPU memory.
 - page_size: `--page-size`.
+- kv_cache_dtype: `--kv-cache-dtype` (auto = the model's dtype, bf16 | fp8_e4m3: one byte per KV element).
 - pd: prefill:decode instance ratio of a disaggregated deployment ("" = aggregated), e.g. "1:2".
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ from specs.plan import format_value, parse_key_values
 A2A_BACKENDS = ("none", "deepep", "mooncake", "nixl", "mori", "flashinfer", "pplx")
 DEEPEP_MODES = ("auto", "normal", "low_latency")
 PHASES = ("both", "prefill", "decode")
+KV_CACHE_DTYPES = ("auto", "bf16", "fp8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class ServePlan:
     mem_frac: float = 0.0
     page_size: int = 1
     pd: str = ""
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         bad = []
@@ -73,6 +76,8 @@ class ServePlan:
             bad.append(f"a2a={self.a2a!r} is not one of {'|'.join(A2A_BACKENDS)}")
         if self.deepep_mode not in DEEPEP_MODES:
             bad.append(f"deepep_mode={self.deepep_mode!r} is not one of {'|'.join(DEEPEP_MODES)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            bad.append(f"kv_cache_dtype={self.kv_cache_dtype!r} is not one of {'|'.join(KV_CACHE_DTYPES)}")
         if self.pd:
             parts = self.pd.split(":")
             if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
@@ -89,6 +94,11 @@ class ServePlan:
     def gpus(self) -> int:
         """GPUs of the whole aggregated deployment (all dp replicas)."""
         return self.instance_gpus * self.dp
+
+    @property
+    def kv_bytes(self) -> float:
+        """Bytes of one KV-cache element (the models served are bf16; fp8_e4m3 stores one byte)."""
+        return 1.0 if self.kv_cache_dtype == "fp8_e4m3" else 2.0
 
     @property
     def pd_ratio(self) -> tuple[int, int] | None:
@@ -112,7 +122,8 @@ class ServePlan:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ServePlan)}
 _ALIASES = {"attn-dp": "attn_dp", "dp_attn": "attn_dp", "moe_a2a_backend": "a2a",
-            "two_batch_overlap": "tbo", "cuda_graph": "cuda_graph_max_bs", "mem": "mem_frac"}
+            "two_batch_overlap": "tbo", "cuda_graph": "cuda_graph_max_bs", "mem": "mem_frac",
+            "kv_dtype": "kv_cache_dtype"}
 
 
 def parse_serve_fields(text: str) -> dict:

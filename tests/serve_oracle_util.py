@@ -39,7 +39,7 @@ def expected(v) -> dict:
         "max_running_requests": p.max_running or None,
         "schedule_conservativeness": round(e.schedule_conservativeness, 6),
         "disable_overlap_schedule": not e.overlap_schedule, "mem_fraction_static": e.mem_frac,
-        "page_size": p.page_size, "nnodes": e.nnodes, "disaggregation_mode": "null", "kv_cache_dtype": "auto",
+        "page_size": p.page_size, "nnodes": e.nnodes, "disaggregation_mode": "null", "kv_cache_dtype": p.kv_cache_dtype,
         "attention_backend": e.attention_backend, "enable_dp_lm_head": False,
         "decode_graph_backend": "disabled" if p.cuda_graph_max_bs == -1 else "full",
         "decode_graph_max_bs": e.graph_bs_mem,

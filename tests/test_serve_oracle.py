@@ -21,7 +21,7 @@ from tuner.serve_space import ServeSpace, sample
 pytestmark = pytest.mark.skipif(not sglang_oracle.available(),
                                 reason="sglang not installed (pip install --no-deps sglang==0.5.23)")
 
-REWRITE_PLANS = ["tp=8,attn_dp=8,a2a=deepep,deepep_mode=normal", "tp=8,ep=2,a2a=deepep",
+REWRITE_PLANS = ["tp=8,attn_dp=8,a2a=deepep,deepep_mode=normal", "tp=8,kv_cache_dtype=fp8_e4m3,mem_frac=0.8", "tp=8,ep=2,a2a=deepep",
                  "tp=8,attn_dp=4,chunked_prefill=16384", "tp=4,pp=2", "tp=2,max_running=64",
                  "tp=8,attn_dp=8,a2a=deepep,tbo=1,eplb_redundant=32,page_size=64",
                  "tp=16,attn_dp=16,a2a=deepep,deepep_mode=low_latency,cuda_graph_max_bs=128"]
@@ -31,7 +31,10 @@ EMITTED = [("qwen3-30b-a3b", 8, "tp=4,dp=2,cuda_graph_max_bs=256", False),
            ("deepseek-v3", 16, "tp=16,attn_dp=16,a2a=deepep,tbo=1,eplb_redundant=32", False),
            ("qwen3-235b-a22b", 16, "tp=8,pp=2,mem_frac=0.85,page_size=64", False),
            ("deepseek-v3", 16, "tp=8,attn_dp=8,a2a=deepep,pd=1:1", True),
-           ("gpt-oss-120b", 8, "tp=2,ep=2,cuda_graph_max_bs=-1,pd=1:3", True)]
+           ("gpt-oss-120b", 8, "tp=2,ep=2,cuda_graph_max_bs=-1,pd=1:3", True),
+           # a completed plan (tuner/serve_complete): every knob written, fp8 KV cache
+           ("deepseek-v3", 16, "tp=16,attn_dp=16,a2a=deepep,mem_frac=0.8,cuda_graph_max_bs=64,chunked_prefill=8192,"
+                               "max_running=2048,kv_cache_dtype=fp8_e4m3", False)]
 
 
 # (cluster, GPUs): the sampled spaces; 16 plans per model and space (seeded: the same plans every run)

@@ -38,7 +38,8 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     from cost_model.serving import predict_serve
     from cost_model.tables import load_tables, tables_dir_for
     from specs.models import load_model
-    from specs.serve_plan import ServePlan, ServeWorkload
+    from specs.serve_plan import ServeWorkload
+    from tuner.serve_complete import complete_serve
     from tuner.serve_realize import realize
     if args.isl is None or args.osl is None:
         raise UsageError("--mode serve needs --isl and --osl")
@@ -49,13 +50,8 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     if args.concurrency is not None and args.concurrency <= 0:
         raise UsageError(f"--concurrency must be a positive whole number, got {args.concurrency}")
     conc = args.concurrency or (16 if args.phase == "decode" else 8 * cluster.num_devices)
-    w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=conc, phase=args.phase)
-    plan = ServePlan.parse(args.plan or "")
-    verdict = realize(plan, model, cluster)
-    reasons = list(extra_reasons) + [str(r) for r in verdict.reasons]
-    priced = verdict.effective if verdict.ok else plan
-    if not verdict.ok and priced.instance_gpus > cluster.num_devices:  # reasons say why; price what fits, flagged
-        priced = priced.replace(tp=max(1, cluster.num_devices // priced.pp))
+    w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=conc, phase=args.phase,
+                      ttft_p90_s=getattr(args, "ttft_slo", None) or 0.0, tpot_p90_s=getattr(args, "tpot_slo", None) or 0.0)
     tables = load_tables(args.tables or tables_dir_for(cluster.kind))
     cal = None
     if args.calibration:
@@ -64,12 +60,22 @@ def serve_prediction(args, extra_reasons=()) -> dict:
             cal = ServeCalibration.load(args.calibration)
         except (OSError, ValueError, KeyError) as e:
             raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
+    completion = complete_serve(args.plan or "", model, cluster, w, getattr(args, "complete", None) or "defaults",
+                                precision=args.precision, tables=tables, calibration=cal,
+                                imbalance=args.imbalance, routing_skew=args.routing_skew)
+    plan = completion.plan
+    verdict = realize(plan, model, cluster)
+    reasons = list(extra_reasons) + [str(r) for r in verdict.reasons]
+    priced = verdict.effective if verdict.ok else plan
+    if not verdict.ok and priced.instance_gpus > cluster.num_devices:  # reasons say why; price what fits, flagged
+        priced = priced.replace(tp=max(1, cluster.num_devices // priced.pp))
     pred = predict_serve(model, cluster, priced, w, precision=args.precision, tables=tables, calibration=cal,
                          imbalance=args.imbalance, routing_skew=args.routing_skew, extra_reasons=reasons)
     d = pred.to_dict()
     out = {k: d[k] for k in SERVE_FIELDS}
     out.update({k: v for k, v in d.items() if k not in SERVE_FIELDS})
     out["plan"] = plan.canonical()
+    out["completion"] = completion.to_dict()
     if verdict.ok:  # what SGLang runs (chunked_prefill per attention-DP rank, -1 = no CUDA graphs)
         out["effective_plan"] = verdict.effective.plan.canonical()
         out["rewrites"] = list(verdict.effective.rewrites)
@@ -89,6 +95,11 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     return out
 
 
+def _describe(c: dict) -> str:
+    from tuner.serve_complete import ServeCompletion
+    return ServeCompletion(None, c["how"], tuple(c["given"]), c["completed"], c["candidates"], c["note"]).describe()
+
+
 def run_serve(args, extra_reasons=()) -> int:
     d = serve_prediction(args, extra_reasons)
     if args.json:
@@ -98,6 +109,7 @@ def run_serve(args, extra_reasons=()) -> int:
     def f(x, unit="s"):
         return "n/a" if x is None else f"{x * 1e3:.1f} ms" if unit == "s" else f"{x:,.0f}"
     print(f"plan           {d['plan']}")
+    print(f"completion     {_describe(d['completion'])}")
     print(f"priced as      {d['effective_plan']}")
     print(f"workload       {d['model']} on {d['gpus']}x {d['cluster']}, phase {d['phase']}, isl {d['isl']}, "
           f"osl {d['osl']}, concurrency {d['concurrency']}")

@@ -191,7 +191,7 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     max_b = int(max(est["max_batch_per_gpu"][0] * gpus_inst / a, 1))
     if burst and requests is not None:
         # lengths vary: the running cap is SGLang's request limit, the KV pool is enforced per request
-        max_b = int(max((c.max_running[0] or DEFAULT_MAX_RUNNING) // a, 1))
+        max_b = int(max(c.max_running[0] // a if c.max_running[0] else DEFAULT_MAX_RUNNING, 1))
     chunk = int(c.chunk[0])
     if burst and requests is not None:
         requests = [(int(a_), int(b_)) for a_, b_ in requests]

@@ -31,11 +31,13 @@ def weight_bytes_per_gpu(spec, c, wbytes: float) -> np.ndarray:
     return (attn + dense + experts + shared) * wbytes / c.pp + vocab / c.pp
 
 
-def kv_bytes_per_token(spec, c, kv_bytes: float = 2.0) -> np.ndarray:
-    """KV cache bytes of one token on one GPU (all layers of its stage). MLA keeps one latent
-    (kv_lora_rank + rope dim) per layer, replicated on every attention-TP rank; GQA shards KV heads
-    over attention-TP (replicated when there are fewer heads than ranks)."""
+def kv_bytes_per_token(spec, c) -> np.ndarray:
+    """KV cache bytes of one token on one GPU (all layers of its stage) at the plan's KV dtype
+    (`c.kv_bytes`). MLA keeps one latent (kv_lora_rank + rope dim) per layer, replicated on every
+    attention-TP rank; GQA shards KV heads over attention-TP (replicated when there are fewer heads
+    than ranks)."""
     layers = spec.num_layers / c.pp
+    kv_bytes = c.kv_bytes
     if spec.mla:
         return (spec.kv_lora_rank + spec.qk_pos_emb_head_dim) * kv_bytes * layers * np.ones(len(c))
     heads = np.maximum(spec.query_groups // c.attn_tp, 1)
@@ -61,7 +63,7 @@ def deepep_buffer_bytes(spec, c) -> np.ndarray:
     return np.where(on, np.maximum(normal, np.where(c.low_latency_decode, ll, 0.0)), 0.0)
 
 
-def capacity(spec, cluster, c, isl, osl, wbytes: float, kv_bytes: float = 2.0, role: str = "agg") -> dict:
+def capacity(spec, cluster, c, isl, osl, wbytes: float, role: str = "agg") -> dict:
     """Per-GPU memory and the decode batch it allows. Returns arrays: weights_gib, mem_frac,
     kv_pool_tokens (per GPU = per attention-DP rank's pool), act_gib, max_batch_rank (requests per
     attention-DP rank at full context isl+osl), max_batch_instance, memory_gib (weights + KV pool +
@@ -70,11 +72,11 @@ def capacity(spec, cluster, c, isl, osl, wbytes: float, kv_bytes: float = 2.0, r
     w = weight_bytes_per_gpu(spec, c, wbytes)
     mf = c.mem_frac_for(role)  # resolved by specs.serve_resolve (SGLang's formula when not given)
     pool = mf * hbm - w
-    kvt = kv_bytes_per_token(spec, c, kv_bytes)
+    kvt = kv_bytes_per_token(spec, c)
     tokens = np.maximum(pool, 0) / kvt
     ctx = isl + osl
     rank = np.floor(tokens / ctx)
-    cap = np.where(c.max_running > 0, c.max_running, DEFAULT_MAX_RUNNING) // c.attn_dp
+    cap = np.where(c.max_running > 0, c.max_running // c.attn_dp, DEFAULT_MAX_RUNNING)
     rank = np.minimum(rank, np.maximum(cap, 1))
     # without an all-to-all backend attention-DP gathers every rank's chunk onto each GPU for the MoE;
     # with one (DeepEP) a GPU holds its own rank's tokens (routed copies are in ACT_HIDDEN_MULT)

@@ -38,6 +38,7 @@ class ServeCols:
     deepep: np.ndarray  # moe_a2a_backend == deepep (its own buffers and 2 GiB graph-time reserve)
     pd_p: np.ndarray  # prefill instances of a pd-disaggregated unit (0 = aggregated)
     pd_d: np.ndarray  # decode instances of a pd-disaggregated unit
+    kv_bytes: np.ndarray  # bytes of one KV-cache element (--kv-cache-dtype: 2, fp8_e4m3 1)
 
     def mem_frac_for(self, role: str) -> np.ndarray:
         return {"agg": self.mem_frac, "prefill": self.mem_frac_prefill, "decode": self.mem_frac_decode}[role]
@@ -85,4 +86,5 @@ def to_cols(effs: list[EffectivePlan]) -> ServeCols:
         deepep=col(lambda p: p.a2a == "deepep", bool),
         pd_p=col(lambda p: p.pd_ratio[0] if p.pd_ratio else 0),
         pd_d=col(lambda p: p.pd_ratio[1] if p.pd_ratio else 0),
+        kv_bytes=col(lambda p: p.kv_bytes, float),
     )

@@ -49,8 +49,10 @@ def add_parser(subparsers):
     p.add_argument("--model-path", default=None,
                    help="For sglang, the model directory in the commands (default: a config-only directory "
                         "written from the model spec under the --out folder or ./<model>-config).")
-    p.add_argument("--isl", type=positive_int, default=None, help="Serving (vllm): input tokens per request.")
-    p.add_argument("--osl", type=positive_int, default=None, help="Serving (vllm): output tokens per request.")
+    p.add_argument("--isl", type=positive_int, default=None,
+                   help="Serving: input tokens per request (vllm: the context length; sglang: the workload of --complete best).")
+    p.add_argument("--osl", type=positive_int, default=None,
+                   help="Serving: output tokens per request (vllm: the context length; sglang: the workload of --complete best).")
     return p
 
 
@@ -83,12 +85,12 @@ def _run_sglang(args) -> int:
     from clusters import load_cluster
     from specs.hf_export import write_model_dir
     from specs.models import load_model
-    from specs.serve_plan import ServePlan
     from tuner.emit_sglang import launch_commands, render
     from tuner.serve_realize import realize, server_nodes
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
-    plan = ServePlan.parse(args.plan)
+    completion = serve_completion_for_emit(args, model, cluster)
+    plan = completion.plan
     if args.pd and not plan.pd:
         plan = plan.replace(pd="1:1")
     if plan.pd and not args.pd:
@@ -112,4 +114,19 @@ def _run_sglang(args) -> int:
         print(f"wrote {args.out}  ({plan.canonical()})", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    print(f"completion: {completion.describe()}", file=sys.stderr)
     return 0
+
+
+def serve_completion_for_emit(args, model, cluster):
+    """`--complete` of `emit sglang`: best needs the workload (--isl/--osl; concurrency 8 per GPU, as
+    `predict --mode serve`); without it the plan keeps SGLang's defaults, said so."""
+    from specs.serve_plan import ServeWorkload
+    from tuner.serve_complete import complete_serve
+    how = getattr(args, "complete", None) or "defaults"
+    if how == "best" and not (args.isl and args.osl):
+        c = complete_serve(args.plan, model, cluster, None, "defaults")
+        c.note = "best needs --isl and --osl"
+        return c
+    w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=8 * cluster.num_devices) if how == "best" else None
+    return complete_serve(args.plan, model, cluster, w, how, precision=getattr(args, "precision", "bf16"))
