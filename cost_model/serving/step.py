@@ -129,26 +129,32 @@ class StepModel:
         a2a = ar_attn + d + cb
         return np.where(c.a2a > 0, a2a, plain), plain
 
-    def _overlap(self, comp, comm):
-        """Two-batch overlap hides the shorter of compute and communication behind the longer
-        (a two-stage pipeline of half batches: max + half the min)."""
-        return np.where(self.c.tbo, np.maximum(comp, comm) + 0.5 * np.minimum(comp, comm), comp + comm)
+    def _two_batch(self, whole, half):
+        """GPU seconds of a step: (compute, communication) of the whole batch `whole`, and of one half
+        batch `half` for two-batch-overlap plans. TBO runs the step as two half-batch sub-steps, each
+        with all of its kernels (each half re-reads the expert weights it activates, and launches
+        its own kernels); one half's communication overlaps the other half's compute once per
+        layer pair, so it hides min(compute, communication) of one half, not of the step:
+            TBO = 2 (comp_h + comm_h) - min(comp_h, comm_h)        otherwise comp + comm."""
+        comp, comm = whole
+        comp_h, comm_h = half
+        tbo = 2.0 * (comp_h + comm_h) - np.minimum(comp_h, comm_h)
+        return np.where(self.c.tbo, tbo, comp + comm)
 
     def _launch(self, gpu_s, graphs):
         """Launch cost: eager steps are floored by the CPU enqueueing every kernel; CUDA graphs
-        replay them with only the GPU gap between kernels."""
+        replay them with only the GPU gap between kernels. A TBO step launches every kernel twice
+        (once per half batch)."""
         c = self.c
-        kernels = KERNELS_PER_LAYER * self.layers
+        kernels = KERNELS_PER_LAYER * self.layers * np.where(c.tbo, 2, 1)
         eager = np.maximum(gpu_s, kernels * self.ops.gap)
         t = np.where(graphs, gpu_s, eager) + kernels * GPU_KERNEL_GAP_S
         return t + np.where(c.overlap_sched, 0.0, SCHED_OVERHEAD_S)
 
     # ---- steps ----------------------------------------------------------------------------
-    def decode(self, batch_rank, ctx):
-        """Seconds of one decode step: `batch_rank` running requests per attention-DP rank with a
-        mean context of `ctx` tokens. Returns (seconds, dict of parts)."""
+    def _decode_gpu(self, B, ctx):
+        """(compute, communication, parts) seconds of one decode step at `B` requests per rank."""
         s, c, pl = self.s, self.c, self.pc["per_layer"]
-        B = np.maximum(np.asarray(batch_rank, float), 1.0)
         T = B * c.attn_dp
         proj = self._gemm(B, pl["attention"] / c.attn_tp)
         kv_read = B * ctx * self.kvt / self.layers
@@ -169,19 +175,26 @@ class StepModel:
         head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp) / c.pp
         comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts) + head
         comm_t = self.L_moe * comm + self.L_dense * comm_dense
-        gpu = self._overlap(comp, comm_t)
+        parts = {"attention": self.layers * (proj + core) * c.pp, "experts": self.L_moe * experts * c.pp,
+                 "dense_shared": (self.L_dense * dense + self.L_moe * shared) * c.pp, "communication": comm_t * c.pp}
+        return comp, comm_t, parts
+
+    def decode(self, batch_rank, ctx):
+        """Seconds of one decode step: `batch_rank` running requests per attention-DP rank with a
+        mean context of `ctx` tokens. Returns (seconds, dict of parts)."""
+        c = self.c
+        B = np.maximum(np.asarray(batch_rank, float), 1.0)
+        comp, comm_t, parts = self._decode_gpu(B, ctx)
+        comp_h, comm_h, _ = self._decode_gpu(np.maximum(B / 2.0, 1.0), ctx)
+        gpu = self._two_batch((comp, comm_t), (comp_h, comm_h))
         graphs = (c.graph_bs > 0) & (B <= c.graph_bs)
         stage = self._launch(gpu, graphs)
         t = stage * c.pp  # the batch passes every stage once per token
-        return t, {"attention": self.layers * (proj + core) * c.pp, "experts": self.L_moe * experts * c.pp,
-                   "dense_shared": (self.L_dense * dense + self.L_moe * shared) * c.pp,
-                   "communication": comm_t * c.pp, "cuda_graphs": graphs}
+        return t, {**parts, "cuda_graphs": graphs}
 
-    def prefill(self, chunk_rank, prefix):
-        """Seconds of one prefill (extend) step of `chunk_rank` new tokens per attention-DP rank
-        whose requests already hold `prefix` tokens of context (chunked prefill)."""
+    def _prefill_gpu(self, C, prefix):
+        """(compute, communication, parts) seconds of one prefill step of `C` tokens per rank."""
         s, c, pl = self.s, self.c, self.pc["per_layer"]
-        C = np.maximum(np.asarray(chunk_rank, float), 1.0)
         T = C * c.attn_dp
         proj = self._gemm(C, pl["attention"] / c.attn_tp)
         heads = s.num_attention_heads / c.attn_tp
@@ -198,7 +211,19 @@ class StepModel:
         comm, comm_dense = self._comm(T)
         comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts)
         comm_t = self.L_moe * comm + self.L_dense * comm_dense
-        gpu = self._overlap(comp, comm_t)
+        parts = {"attention": self.layers * (proj + core) * c.pp, "experts": self.L_moe * experts * c.pp,
+                 "communication": comm_t * c.pp}
+        return comp, comm_t, parts
+
+    def prefill(self, chunk_rank, prefix):
+        """Seconds of one prefill (extend) step of `chunk_rank` new tokens per attention-DP rank
+        whose requests already hold `prefix` tokens of context (chunked prefill). TBO splits the
+        chunk in two halves (the second half's attention also reads the first's tokens: priced
+        as the halves of the same causal work)."""
+        c = self.c
+        C = np.maximum(np.asarray(chunk_rank, float), 1.0)
+        comp, comm_t, parts = self._prefill_gpu(C, prefix)
+        comp_h, comm_h, _ = self._prefill_gpu(np.maximum(C / 2.0, 1.0), prefix + C / 4.0)
+        gpu = self._two_batch((comp, comm_t), (comp_h, comm_h))
         stage = self._launch(gpu, np.zeros(len(c), bool))
-        return stage * c.pp, {"attention": self.layers * (proj + core) * c.pp,
-                              "experts": self.L_moe * experts * c.pp, "communication": comm_t * c.pp}
+        return stage * c.pp, parts
