@@ -133,12 +133,14 @@ class StepModel:
         """GPU seconds of a step: (compute, communication) of the whole batch `whole`, and of one half
         batch `half` for two-batch-overlap plans. TBO runs the step as two half-batch sub-steps, each
         with all of its kernels (each half re-reads the expert weights it activates, and launches
-        its own kernels); one half's communication overlaps the other half's compute once per
-        layer pair, so it hides min(compute, communication) of one half, not of the step:
-            TBO = 2 (comp_h + comm_h) - min(comp_h, comm_h)        otherwise comp + comm."""
+        its own kernels); layer by layer one half's communication runs while the other half
+        computes, so communication hides only behind the other half's compute:
+            TBO = 2 max(comp_h, comm_h)        otherwise comp + comm.
+        At small decode batches comp_h is ~ comp (the expert weights dominate), so TBO costs about a
+        second step; it pays only where communication is a large share of the step."""
         comp, comm = whole
         comp_h, comm_h = half
-        tbo = 2.0 * (comp_h + comm_h) - np.minimum(comp_h, comm_h)
+        tbo = 2.0 * np.maximum(comp_h, comm_h)
         return np.where(self.c.tbo, tbo, comp + comm)
 
     def _launch(self, gpu_s, graphs):
