@@ -254,3 +254,21 @@ def test_two_batch_overlap_is_two_half_batch_steps_not_free():
     ep_plain, ep_tbo = _step(DSV3, "tp=8,attn_dp=8,a2a=deepep"), _step(DSV3, "tp=8,attn_dp=8,a2a=deepep,tbo=1")
     C = np.array([4096.0])
     assert ep_tbo.prefill(C, 0.0)[0][0] < ep_plain.prefill(C, 0.0)[0][0]
+
+
+def test_small_all_reduce_is_sglangs_custom_kernel_in_a_node_and_nccl_across():
+    """Decode all-reduces are small: inside one NVLink node SGLang runs its custom all-reduce (sglang
+    PR #2904's H100 latencies, cost_model/data/custom_allreduce_latency.csv), across nodes NCCL."""
+    from cost_model.serving.plans import effective_plans, to_cols
+    from cost_model.serving.step import StepModel
+    from cost_model.tables import load_tables, tables_dir_for
+    cl = load_cluster("h200-sxm", 16)
+    c = to_cols(effective_plans(plans("tp=8", "tp=16"), DSV3, cl))
+    sm = StepModel(DSV3, cl, load_tables(tables_dir_for("h200-sxm")), c, fp8=True)
+    b = np.array([4096.0, 4096.0])
+    got = sm.all_reduce(b, c.tp)
+    assert got[0] == pytest.approx(5.7e-6)  # the table's tp 8, 4 KiB row
+    assert got[1] == pytest.approx(sm.ops.collective("all_reduce", b, c.tp, 1)[1])  # two nodes: NCCL
+    assert got[1] > 5 * got[0]
+    # non-decreasing in size past the measured table's own 0.2 us dip between 512 B and 4 KiB
+    assert np.all(np.diff(sm.all_reduce(np.geomspace(512, 64e6, 30), np.full(30, 8.0))) >= -0.25e-6)

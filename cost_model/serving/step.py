@@ -33,6 +33,23 @@ def _low_latency_rates() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 _LL = None
+CUSTOM_AR = Path(__file__).resolve().parent.parent / "data" / "custom_allreduce_latency.csv"
+_CAR = None
+
+
+def _custom_ar_rows() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tp sizes, log message bytes, latency seconds [tp, bytes]) of SGLang's custom all-reduce
+    (cost_model/data/custom_allreduce_latency.csv: sglang PR #2904, H100)."""
+    global _CAR
+    if _CAR is None:
+        rows = list(csv.DictReader(CUSTOM_AR.open()))
+        tps = np.array(sorted({int(r["tp"]) for r in rows}), float)
+        sizes = np.array(sorted({int(r["bytes"]) for r in rows}), float)
+        lat = np.zeros((len(tps), len(sizes)))
+        for r in rows:
+            lat[list(tps).index(float(r["tp"])), list(sizes).index(float(r["bytes"]))] = float(r["latency_us"]) * 1e-6
+        _CAR = (tps, np.log(sizes), lat)
+    return _CAR
 
 
 class StepModel:
@@ -58,6 +75,32 @@ class StepModel:
         self.pop = pop / pop.sum()
 
     # ---- pieces ---------------------------------------------------------------------------
+    def all_reduce(self, nbytes, n):
+        """Seconds of one all-reduce of `nbytes` over `n` GPUs as SGLang runs it: its custom
+        all-reduce inside one NVLink node (n in 2..8) at the latencies measured for it (table up to
+        1 MiB, interpolated in log bytes and in n; larger messages: the collectives table, never
+        below the table's 1 MiB latency); NCCL (the collectives table) across nodes. The custom
+        kernel's figures are H100's: no public table exists for other GPUs, so every NVLink node
+        uses them."""
+        tps, lsz, lat = _custom_ar_rows()
+        nccl = self.ops.collective("all_reduce", nbytes, n, 1)
+        nb = np.maximum(np.asarray(nbytes, float), 1.0)
+        n = np.asarray(n, float) * np.ones_like(nb)
+        lb = np.clip(np.log(nb), lsz[0], lsz[-1])
+        by_tp = np.array([np.interp(lb, lsz, row) for row in lat])  # [tp, ...]
+        nn = np.clip(n, tps[0], tps[-1])
+        i = np.clip(np.searchsorted(tps, nn, side="right") - 1, 0, len(tps) - 2)
+        w = (nn - tps[i]) / (tps[i + 1] - tps[i])
+        flat = by_tp.reshape(len(tps), -1)
+        ii = i.reshape(-1)
+        k = np.arange(flat.shape[1])
+        custom = ((1 - w.reshape(-1)) * flat[ii, k] + w.reshape(-1) * flat[ii + 1, k]).reshape(nb.shape)
+        # (log bytes are clipped to the table: above 1 MiB `custom` is the 1 MiB latency, the floor)
+        big = np.maximum(nccl, custom)
+        intra = (n >= 2) & (n <= min(self.cl.devices_per_node, 8)) & self.cl.is_gpu
+        small = nb <= np.exp(lsz[-1])
+        return np.where(n < 2, 0.0, np.where(intra, np.where(small, custom, big), nccl))
+
     def _gemm(self, m, params_per_gpu):
         """Seconds of the dense GEMMs holding `params_per_gpu` weights at m rows: the slower of
         the table's compute rate (as one [m, h] x [h, n] GEMM) and reading the weights once."""
@@ -108,9 +151,9 @@ class StepModel:
         act = tokens_inst * h * 2.0  # bf16 hidden states of the instance
         # no all-to-all: attention-TP all-reduce, or with attention-DP a gather before the MoE and a
         # reduce-scatter after it over the whole TP group
-        ar_attn = o.collective("all_reduce", act / c.attn_dp, c.attn_tp, 1)
+        ar_attn = self.all_reduce(act / c.attn_dp, c.attn_tp)
         gather = o.collective("all_gather", act, c.tp, 1) + o.collective("reduce_scatter", act, c.tp, 1)
-        ar_moe = o.collective("all_reduce", act, c.tp, 1)
+        ar_moe = self.all_reduce(act, c.tp)
         plain = np.where(c.attn_dp > 1, ar_attn + gather, 2 * ar_moe)
         # DeepEP: tokens of this GPU go to top-k experts (fp8 dispatch, bf16 combine)
         mine = tokens_inst / c.tp * s.moe_router_topk * self.imb
