@@ -272,3 +272,14 @@ def test_small_all_reduce_is_sglangs_custom_kernel_in_a_node_and_nccl_across():
     assert got[1] > 5 * got[0]
     # non-decreasing in size past the measured table's own 0.2 us dip between 512 B and 4 KiB
     assert np.all(np.diff(sm.all_reduce(np.geomspace(512, 64e6, 30), np.full(30, 8.0))) >= -0.25e-6)
+
+
+def test_medians_beside_p90_and_the_warm_up_burst():
+    """The simulation reports medians beside p90, and the closed loop's mean TTFT including its
+    warm-up burst (the first `concurrency` requests arrive together), which the steady-state
+    percentiles leave out."""
+    w = ServeWorkload(isl=2000, osl=200, concurrency=64)
+    p = predict_serve(DSV3, H200, ServePlan.parse("tp=8"), w, precision="fp8", calibration=ID)
+    x = p.extra
+    assert x["ttft_p50_s"] <= p.ttft_p90_s and x["tpot_p50_s"] <= p.tpot_p90_s
+    assert x["ttft_mean_with_warmup_s"] > x["ttft_p50_s"]  # the burst queues 64 prompts behind each other

@@ -118,8 +118,10 @@ def run_serve(args, extra_reasons=()) -> int:
         print(f"reason         {r}")
     print(f"input tok/s/GPU  {d['input_tokens_per_s_per_gpu']:,.0f}")
     print(f"output tok/s/GPU {d['output_tokens_per_s_per_gpu']:,.0f}")
-    print(f"TTFT p90       {f(d['ttft_p90_s'])}")
-    print(f"TPOT p90       {f(d['tpot_p90_s'])}")
+    x = d["extra"]
+    print(f"TTFT p90       {f(d['ttft_p90_s'])}" + (f"   p50 {f(x['ttft_p50_s'])}   mean with warm-up {f(x['ttft_mean_with_warmup_s'])}"
+                                                     if "ttft_p50_s" in x else ""))
+    print(f"TPOT p90       {f(d['tpot_p90_s'])}" + (f"   p50 {f(x['tpot_p50_s'])}" if x.get("tpot_p50_s") is not None else ""))
     print(f"max batch/GPU  {d['max_batch']:.1f}   memory {d['memory_gib']:.1f} GiB/GPU "
           f"(weights {d['extra']['weights_gib']:.1f}, mem_frac {d['extra']['mem_frac']:.3f})")
     if "what_if" in d:
