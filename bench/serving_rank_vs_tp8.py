@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         names = [k for k, _ in lays]
         print(f"\nconcurrency {conc}: {d['scored']} distinct effective plans scored, {len(d['plans'])} feasible, "
               f"{len(lays)} layouts")
-        for n, (k, (i, r)) in enumerate(lays[:5]):
+        for n, (k, (_i, r)) in enumerate(lays[:5]):
             print(f"  #{n + 1} {r['objective']:7.1f} tok/s/GPU  TPOT {r['tpot_p90_s'] * 1e3:5.1f} ms  {k}")
         if "tp=8" not in best:
             print("  plain TP8: not feasible")
