@@ -80,8 +80,8 @@ class StepModel:
         all-reduce inside one NVLink node (n in 2..8) at the latencies measured for it (table up to
         1 MiB, interpolated in log bytes and in n; larger messages: the collectives table, never
         below the table's 1 MiB latency); NCCL (the collectives table) across nodes. The custom
-        kernel's figures are H100's: no public table exists for other GPUs, so every NVLink node
-        uses them."""
+        kernel's figures are H100's, measured without CUDA graphs (an upper bound inside a decode
+        graph): no public table exists for other GPUs, so every NVLink node uses them."""
         tps, lsz, lat = _custom_ar_rows()
         nccl = self.ops.collective("all_reduce", nbytes, n, 1)
         nb = np.maximum(np.asarray(nbytes, float), 1.0)
