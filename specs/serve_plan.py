@@ -11,7 +11,8 @@ Field meanings (the SGLang 0.5.23 flag each one becomes):
 - dp: `--dp-size`, independent replicas of the instance (data-parallel serving), each tp*pp GPUs.
 - attn_dp: `--attn-dp-size`, attention data-parallel size inside one instance (1 = off);
   must divide tp.
-- ep: `--ep-size`; an all-to-all backend forces ep = tp (SGLang rewrites it).
+- ep: `--ep-size`; an all-to-all backend forces ep = tp (SGLang rewrites it: specs/serve_resolve.py
+  holds every such rewrite).
 - a2a: `--moe-a2a-backend` (none | deepep | mooncake | …).
 - deepep_mode: `--deepep-mode` (auto | normal | low_latency).
 - tbo: `--enable-two-batch-overlap`.
@@ -21,6 +22,7 @@ Field meanings (the SGLang 0.5.23 flag each one becomes):
 - cuda_graph_max_bs: `--cuda-graph-max-bs-decode`; 0 = SGLang's default, -1 = CUDA graphs off.
 - mem_frac: `--mem-fraction-static`; 0 = SGLang picks by GPU memory.
 - page_size: `--page-size`.
+- kv_cache_dtype: `--kv-cache-dtype` (auto = the model's dtype, bf16 | fp8_e4m3: one byte per KV element).
 - pd: prefill:decode instance ratio of a disaggregated deployment ("" = aggregated), e.g. "1:2".
 """
 from __future__ import annotations
@@ -35,6 +37,7 @@ from specs.plan import format_value, parse_key_values
 A2A_BACKENDS = ("none", "deepep", "mooncake", "nixl", "mori", "flashinfer", "pplx")
 DEEPEP_MODES = ("auto", "normal", "low_latency")
 PHASES = ("both", "prefill", "decode")
+KV_CACHE_DTYPES = ("auto", "bf16", "fp8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class ServePlan:
     mem_frac: float = 0.0
     page_size: int = 1
     pd: str = ""
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         bad = []
@@ -72,6 +76,8 @@ class ServePlan:
             bad.append(f"a2a={self.a2a!r} is not one of {'|'.join(A2A_BACKENDS)}")
         if self.deepep_mode not in DEEPEP_MODES:
             bad.append(f"deepep_mode={self.deepep_mode!r} is not one of {'|'.join(DEEPEP_MODES)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            bad.append(f"kv_cache_dtype={self.kv_cache_dtype!r} is not one of {'|'.join(KV_CACHE_DTYPES)}")
         if self.pd:
             parts = self.pd.split(":")
             if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
@@ -88,6 +94,11 @@ class ServePlan:
     def gpus(self) -> int:
         """GPUs of the whole aggregated deployment (all dp replicas)."""
         return self.instance_gpus * self.dp
+
+    @property
+    def kv_bytes(self) -> float:
+        """Bytes of one KV-cache element (the models served are bf16; fp8_e4m3 stores one byte)."""
+        return 1.0 if self.kv_cache_dtype == "fp8_e4m3" else 2.0
 
     @property
     def pd_ratio(self) -> tuple[int, int] | None:
@@ -111,7 +122,8 @@ class ServePlan:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ServePlan)}
 _ALIASES = {"attn-dp": "attn_dp", "dp_attn": "attn_dp", "moe_a2a_backend": "a2a",
-            "two_batch_overlap": "tbo", "cuda_graph": "cuda_graph_max_bs", "mem": "mem_frac"}
+            "two_batch_overlap": "tbo", "cuda_graph": "cuda_graph_max_bs", "mem": "mem_frac",
+            "kv_dtype": "kv_cache_dtype"}
 
 
 def parse_serve_fields(text: str) -> dict:
@@ -155,17 +167,3 @@ class ServeWorkload:
         """What the search maximises: input tokens/s/GPU for a prefill pool, output tokens/s/GPU otherwise."""
         return "input_tokens_per_s_per_gpu" if self.phase == "prefill" else "output_tokens_per_s_per_gpu"
 
-
-def sglang_memory_tier_defaults(gpu_gib: float, tp: int) -> tuple[int, int]:
-    """SGLang 0.5.23's memory-tier defaults (chunked_prefill_size, decode CUDA-graph max batch) for a
-    GPU of `gpu_gib` GiB (memory_hook.py:89-170 compares the device capacity in MiB / 1024; the
-    resolver cross-check in tests/test_serve_oracle.py confirms the tier edges)."""
-    if gpu_gib < 20:
-        return 2048, 8
-    if gpu_gib < 35:
-        return 4096, 48 if tp < 4 else 160
-    if gpu_gib < 60:
-        return 4096, 32 if tp < 4 else 160
-    if gpu_gib < 160:
-        return 8192, 256 if tp < 4 else 512
-    return 16384, 512

@@ -105,7 +105,8 @@ def test_plans_serve_rank_needs_lengths(capsys):
 
 
 def test_predict_serve_reports_our_rules_and_prices_the_effective_plan(capsys):
-    base = ["predict", "--mode", "serve", *Q, "--gpus", "8", "--isl", "4000", "--osl", "1000", "--json"]
+    base = ["predict", "--mode", "serve", *Q, "--gpus", "8", "--isl", "4000", "--osl", "1000", "--json",
+            "--complete", "defaults"]
     assert main([*base, "--plan", "tp=8,tbo=1"]) == 2  # printed, then exit 2: SGLang cannot run it
     d = json.loads(capsys.readouterr().out)
     assert d["feasible"] is False and d["realizable"] is False
@@ -119,20 +120,72 @@ def test_predict_serve_reports_our_rules_and_prices_the_effective_plan(capsys):
     assert eff.ep == 8 and eff.chunked_prefill == 1024
 
 
-def test_priced_plan_gives_the_cost_model_sglangs_per_rank_chunk():
+def test_every_path_prices_sglangs_resolution_once(capsys):
+    """DeepSeek-V3 tp=8,attn_dp=8,ep=8,a2a=deepep,deepep_mode=normal on 8xH200: SGLang's resolver gives
+    mem_fraction_static 0.755 (its decode-graph batch 512 counts in the reserve before deepep normal
+    turns the graphs off). Every path prices that value: `predict --mode serve`, the ranking of
+    `plans --rank`, the serving study's screening (pinned plans) and the cost model called directly.
+    (Before specs/serve_resolve.py the tuner path priced 0.904.)"""
     from clusters import load_cluster
-    from cost_model.serving.plans import to_cols
+    from cost_model.serving import predict_serve
     from specs.models import load_model
-    from specs.serve_plan import ServePlan
-    from tuner.serve_price import priced_plan
+    from specs.serve_plan import ServePlan, ServeWorkload
+    from tuner.serve_price import rank, score_plans
     from tuner.serve_realize import realize
-    c = load_cluster("h200-sxm", 8)
-    for text in ("tp=8,attn_dp=8,a2a=deepep", "tp=8,attn_dp=4,chunked_prefill=4096", "tp=4,dp=2,max_running=128"):
-        v = realize(ServePlan.parse(text), load_model("qwen3-30b-a3b"), c)
-        cols = to_cols([priced_plan(v.effective)], c.hbm_gib)
-        assert int(cols.chunk[0]) == v.effective.plan.chunked_prefill
-        assert int(cols.ep[0]) == v.effective.plan.ep
-        assert int(cols.graph_bs[0]) == max(v.effective.plan.cuda_graph_max_bs, 0)
+    text = "tp=8,attn_dp=8,ep=8,a2a=deepep,deepep_mode=normal"
+    m, c = load_model("deepseek-v3"), load_cluster("h200-sxm", 8)
+    w = ServeWorkload(isl=1000, osl=1000, concurrency=64)
+    assert main(["predict", "--mode", "serve", "--model", "deepseek-v3", "--cluster", "h200-sxm", "--gpus", "8",
+                 "--isl", "1000", "--osl", "1000", "--concurrency", "64", "--precision", "fp8", "--plan", text,
+                 "--json", "--complete", "defaults"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["extra"]["mem_frac"] == pytest.approx(0.755, abs=1e-9)
+    direct = predict_serve(m, c, ServePlan.parse(text), w, precision="fp8")
+    assert direct.extra["mem_frac"] == pytest.approx(0.755, abs=1e-9)
+    assert direct.effective_plan == d["effective_plan"]
+    eff = realize(ServePlan.parse(text), m, c).effective
+    assert rank([eff], m, c, w, precision="fp8").plans[0]["mem_frac"] == pytest.approx(0.755, abs=1e-9)
+    assert score_plans([eff.pinned()], m, c, w, precision="fp8")["mem_frac"][0] == pytest.approx(0.755, abs=1e-9)
+    # the per-rank chunk is divided once: flag 8192 (H200 tier) -> 1024 per attention-DP rank
+    assert ServePlan.parse(d["effective_plan"]).chunked_prefill == 1024 and eff.pinned().chunked_prefill == 8192
+
+
+LMSYS_DECODE = ["--model", "deepseek-v3", "--cluster", "h100-sxm", "--gpus", "72", "--precision", "fp8",
+                "--plan", "tp=72,attn_dp=72,ep=72,a2a=deepep,deepep_mode=low_latency,eplb_redundant=32"]
+
+
+def test_serving_completion_best_and_defaults(capsys, tmp_path):
+    """The LMSYS 72xH100 decode layout: SGLang's auto values (decode graph batch 512 x attention DP 72
+    in the memory reserve) leave a negative memory fraction, so `--complete defaults` is infeasible;
+    `--complete best` completes the memory fraction, graph batch, chunk, running requests, page size
+    and KV dtype to a feasible, better plan; text and JSON show it; `emit sglang` writes the flags."""
+    base = ["predict", "--mode", "serve", *LMSYS_DECODE, "--phase", "decode", "--isl", "2000", "--osl", "100",
+            "--concurrency", "128", "--json"]
+    assert main([*base, "--complete", "defaults"]) == 3  # printed, then exit 3: does not fit
+    d = json.loads(capsys.readouterr().out)
+    assert not d["feasible"] and d["extra"]["mem_frac"] < 0 and d["completion"]["how"] == "defaults"
+    assert main([*base, "--complete", "best"]) == 0
+    b = json.loads(capsys.readouterr().out)
+    assert b["feasible"] and b["completion"]["how"] == "best" and b["completion"]["candidates"] > 100
+    assert set(b["completion"]["completed"]) == {"mem_frac", "cuda_graph_max_bs", "chunked_prefill", "max_running",
+                                                 "page_size", "kv_cache_dtype"}
+    assert 0 < b["completion"]["completed"]["mem_frac"] < 1 and b["output_tokens_per_s_per_gpu"] > 0
+    # a knob the user gives stays as given
+    assert main([*base[:-1], "--json", "--plan", LMSYS_DECODE[-1] + ",kv_cache_dtype=auto", "--complete", "best"]) == 0
+    g = json.loads(capsys.readouterr().out)
+    assert "kv_cache_dtype" in g["completion"]["given"] and g["plan"].endswith("kv_cache_dtype=auto")
+    assert main([*base[:-1], "--complete", "best"]) == 0
+    assert "completion     best of" in capsys.readouterr().out
+    out = tmp_path / "launch.sh"
+    assert main(["emit", "sglang", *LMSYS_DECODE, "--isl", "2000", "--osl", "100", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "--mem-fraction-static" in text and "--cuda-graph-max-bs-decode" in text
+    assert "completion: best of" in capsys.readouterr().err
+    assert main(["emit", "sglang", *LMSYS_DECODE, "--isl", "2000", "--osl", "100", "--complete", "defaults",
+                 "--out", str(out)]) == 3  # SGLang's auto values do not fit: refused
+    assert main(["emit", "sglang", *LMSYS_DECODE, "--isl", "2000", "--osl", "100", "--complete", "defaults",
+                 "--force", "--out", str(out)]) == 0
+    assert "--mem-fraction-static" not in out.read_text()
 
 
 def test_predict_serve_megakernel_what_if(capsys):

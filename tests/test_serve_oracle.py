@@ -1,7 +1,10 @@
-"""Our serving rules against SGLang 0.5.23's own resolver (tuner/sglang_oracle.py): same verdict,
-same effective plan (ep, per-rank chunk, decode CUDA graphs, conservativeness, overlap scheduler);
-and every command `emit sglang` writes resolves. Skips where sglang is not installed.
-The fast tests share one resolver process (one sglang import, ~45 s on a shared 2-core box)."""
+"""Our serving rules and resolution against SGLang 0.5.23's own resolver (tuner/sglang_oracle.py):
+same verdict, and every resolved field the same (specs/serve_resolve.py: ep, per-rank chunk, decode
+CUDA graphs and their batch, mem_fraction_static, page_size, nnodes, attention backend, ...) on the
+rule pairs, the rewrite plans and 320 plans sampled (deterministically) from the 8-, 16-, 32- and
+72-GPU serving spaces of H200, H100, B200 and GB200 NVL72; and every command `emit sglang` writes
+resolves. Skips where sglang is not installed. The tests share one resolver process (one sglang
+import, ~10-45 s on a shared 2-core box; ~0.03 s a plan)."""
 import pytest
 from serve_oracle_util import MODELS, cases, mismatches
 from test_serve_rules import PAIRS
@@ -18,7 +21,7 @@ from tuner.serve_space import ServeSpace, sample
 pytestmark = pytest.mark.skipif(not sglang_oracle.available(),
                                 reason="sglang not installed (pip install --no-deps sglang==0.5.23)")
 
-REWRITE_PLANS = ["tp=8,attn_dp=8,a2a=deepep,deepep_mode=normal", "tp=8,ep=2,a2a=deepep",
+REWRITE_PLANS = ["tp=8,attn_dp=8,a2a=deepep,deepep_mode=normal", "tp=8,kv_cache_dtype=fp8_e4m3,mem_frac=0.8", "tp=8,ep=2,a2a=deepep",
                  "tp=8,attn_dp=4,chunked_prefill=16384", "tp=4,pp=2", "tp=2,max_running=64",
                  "tp=8,attn_dp=8,a2a=deepep,tbo=1,eplb_redundant=32,page_size=64",
                  "tp=16,attn_dp=16,a2a=deepep,deepep_mode=low_latency,cuda_graph_max_bs=128"]
@@ -28,7 +31,15 @@ EMITTED = [("qwen3-30b-a3b", 8, "tp=4,dp=2,cuda_graph_max_bs=256", False),
            ("deepseek-v3", 16, "tp=16,attn_dp=16,a2a=deepep,tbo=1,eplb_redundant=32", False),
            ("qwen3-235b-a22b", 16, "tp=8,pp=2,mem_frac=0.85,page_size=64", False),
            ("deepseek-v3", 16, "tp=8,attn_dp=8,a2a=deepep,pd=1:1", True),
-           ("gpt-oss-120b", 8, "tp=2,ep=2,cuda_graph_max_bs=-1,pd=1:3", True)]
+           ("gpt-oss-120b", 8, "tp=2,ep=2,cuda_graph_max_bs=-1,pd=1:3", True),
+           # a completed plan (tuner/serve_complete): every knob written, fp8 KV cache
+           ("deepseek-v3", 16, "tp=16,attn_dp=16,a2a=deepep,mem_frac=0.8,cuda_graph_max_bs=64,chunked_prefill=8192,"
+                               "max_running=2048,kv_cache_dtype=fp8_e4m3", False)]
+
+
+# (cluster, GPUs): the sampled spaces; 16 plans per model and space (seeded: the same plans every run)
+SAMPLED = (("h200-sxm", 8), ("h100-sxm", 16), ("b200", 32), ("gb200-nvl72", 72))
+PER_MODEL = 16
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +50,11 @@ def resolved(tmp_path_factory):
         plans.setdefault(model.name, []).extend([ServePlan.parse(bad), ServePlan.parse(good)])
     plans.setdefault("deepseek-v3", []).extend(ServePlan.parse(t) for t in REWRITE_PLANS)
     cl, cs = cases(plans, tmp)
+    n_fixed = len(cs)
+    for kind, gpus in SAMPLED:
+        sp = ServeSpace(gpus=gpus)
+        sampled = {m: sample(sp, PER_MODEL, seed=7 + i) for i, m in enumerate(MODELS)}
+        cs += cases(sampled, tmp / f"{kind}-{gpus}", kind, gpus)[1]
     emitted = []
     for name, n, text, pd in EMITTED:
         m, c = load_model(name), load_cluster("h200-sxm", n)
@@ -47,12 +63,14 @@ def resolved(tmp_path_factory):
         d = str(write_model_dir(m, tmp / f"emit-{name}"))
         emitted.append((name, n, pd, [a for title, a in launch_commands(p, d, m, c, pd=pd) if title != "router"]))
     argvs = [c[3] for c in cs] + [a for *_, cmds in emitted for a in cmds]
-    res = sglang_oracle.resolve_many(argvs, cl.hbm_gib * 1024)
-    return cs, res[:len(cs)], emitted, res[len(cs):]
+    clusters = [c[4] for c in cs] + [cl] * (len(argvs) - len(cs))
+    res = sglang_oracle.resolve_many(argvs, [c.hbm_gib * 1024 for c in clusters],
+                                     platforms=[sglang_oracle.platform_facts(c) for c in clusters])
+    return cs[:n_fixed], res[:n_fixed], emitted, res[len(cs):], cs[n_fixed:], res[n_fixed:len(cs)]
 
 
 def test_rule_pairs_and_rewrites_agree_with_resolver(resolved):
-    cs, res, _, _ = resolved
+    cs, res, *_ = resolved
     assert mismatches(res, cs) == []
     by_plan = {(c[0], c[1]): r for c, r in zip(cs, res)}
     for code, (model, bad, good) in PAIRS.items():
@@ -62,7 +80,7 @@ def test_rule_pairs_and_rewrites_agree_with_resolver(resolved):
 
 
 def test_emitted_commands_resolve(resolved):
-    _, _, emitted, res = resolved
+    _, _, emitted, res, *_ = resolved
     for name, n, pd, cmds in emitted:
         assert any("--nnodes" in a for a in cmds) == (n > 8 and not pd and name != "qwen3-30b-a3b")
         assert all("--cuda-graph-max-bs" not in a and "--enable-dp-attention" not in a for a in cmds)
@@ -70,13 +88,29 @@ def test_emitted_commands_resolve(resolved):
     assert len(res) == sum(len(c) for *_, c in emitted) >= 10
 
 
-@pytest.mark.slow
-def test_sampled_plans_agree_with_resolver(tmp_path):
-    """300 plans (60 per model) sampled from the 16-GPU H200 serving space."""
-    sp = ServeSpace(gpus=16)
-    plans = {m: sample(sp, 60, seed=100 + i) for i, m in enumerate(MODELS)}
-    cl, cs = cases(plans, tmp_path)
-    res = sglang_oracle.resolve_many([c[3] for c in cs], cl.hbm_gib * 1024)
+def test_sampled_plans_agree_with_resolver_field_by_field(resolved):
+    """320 plans over 8, 16, 32 and 72 GPUs: our verdict and every resolved field, 0 mismatches."""
+    *_, cs, res = resolved
+    assert len(cs) == len(SAMPLED) * len(MODELS) * PER_MODEL >= 300
+    assert {c[4].num_devices for c in cs} == {8, 16, 32, 72}
     assert mismatches(res, cs) == []
-    ok = sum(r["ok"] for r in res)
-    assert 0 < ok < len(res)  # both verdicts are exercised
+    ok = [c for c, r in zip(cs, res) if r["ok"] and c[2].ok]
+    assert 100 <= len(ok) < len(cs)  # both verdicts are exercised, and many plans compared field by field
+    # the fields that used to drift are exercised: default mem fractions, DeepEP normal, multi-node,
+    # a backend-forced page size (trtllm_mla on Blackwell)
+    assert any("default-mem-frac" in c[2].effective.rewrites and c[2].effective.plan.a2a == "deepep" for c in ok)
+    assert any(c[2].effective.nnodes > 1 for c in ok)
+    assert any("backend-page-size" in c[2].effective.rewrites for c in ok)
+
+
+def test_pinned_plan_resolves_to_the_same_effective_plan(resolved):
+    """`EffectivePlan.pinned()` (what the serving study launches) resolves to the plan it came from."""
+    from clusters import load_cluster
+    from specs.serve_resolve import resolve
+    *_, cs, _ = resolved
+    for name, _p, v, _a, cl in cs:
+        if v.ok:
+            e = v.effective
+            again = resolve(e.pinned(), load_model(name), load_cluster(cl.kind, cl.num_devices))
+            assert (again.plan, again.mem_frac, again.mem_frac_decode, again.graph_bs_mem) == \
+                (e.plan, e.mem_frac, e.mem_frac_decode, e.graph_bs_mem), (name, _p)

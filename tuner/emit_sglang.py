@@ -10,19 +10,12 @@ from __future__ import annotations
 import shlex
 
 from specs.serve_plan import ServePlan
+from specs.serve_resolve import attention_backend, server_nodes
 from trials.serving.sglang_backend import sglang_flags
 from tuner.serve_precision import KV_CACHE_FLAG
-from tuner.serve_realize import server_nodes
 
 ROUTER_PORT = 8000
 BOOTSTRAP_PORT = 8998
-
-
-def attention_backend(model, cluster) -> str:
-    """The backend SGLang would probe on the target GPU (a CPU host probes wrongly, so we name it)."""
-    if cluster.device_name.upper().startswith(("B200", "GB200", "B300", "GB300")) or "blackwell" in cluster.device_name.lower():
-        return "trtllm_mla" if model.mla else "triton"
-    return "fa3"  # Hopper: SGLang's default for MLA and GQA models alike
 
 
 def server_argv(plan: ServePlan, model_path: str, model, cluster, *, nnodes: int = 1, node_rank: int = 0,
@@ -33,7 +26,8 @@ def server_argv(plan: ServePlan, model_path: str, model, cluster, *, nnodes: int
     plan was priced with (`quantization`, None = the checkpoint's bf16) and the KV cache dtype it
     was priced with (auto: bf16 for these models, tuner.serve_precision)."""
     a = ["--model-path", model_path, *(["--load-format", "dummy"] if dummy else []), "--device", "cuda",
-         *(["--quantization", quantization] if quantization else []), "--kv-cache-dtype", KV_CACHE_FLAG,
+         *(["--quantization", quantization] if quantization else []),
+         *(["--kv-cache-dtype", KV_CACHE_FLAG] if plan.kv_cache_dtype == "auto" else []),  # else sglang_flags
          "--attention-backend", attention_backend(model, cluster), "--host", "0.0.0.0", "--port", str(port)]
     a += sglang_flags(plan)
     if nnodes > 1:

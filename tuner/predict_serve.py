@@ -2,8 +2,8 @@
 
 `serve_prediction(args, extra_reasons)` is the one entry point. It checks the plan with our SGLang
 rules (tuner/serve_realize: reason codes in `reasons`, any reason makes it infeasible) and prices
-the *effective* plan, the one SGLang runs after its silent rewrites (tuner/serve_price); an
-unrealizable plan is priced as written, indicative only. Callers that know more reasons pass them
+the *effective* plan, the one SGLang runs after its silent rewrites (specs.serve_resolve); an
+unrealizable plan is priced as SGLang would resolve it, indicative only. Callers that know more reasons pass them
 in `extra_reasons`. `--what-if megakernel` adds the Weave megakernel what-if (tuner/whatif.py)."""
 from __future__ import annotations
 
@@ -64,8 +64,7 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     from cost_model.serving import predict_serve
     from cost_model.tables import load_tables, tables_dir_for
     from specs.models import load_model
-    from specs.serve_plan import ServePlan
-    from tuner.serve_price import priced_plan
+    from tuner.serve_complete import complete_serve
     from tuner.serve_realize import realize
     if args.isl is None or args.osl is None:
         raise UsageError("--mode serve needs --isl and --osl")
@@ -77,12 +76,6 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     weights = resolve_weights(args, model)
     precision = weights["precision"]
     w = serve_workload_from_args(args, cluster.num_devices)
-    plan = ServePlan.parse(args.plan or "")
-    verdict = realize(plan, model, cluster)
-    reasons = list(extra_reasons) + [str(r) for r in verdict.reasons]
-    priced = priced_plan(verdict.effective) if verdict.ok else plan
-    if priced.instance_gpus > cluster.num_devices:  # reasons say why; price what fits, flagged
-        priced = priced.replace(tp=max(1, cluster.num_devices // priced.pp))
     tables = load_tables(args.tables or tables_dir_for(cluster.kind))
     cal = None
     if args.calibration:
@@ -91,6 +84,15 @@ def serve_prediction(args, extra_reasons=()) -> dict:
             cal = ServeCalibration.load(args.calibration)
         except (OSError, ValueError, KeyError) as e:
             raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
+    completion = complete_serve(args.plan or "", model, cluster, w, getattr(args, "complete", None) or "defaults",
+                                precision=precision, tables=tables, calibration=cal,
+                                imbalance=args.imbalance, routing_skew=args.routing_skew)
+    plan = completion.plan
+    verdict = realize(plan, model, cluster)
+    reasons = list(extra_reasons) + [str(r) for r in verdict.reasons]
+    priced = verdict.effective if verdict.ok else plan
+    if not verdict.ok and priced.instance_gpus > cluster.num_devices:  # reasons say why; price what fits, flagged
+        priced = priced.replace(tp=max(1, cluster.num_devices // priced.pp))
     pred = predict_serve(model, cluster, priced, w, precision=precision, tables=tables, calibration=cal,
                          imbalance=args.imbalance, routing_skew=args.routing_skew, extra_reasons=reasons)
     d = pred.to_dict()
@@ -100,9 +102,11 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     out.update({k: d[k] for k in SERVE_FIELDS})
     out.update({k: v for k, v in d.items() if k not in SERVE_FIELDS})
     out["plan"] = plan.canonical()
+    out["completion"] = completion.to_dict()
     if verdict.ok:  # what SGLang runs (chunked_prefill per attention-DP rank, -1 = no CUDA graphs)
         out["effective_plan"] = verdict.effective.plan.canonical()
         out["rewrites"] = list(verdict.effective.rewrites)
+        out["pinned_plan"] = verdict.effective.pinned().canonical()
     out["realizable"] = verdict.ok
     slo = {"ttft_p90_s": getattr(args, "ttft_slo", None), "tpot_p90_s": getattr(args, "tpot_slo", None)}
     if any(slo.values()):  # None when a bound is given but the phase has no such latency
@@ -115,7 +119,8 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     out.update({"mode": "serve", "phase": args.phase, "isl": args.isl, "osl": args.osl, "concurrency": w.concurrency,
                 "model": model.name, "cluster": cluster.kind, "gpus": cluster.num_devices,
                 "precision": precision, "weight_dtype": weights["dtype"], "weight_source": weights["source"],
-                "hbm_gib": cluster.hbm_gib, "instance_gpus": priced.instance_gpus, "tables_digest": tables.digest})
+                "hbm_gib": cluster.hbm_gib, "instance_gpus": (verdict.effective.plan if verdict.ok else priced).instance_gpus,
+                "tables_digest": tables.digest})
     from tuner.emit_header import serve_memory_problem, what_would_fit
     if serve_memory_problem(out):
         out["would_fit"] = what_would_fit(out, weights["dtype"])
@@ -129,6 +134,9 @@ def exit_code(d: dict, force: bool = False) -> int:
     if serve_memory_problem(d):
         return EXIT_DOES_NOT_FIT
     return EXIT_BAD_INPUT if not d["realizable"] and not force else 0
+def _describe(c: dict) -> str:
+    from tuner.serve_complete import ServeCompletion
+    return ServeCompletion(None, c["how"], tuple(c["given"]), c["completed"], c["candidates"], c["note"]).describe()
 
 
 def run_serve(args, extra_reasons=()) -> int:
@@ -141,6 +149,7 @@ def run_serve(args, extra_reasons=()) -> int:
     def f(x, unit="s"):
         return "n/a" if x is None else f"{x * 1e3:.1f} ms" if unit == "s" else f"{x:,.0f}"
     print(f"plan           {d['plan']}")
+    print(f"completion     {_describe(d['completion'])}")
     print(f"priced as      {d['effective_plan']}")
     print(f"workload       {d['model']} on {d['gpus']}x {d['cluster']}, phase {d['phase']}, isl {d['isl']}, "
           f"osl {d['osl']}, concurrency {d['concurrency']}")
@@ -152,8 +161,10 @@ def run_serve(args, extra_reasons=()) -> int:
         print(f"hint           {d['would_fit']}")
     print(f"input tok/s/GPU  {d['input_tokens_per_s_per_gpu']:,.0f}")
     print(f"output tok/s/GPU {d['output_tokens_per_s_per_gpu']:,.0f}")
-    print(f"TTFT p90       {f(d['ttft_p90_s'])}")
-    print(f"TPOT p90       {f(d['tpot_p90_s'])}")
+    x = d["extra"]
+    print(f"TTFT p90       {f(d['ttft_p90_s'])}" + (f"   p50 {f(x['ttft_p50_s'])}   mean with warm-up {f(x['ttft_mean_with_warmup_s'])}"
+                                                     if "ttft_p50_s" in x else ""))
+    print(f"TPOT p90       {f(d['tpot_p90_s'])}" + (f"   p50 {f(x['tpot_p50_s'])}" if x.get("tpot_p50_s") is not None else ""))
     print(f"max batch/GPU  {d['max_batch']:.1f}   memory {d['memory_gib']:.1f} GiB/GPU "
           f"(weights {d['extra']['weights_gib']:.1f}, mem_frac {d['extra']['mem_frac']:.3f})")
     if "what_if" in d:

@@ -1,12 +1,6 @@
-"""Price what SGLang runs: the one bridge from tuner/serve_realize's `EffectivePlan` to the serving
-cost model (cost_model/serving), for `predict --mode serve`, `plans --mode serve --rank` and the
-serving study's screening.
-
-`priced_plan(eff)` turns the resolved plan into the cost model's input convention: serve_realize
-records `chunked_prefill` per attention-DP rank (as SGLang resolves it), the cost model takes the
-server flag and divides by attn_dp itself, so the flag value is restored here. Every other field is
-already resolved (ep forced by an a2a backend, SGLang's memory-tier defaults, the decode graph batch
-clamped to max_running, -1 = graphs off), so the cost model's own defaults never fire on it.
+"""Rank what SGLang runs: `EffectivePlan`s (specs.serve_resolve, kept by tuner/serve_realize) through
+the serving cost model (cost_model/serving, which prices them as they are), for
+`plans --mode serve --rank` and the serving study's screening.
 
 `rank(...)`: realizable plans, vectorised (`rank_arrays` over all of them at once), sorted by the
 workload's objective (output tokens/s/GPU; input tokens/s/GPU for a prefill pool), memory-infeasible
@@ -19,14 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specs.serve_plan import ServePlan
-
-
-def priced_plan(eff) -> ServePlan:
-    """The `ServePlan` the cost model prices for an `EffectivePlan` (see the module docstring)."""
-    p = eff.plan
-    return p.replace(chunked_prefill=p.chunked_prefill * p.attn_dp)
-
 
 @dataclass
 class Ranked:
@@ -38,12 +24,12 @@ class Ranked:
 def score(effs: list, model, cluster, workload, **kw) -> dict:
     """`rank_arrays` of the EffectivePlans `effs` (arrays, one entry per plan) plus `objective`
     and `excluded` ("" when the plan is kept; else the memory reason or the SLO it misses)."""
-    return score_plans([priced_plan(e) for e in effs], model, cluster, workload, **kw)
+    return score_plans(effs, model, cluster, workload, **kw)
 
 
 def score_plans(plans: list, model, cluster, workload, *, precision="bf16", tables=None, calibration=None,
                 imbalance=1.0, routing_skew=0.0) -> dict:
-    """`score` of plans already in the cost model's convention (`priced_plan` outputs)."""
+    """`score` of `ServePlan`s (resolved once by the cost model) or `EffectivePlan`s."""
     from cost_model.serving import rank_arrays
     r = rank_arrays(model, cluster, list(plans), workload, precision=precision,
                     tables=tables, calibration=calibration, imbalance=imbalance, routing_skew=routing_skew)
@@ -63,7 +49,7 @@ def score_plans(plans: list, model, cluster, workload, *, precision="bf16", tabl
 def rank(effs: list, model, cluster, workload, *, top: int = 20, **kw) -> Ranked:
     """The `top` EffectivePlans by the workload's objective (distinct effective plans only)."""
     # distinct effective plans: many plan-space points resolve to the same plan SGLang runs
-    uniq = list({priced_plan(e).canonical(): e for e in effs}.values())
+    uniq = list({e.plan.canonical(): e for e in effs}.values())
     if not uniq:
         return Ranked([], 0, Counter())
     r = score(uniq, model, cluster, workload, **kw)
@@ -73,7 +59,8 @@ def rank(effs: list, model, cluster, workload, *, top: int = 20, **kw) -> Ranked
     def val(k, i):
         x = float(r[k][i])
         return None if np.isnan(x) else x
-    rows = [{"plan": uniq[i].plan.canonical(), "rewrites": list(uniq[i].rewrites),
+    rows = [{"plan": uniq[i].pinned().canonical(), "effective_plan": uniq[i].plan.canonical(),
+             "rewrites": list(uniq[i].rewrites), "mem_frac": float(r["mem_frac"][i]),
              "objective": float(r["objective"][i]),
              "output_tokens_per_s_per_gpu": float(r["output_tokens_per_s_per_gpu"][i]),
              "input_tokens_per_s_per_gpu": float(r["input_tokens_per_s_per_gpu"][i]),

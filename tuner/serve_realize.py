@@ -1,10 +1,12 @@
-"""Serving-plan realizability: our fast rules, mirroring SGLang 0.5.23's argument resolver.
+"""Serving-plan realizability: the rejections of SGLang 0.5.23's argument resolver, of model load and
+of the cluster.
 
 `realize(plan, model, cluster)` returns a `ServeVerdict`: the hard rejections (stable codes, one
-sentence each) and, for a realizable plan, the *effective* plan SGLang actually runs after its
-silent rewrites, so the plan we price is the plan that runs. The rules come from the installed
-sglang 0.5.23 source (file:line below, `SG` = sglang/srt); tests/test_serve_oracle.py checks the
-verdicts and the rewrites against the resolver itself (tuner/sglang_oracle.py).
+sentence each) and, for a realizable plan, the *effective* plan SGLang actually runs
+(`specs.serve_resolve.resolve`, the one copy of its silent rewrites and defaults), so the plan we
+price is the plan that runs. The rules come from the installed sglang 0.5.23 source (file:line
+below, `SG` = sglang/srt); tests/test_serve_oracle.py checks the verdicts and the resolution
+against the resolver itself (tuner/sglang_oracle.py).
 
 Codes by source:
 - "sglang": what the resolver (`resolve_once` + `check_server_args`) rejects; the oracle agrees.
@@ -13,10 +15,10 @@ Codes by source:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from specs.serve_plan import ServePlan, sglang_memory_tier_defaults
+from specs.serve_plan import ServePlan
+from specs.serve_resolve import EffectivePlan, resolve, server_nodes
 
 # code -> (source, what the rule says); the sentence of a rejection names the plan's numbers
 RULES: dict[str, tuple[str, str]] = {
@@ -44,22 +46,6 @@ RULES: dict[str, tuple[str, str]] = {
     "gpus-exceed": ("cluster", "the deployment needs more GPUs than given"),
 }
 
-# SGLang's rewrites that change what runs (`effective` records them)
-REWRITES: dict[str, str] = {
-    "a2a-forces-ep": "an a2a backend forces ep = tp (SG/arg_groups/overrides.py:1578)",
-    "deepep-normal-no-graphs": "deepep_mode=normal disables decode and prefill CUDA graphs (SG/arg_groups/moe_hook.py:383)",
-    "attn-dp-chunk": "attention DP divides the chunked-prefill size by attn_dp (SG/arg_groups/parallel_hook.py:331)",
-    "attn-dp-conservative": "attention DP multiplies schedule conservativeness by 0.3 (SG/arg_groups/parallel_hook.py:318)",
-    "pp-no-overlap": "pp > 1 disables the overlap scheduler (SG/arg_groups/overrides.py:1624)",
-    "default-chunk": "chunked_prefill=0 takes SGLang's default by GPU memory (SG/arg_groups/memory_hook.py:89)",
-    "default-graph-bs": "cuda_graph_max_bs=0 takes SGLang's default by GPU memory and tp (SG/arg_groups/memory_hook.py:89)",
-    "graph-bs-running": "a default decode graph batch is clamped to max_running (SG/arg_groups/memory_hook.py:182)",
-}
-
-# backends in SGLang's "a2a forces ep = tp" set (overrides.py:1578-1620) that ServePlan can name
-EP_FORCING_A2A = {"deepep", "mooncake", "nixl", "mori", "flashinfer", "pplx"}
-
-
 @dataclass(frozen=True)
 class ServeReason:
     code: str
@@ -73,21 +59,11 @@ class ServeReason:
         return f"{self.code}: {self.sentence}"
 
 
-@dataclass(frozen=True)
-class EffectivePlan:
-    """What SGLang runs: the plan after its rewrites, plus the resolved scheduler settings."""
-    plan: ServePlan  # ep, chunked_prefill (per attention-DP rank), cuda_graph_max_bs (-1 = off) resolved
-    schedule_conservativeness: float
-    overlap_schedule: bool
-    prefill_cuda_graph: bool  # False when deepep normal turns it off; SGLang also drops it in other cases (pp, pd, attn-DP) not modelled here
-    rewrites: tuple[str, ...]  # codes of REWRITES that fired
-
-
 @dataclass
 class ServeVerdict:
     plan: ServePlan
     reasons: list[ServeReason] = field(default_factory=list)
-    effective: EffectivePlan | None = None
+    effective: EffectivePlan | None = None  # what SGLang runs (specs.serve_resolve), when realizable
 
     @property
     def ok(self) -> bool:
@@ -100,16 +76,6 @@ class ServeVerdict:
     def sglang_ok(self) -> bool:
         """The resolver's verdict alone (what the oracle can confirm)."""
         return not any(r.source == "sglang" for r in self.reasons)
-
-
-def gpu_mem_mib(cluster) -> float:
-    return cluster.hbm_gib * 1024
-
-
-def server_nodes(plan: ServePlan, gpus_per_node: int) -> int:
-    """Nodes one SGLang server spans (all its dp replicas for an aggregated plan, one instance with pd)."""
-    g = plan.instance_gpus * (1 if plan.pd else plan.dp)
-    return max(1, math.ceil(g / gpus_per_node))
 
 
 def deployment_gpus(plan: ServePlan) -> int:
@@ -131,7 +97,8 @@ def realize(plan: ServePlan, model, cluster, *, gpus: int | None = None) -> Serv
     gpn = cluster.devices_per_node
     total = gpus if gpus is not None else cluster.num_devices
     nnodes = server_nodes(p, gpn)
-    ep = p.tp if p.a2a in EP_FORCING_A2A else p.ep
+    eff = resolve(p, model, cluster)
+    ep = eff.plan.ep
 
     # --- the resolver's rejections ---
     if p.dp > 1 and p.attn_dp > 1:
@@ -152,11 +119,9 @@ def realize(plan: ServePlan, model, cluster, *, gpus: int | None = None) -> Serv
         rs.append(_r("multinode-dp", f"dp={p.dp} x {p.instance_gpus} GPUs spans {nnodes} nodes of {gpn}"))
     if nnodes > 1 and p.instance_gpus % nnodes:
         rs.append(_r("instance-whole-nodes", f"tp*pp={p.instance_gpus} over {nnodes} nodes of {gpn}"))
-    gmem = gpu_mem_mib(cluster)
-    default_chunk, default_bs = sglang_memory_tier_defaults(gmem / 1024, p.tp)
-    chunk = (p.chunked_prefill or default_chunk) // p.attn_dp
-    if chunk > 0 and chunk % p.page_size:
-        rs.append(_r("chunk-page", f"chunked prefill {chunk} per rank, page_size={p.page_size}"))
+    chunk, page = eff.plan.chunked_prefill, eff.plan.page_size
+    if chunk > 0 and chunk % page:
+        rs.append(_r("chunk-page", f"chunked prefill {chunk} per rank, page_size={page}"))
     if p.a2a == "pplx" and max(chunk, p.cuda_graph_max_bs) > 128:
         rs.append(_r("pplx-dispatch-tokens", f"chunk {chunk} per rank, decode graph batch {p.cuda_graph_max_bs}"))
 
@@ -189,31 +154,5 @@ def realize(plan: ServePlan, model, cluster, *, gpus: int | None = None) -> Serv
     if rs:
         return v
 
-    # --- the effective plan: SGLang's silent rewrites ---
-    fired = []
-    if ep != p.ep:
-        fired.append("a2a-forces-ep")
-    if not p.chunked_prefill:
-        fired.append("default-chunk")
-    if p.attn_dp > 1:
-        fired += ["attn-dp-chunk", "attn-dp-conservative"]
-    graphs_off = p.a2a == "deepep" and p.deepep_mode == "normal"
-    bs = p.cuda_graph_max_bs
-    if graphs_off:
-        fired.append("deepep-normal-no-graphs")
-        bs = -1
-    elif bs == 0:
-        fired.append("default-graph-bs")
-        bs = default_bs
-        if p.max_running and bs > p.max_running:
-            fired.append("graph-bs-running")
-            bs = p.max_running
-    if p.pp > 1:
-        fired.append("pp-no-overlap")
-    v.effective = EffectivePlan(
-        plan=p.replace(ep=ep, chunked_prefill=chunk, cuda_graph_max_bs=bs),
-        schedule_conservativeness=0.3 if p.attn_dp > 1 else 1.0,
-        overlap_schedule=p.pp == 1,
-        prefill_cuda_graph=not graphs_off,
-        rewrites=tuple(fired))
+    v.effective = eff
     return v

@@ -1,7 +1,8 @@
 """The serving plan space: a discrete grid of SGLang 0.5.23 serving plans for N GPUs, streamed.
 
 Layouts use all N GPUs: aggregated plans have dp * tp * pp == N; disaggregated plans have
-(prefill + decode instances) * tp * pp == N with dp = 1. Knob values are the settings people
+(prefill + decode instances) * tp * pp == N with dp = 1. Widths (tp, attn_dp) are powers of two and
+the whole group. Knob values are the settings people
 actually try (powers of two, SGLang's defaults as 0); nothing is filtered here: realizability is
 tuner/serve_realize.py's job, so `moetune plans --mode serve` can say why plans fail.
 """
@@ -42,11 +43,11 @@ class ServeSpace:
                 continue
             per = n // groups
             for pp in self.pp:
-                for tp in _pow2_upto(per // pp if per % pp == 0 else 0):
+                for tp in _widths(per // pp if per % pp == 0 else 0):
                     dp = 1 if pd else per // (tp * pp)
                     if tp * pp * (dp if not pd else 1) != per:
                         continue
-                    for attn_dp in _pow2_upto(tp):
+                    for attn_dp in _widths(tp):
                         for ep in sorted({1, tp}):
                             yield tp, pp, dp, attn_dp, ep, pd
 
@@ -79,6 +80,12 @@ def _pow2_upto(n: int) -> list[int]:
             out.append(k)
         k *= 2
     return out
+
+
+def _widths(n: int) -> list[int]:
+    """Power-of-two divisors of n, and n itself (a whole-group width such as tp = attn_dp = ep = 72
+    over 9 nodes of 8, the layout of large-scale EP deployments)."""
+    return sorted(set(_pow2_upto(n)) | ({n} if n > 0 else set()))
 
 
 def default_serve_space(gpus: int) -> ServeSpace:

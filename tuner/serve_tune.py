@@ -4,7 +4,7 @@ Stages, each the training one with serving nouns (tuner/loop.py holds the shared
 1. screening: the serving plan space (tuner/serve_space) -> our SGLang rules (tuner/serve_realize)
    -> the trial stack's own limits (vLLM: trials.serving.vllm_args; on cpu-local no expert
    parallel, no pp, no a2a / TBO / EPLB) -> the serving cost model over all of them at once
-   (tuner/serve_price, steady state). Plans are run as priced (`priced_plan`: every default
+   (tuner/serve_price, steady state). Plans are run as priced (`EffectivePlan.pinned`: every default
    resolved), and kept once per distinct server command (CUDA-graph and memory fields are not
    flags on CPU, so many plans are one command there);
 2. pre-registration: tuner/prereg.py's frozen, hashed file, its `workload` the serving one;
@@ -93,7 +93,7 @@ def _identity():
 
 
 def raw_seconds(task: ServeTask, plans: list[ServePlan], *, tables=None) -> dict:
-    """The uncalibrated serving model over `plans` (cost-model convention, tuner/serve_price):
+    """The uncalibrated serving model over `plans` (pinned ServePlans, resolved once by the cost model):
     `score_plans` arrays plus `raw_s` = seconds per objective token per GPU (inf when excluded)."""
     import numpy as np
 
@@ -109,7 +109,6 @@ def screen(task: ServeTask, *, tables=None, calibration=None) -> tuple[int, list
     """(realizable plans on the stack, pool of distinct commands best first, rejection counts)."""
     import numpy as np
 
-    from tuner.serve_price import priced_plan
     from tuner.serve_realize import realize
     from tuner.serve_space import default_serve_space
     rejected: Counter = Counter()
@@ -119,7 +118,7 @@ def screen(task: ServeTask, *, tables=None, calibration=None) -> tuple[int, list
         if not v.ok:
             rejected["sglang-rules"] += 1
             continue
-        q = priced_plan(v.effective)
+        q = v.effective.pinned()
         why = stack_reasons(task, q)
         if why:
             rejected[why[0].split(":")[0]] += 1
@@ -162,7 +161,6 @@ def baseline_plan(task: ServeTask, text: str | None) -> tuple[str, str]:
     """(baseline plan as priced, where it came from). Hand-tuned: one instance over every device
     (tp = devices, everything else at the engine's defaults), the usual first vLLM / SGLang
     launch (`--tensor-parallel-size N`). UsageError if the stack cannot run it."""
-    from tuner.serve_price import priced_plan
     from tuner.serve_realize import realize
     src = "--baseline" if text else "hand-tuned: tp = all devices, defaults otherwise"
     try:
@@ -172,7 +170,7 @@ def baseline_plan(task: ServeTask, text: str | None) -> tuple[str, str]:
     v = realize(plan, task.model, task.cluster, gpus=task.world)
     if not v.ok:
         raise UsageError(f"baseline {plan.canonical()} is not realizable: " + "; ".join(map(str, v.reasons)))
-    q = priced_plan(v.effective)
+    q = v.effective.pinned()
     why = stack_reasons(task, q)
     if why:
         raise UsageError(f"baseline {plan.canonical()} cannot run on the {task.backend} stack: " + "; ".join(why))

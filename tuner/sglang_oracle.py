@@ -24,7 +24,8 @@ import tempfile
 KEYS = ("tp_size", "pp_size", "dp_size", "attn_dp_size", "ep_size", "moe_a2a_backend", "deepep_mode",
         "enable_two_batch_overlap", "enable_eplb", "ep_num_redundant_experts", "chunked_prefill_size",
         "max_running_requests", "schedule_conservativeness", "disable_overlap_schedule",
-        "mem_fraction_static", "page_size", "nnodes", "disaggregation_mode")
+        "mem_fraction_static", "page_size", "nnodes", "disaggregation_mode", "kv_cache_dtype",
+        "attention_backend", "enable_dp_lm_head")
 _STUBBED = ("torchvision", "gguf")
 
 
@@ -33,12 +34,28 @@ def available() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
-def resolve_many(argvs: list[list[str]], gpu_mem_mib: float, timeout: float = 1800) -> list[dict]:
-    """Resolve each argv with SGLang's resolver in one child process."""
+def platform_facts(cluster) -> dict:
+    """SGLang platform facts (`runtime_context.override_platform`) of the target GPU that its
+    resolver reads and a CPU host probes wrongly: Blackwell's (the trtllm_mla backend is refused
+    without them). Hopper targets keep the host's probes, as they always have."""
+    from specs.serve_resolve import is_blackwell
+    if is_blackwell(cluster.device_name):
+        return {"is_blackwell": True, "is_sm100": True, "is_sm100_or_sm110": True}
+    return {}
+
+
+def resolve_many(argvs: list[list[str]], gpu_mem_mib, timeout: float = 1800, platforms=None) -> list[dict]:
+    """Resolve each argv with SGLang's resolver in one child process. `gpu_mem_mib`: the GPU memory
+    every argv's server sees, or a list of it, one per argv; `platforms`: None or one
+    `platform_facts` dict per argv."""
+    mems = list(gpu_mem_mib) if isinstance(gpu_mem_mib, (list, tuple)) else [gpu_mem_mib] * len(argvs)
+    facts = list(platforms) if platforms is not None else [{}] * len(argvs)
+    if not len(mems) == len(facts) == len(argvs):
+        raise ValueError(f"{len(mems)} GPU memories and {len(facts)} platforms for {len(argvs)} argvs")
     with tempfile.TemporaryDirectory(prefix="moetune-sgl-") as d:
         req, out = os.path.join(d, "req.json"), os.path.join(d, "out.json")
         with open(req, "w") as f:
-            json.dump({"gpu_mem_mib": gpu_mem_mib, "argvs": argvs}, f)
+            json.dump({"gpu_mem_mib": mems, "platforms": facts, "argvs": argvs}, f)
         proc = subprocess.run([sys.executable, "-m", "tuner.sglang_oracle", req, out], capture_output=True,
                               text=True, timeout=timeout,
                               env={**os.environ, "SGLANG_LOGGING_LEVEL": "error"})
@@ -100,6 +117,7 @@ def _summary(d: dict) -> dict:
     r["decode_graph_backend"] = dec.get("backend")
     r["decode_graph_max_bs"] = dec.get("max_bs")
     r["prefill_graph_backend"] = pre.get("backend")
+    r["prefill_graph_max_bs"] = pre.get("max_bs")
     return r
 
 
@@ -112,15 +130,17 @@ def _child(req_path: str, out_path: str) -> None:
     with open(req_path) as f:
         req = json.load(f)
     from sglang.srt.arg_groups import memory_hook
+    from sglang.srt.runtime_context import override_platform
     from sglang.srt.server_args import prepare_server_args
-    mem = req["gpu_mem_mib"]
-    memory_hook.get_device_memory_capacity = lambda *a, **k: mem
+    mem = {"mib": 0.0}
+    memory_hook.get_device_memory_capacity = lambda *a, **k: mem["mib"]
     logging.disable(logging.WARNING)
     results = []
-    for argv in req["argvs"]:
+    for argv, mib, facts in zip(req["argvs"], req["gpu_mem_mib"], req["platforms"]):
+        mem["mib"] = mib
         err = io.StringIO()
         try:
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), override_platform(**facts):
                 sa = prepare_server_args(list(argv))
                 sa.resolve_once()
                 sa.check_server_args()

@@ -53,7 +53,7 @@ import optuna
 from optuna.trial import TrialState
 
 from specs.plan import DISPATCHERS, FLEX_BACKENDS, PRECISIONS, RECOMPUTE, RECOMPUTE_METHODS, Plan
-from specs.serve_plan import A2A_BACKENDS, DEEPEP_MODES, ServePlan
+from specs.serve_plan import A2A_BACKENDS, DEEPEP_MODES, KV_CACHE_DTYPES, ServePlan
 from trials.base import FAILURE_KINDS
 
 logger = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ _CHOICES = {"recompute": RECOMPUTE, "recompute_method": RECOMPUTE_METHODS, "disp
 _NOT_PARAMS = ("recompute_modules", "pp_layout")
 
 
-_SERVE_CHOICES = {"a2a": A2A_BACKENDS, "deepep_mode": DEEPEP_MODES}
+_SERVE_CHOICES = {"a2a": A2A_BACKENDS, "deepep_mode": DEEPEP_MODES, "kv_cache_dtype": KV_CACHE_DTYPES}
 _SERVE_NOT_PARAMS = ("mem_frac", "pd")  # a float and an open-ended ratio: in the `plan` attribute only
 
 

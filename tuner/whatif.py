@@ -104,7 +104,7 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
 
     Args:
         model, cluster: the ModelSpec and Cluster. plan: the `ServePlan` the serving cost model
-            priced (tuner.serve_price.priced_plan of the effective plan). workload: its ServeWorkload.
+            priced (an `EffectivePlan`, or a `ServePlan` it resolves). workload: its ServeWorkload.
         pred: its `cost_model.serving.ServePrediction` (max batch, replicas).
         precision, tables, calibration, imbalance, routing_skew: as the prediction was made.
     Returns:
@@ -118,7 +118,7 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
     with dense layers (DeepSeek-V3: 3 of 61) is priced with that small bias, stated here.
     """
     from cost_model.serving import load_default
-    from cost_model.serving.plans import to_cols
+    from cost_model.serving.plans import effective_plans, to_cols
     from cost_model.serving.step import StepModel
     from cost_model.tables import load_tables, tables_dir_for
     from kernels.weave import LayerShape, load_curves, megakernel_whatif
@@ -126,12 +126,14 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
         return _not_applicable(f"{model.name} has no routed experts")
     if not cluster.is_gpu:
         return _not_applicable(f"{cluster.kind} is not a GPU: the megakernel splits a GPU's SMs")
+    eff = effective_plans([plan], model, cluster)[0]
+    plan = eff.plan
     if plan.ep > cluster.scaleup_domain:
         return _not_applicable(f"the EP group ({plan.ep} GPUs) spans more than one NVLink domain "
                                f"({cluster.scaleup_domain} GPUs): Weave's kernel moves tokens through peer memory")
     cal = calibration or load_default()
     tables = tables if tables is not None else load_tables(tables_dir_for(cluster.kind))
-    c = to_cols([plan], cluster.hbm_gib)
+    c = to_cols([eff])
     sm = StepModel(model, cluster, tables, c, fp8=precision.startswith(("fp8", "mxfp8")),
                    imbalance=imbalance, routing_skew=routing_skew)
     tp, pp, a = int(c.tp[0]), int(c.pp[0]), int(c.attn_dp[0])

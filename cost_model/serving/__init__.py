@@ -1,10 +1,13 @@
-"""Serving cost model (SGLang 0.5.23): price an effective `ServePlan` for a `ServeWorkload`.
+"""Serving cost model (SGLang 0.5.23): price an effective plan for a `ServeWorkload`.
+
+Plans are `EffectivePlan`s (specs.serve_resolve: what SGLang runs) or plain `ServePlan`s, which are
+resolved once by that same resolver; nothing here re-applies SGLang's rewrites.
 
 - `rank_arrays(...)`: the analytic steady-state estimate over many plans at once (screening).
 - `predict_serve(...)`: one plan; memory, then the discrete-event simulation (`sim`) for
   throughput and TTFT / TPOT p90 (phase both or prefill), or the steady decode step (phase decode).
 
-Pieces: `plans` (SGLang's cost-relevant rewrites, columns), `memory` (weights, KV, max batch),
+Pieces: `plans` (resolved plans as columns), `memory` (weights, KV, max batch),
 `step` (prefill / decode step seconds from the shared tables), `sim`, `calibration` (the one
 labelled term, fitted on cost_model/data/published_serving_reference.csv).
 """
@@ -18,7 +21,7 @@ from cost_model.serving.calibration import ServeCalibration, load_default
 from cost_model.serving.constants import DEFAULT_MAX_RUNNING
 from cost_model.serving.memory import capacity
 from cost_model.serving.pd import pd_arrays
-from cost_model.serving.plans import effective, to_cols
+from cost_model.serving.plans import effective_plans, to_cols
 from cost_model.serving.sim import simulate
 from cost_model.serving.step import StepModel
 from cost_model.tables import load_tables, tables_dir_for
@@ -58,7 +61,7 @@ def _default_tables(kind: str):
 
 def _setup(model, cluster, plans, precision, tables, imbalance, routing_skew):
     tables = tables if tables is not None else _default_tables(cluster.kind)
-    c = to_cols(list(plans), cluster.hbm_gib)
+    c = to_cols(effective_plans(plans, model, cluster))
     fp8 = precision in FP8_PRECISIONS
     sm = StepModel(model, cluster, tables, c, fp8=fp8, imbalance=imbalance, routing_skew=routing_skew)
     return c, sm, fp8
@@ -78,7 +81,7 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
     w = workload
     isl, osl = float(w.isl), float(w.osl)
     # phase prefill / decode price one pool of a disaggregated deployment: SGLang sizes such a
-    # server's memory by its role (memory.default_mem_frac)
+    # server's memory by its role (the resolved mem_frac of that role)
     cap = capacity(model, cluster, c, isl, osl, sm.wbytes, role={"prefill": "prefill", "decode": "decode"}.get(w.phase, "agg"))
     gpus_inst = c.tp * c.pp
     replicas = np.maximum(cluster.num_devices // gpus_inst, 1)
@@ -158,13 +161,14 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     throughput = all its tokens / its makespan (bench_serving's total throughput)."""
     cal = calibration or load_default()
     w = workload
-    est = rank_arrays(model, cluster, [plan], w, precision=precision, tables=tables, calibration=cal,
+    eff = effective_plans([plan], model, cluster)[0]
+    est = rank_arrays(model, cluster, [eff], w, precision=precision, tables=tables, calibration=cal,
                       imbalance=imbalance, routing_skew=routing_skew)
     reasons = [r for r in extra_reasons] + ([str(est["reason"][0])] if est["reason"][0] else [])
-    c, sm, fp8 = _setup(model, cluster, [plan], precision, tables, imbalance, routing_skew)
+    c, sm, fp8 = _setup(model, cluster, [eff], precision, tables, imbalance, routing_skew)
     gpus_inst = int(c.tp[0] * c.pp[0])
     a = int(c.attn_dp[0])
-    eff = effective(plan, cluster.hbm_gib)
+    plan = eff.source
     out = ServePrediction(
         feasible=not reasons, reasons=reasons,
         input_tokens_per_s_per_gpu=float(est["input_tokens_per_s_per_gpu"][0]),
@@ -172,7 +176,7 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
         ttft_p90_s=None if np.isnan(est["ttft_s"][0]) else float(est["ttft_s"][0]),
         tpot_p90_s=None if np.isnan(est["tpot_s"][0]) else float(est["tpot_s"][0]),
         max_batch=float(est["max_batch_per_gpu"][0]), memory_gib=float(est["memory_gib"][0]),
-        plan=plan.canonical(), effective_plan=eff.canonical(),
+        plan=plan.canonical(), effective_plan=eff.plan.canonical(),
         extra={"method": "steady-state", "weights_gib": float(est["weights_gib"][0]),
                "mem_frac": float(est["mem_frac"][0]), "kv_pool_tokens_per_gpu": float(est["kv_pool_tokens"][0]),
                "replicas": int(est["replicas"][0]), "calibration_scale": cal.scale, "calibration_id": cal.id,
@@ -187,7 +191,7 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     max_b = int(max(est["max_batch_per_gpu"][0] * gpus_inst / a, 1))
     if burst and requests is not None:
         # lengths vary: the running cap is SGLang's request limit, the KV pool is enforced per request
-        max_b = int(max((c.max_running[0] or DEFAULT_MAX_RUNNING) // a, 1))
+        max_b = int(max(c.max_running[0] // a if c.max_running[0] else DEFAULT_MAX_RUNNING, 1))
     chunk = int(c.chunk[0])
     if burst and requests is not None:
         requests = [(int(a_), int(b_)) for a_, b_ in requests]
@@ -233,13 +237,19 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     # over the requests after them (FIFO: the first K prefills and, mostly, the first K completions)
     skip = 0 if burst else min(K, max(len(r["ttft"]) - K, 0))
     out.ttft_p90_s = float(np.percentile(r["ttft"][skip:], 90))
+    # medians beside p90 (published results often quote medians or means), and the closed loop's
+    # TTFT including its warm-up burst (the first K requests arrive together, as a benchmark client
+    # starts them): what a published mean over all requests contains
+    out.extra["ttft_p50_s"] = float(np.percentile(r["ttft"][skip:], 50))
+    out.extra["ttft_mean_with_warmup_s"] = float(np.mean(r["ttft"]))
     if w.phase != "prefill":
         tp = r["tpot"][skip:]
         tp = tp[tp > 0]
         out.tpot_p90_s = float(np.percentile(tp, 90)) if len(tp) else None
+        out.extra["tpot_p50_s"] = float(np.percentile(tp, 50)) if len(tp) else None
     out.extra.update({"method": "simulation", "sim_steps": int(r["steps"]), "sim_requests": len(r["ttft"]),
                       "steady_state_output_tokens_per_s_per_gpu": float(est["output_tokens_per_s_per_gpu"][0])})
     return out
 
 
-__all__ = ["ServePrediction", "ServeCalibration", "predict_serve", "rank_arrays", "effective"]
+__all__ = ["ServePrediction", "ServeCalibration", "predict_serve", "rank_arrays", "effective_plans"]

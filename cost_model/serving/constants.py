@@ -24,5 +24,8 @@ SCHED_OVERHEAD_S = 2e-3
 # at a time. Assumed; it only decides feasibility of very large chunks.
 ACT_HIDDEN_MULT = 12
 
-# SGLang caps max_running_requests per instance when not given (scheduler default).
+# SGLang caps the running requests of one scheduler (one attention-DP rank: each has its own) at
+# its request-to-token pool when --max-running-requests is not given: model_runner's
+# max_num_reqs = min(max(pool tokens / context_len * 512, 2048), 4096); the KV pool binds first at
+# every context priced here, so the cap is 4096 per rank. A given flag is split over the ranks.
 DEFAULT_MAX_RUNNING = 4096

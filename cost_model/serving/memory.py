@@ -2,7 +2,8 @@
 the KV pool -> maximum decode batch.
 
 SGLang sizes the pool as mem_frac * HBM - weights (`--mem-fraction-static` covers weights and KV;
-the rest holds activations, CUDA graphs and communication buffers)."""
+the rest holds activations, CUDA graphs and communication buffers). The fraction itself is
+resolved with the plan (specs.serve_resolve.static_mem_frac), per server role."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,46 +31,17 @@ def weight_bytes_per_gpu(spec, c, wbytes: float) -> np.ndarray:
     return (attn + dense + experts + shared) * wbytes / c.pp + vocab / c.pp
 
 
-def kv_bytes_per_token(spec, c, kv_bytes: float = 2.0) -> np.ndarray:
-    """KV cache bytes of one token on one GPU (all layers of its stage). MLA keeps one latent
-    (kv_lora_rank + rope dim) per layer, replicated on every attention-TP rank; GQA shards KV heads
-    over attention-TP (replicated when there are fewer heads than ranks)."""
+def kv_bytes_per_token(spec, c) -> np.ndarray:
+    """KV cache bytes of one token on one GPU (all layers of its stage) at the plan's KV dtype
+    (`c.kv_bytes`). MLA keeps one latent (kv_lora_rank + rope dim) per layer, replicated on every
+    attention-TP rank; GQA shards KV heads over attention-TP (replicated when there are fewer heads
+    than ranks)."""
     layers = spec.num_layers / c.pp
+    kv_bytes = c.kv_bytes
     if spec.mla:
         return (spec.kv_lora_rank + spec.qk_pos_emb_head_dim) * kv_bytes * layers * np.ones(len(c))
     heads = np.maximum(spec.query_groups // c.attn_tp, 1)
     return 2.0 * heads * spec.head_dim * kv_bytes * layers
-
-
-def default_mem_frac(c, gpu_mib: float, role: str = "agg") -> np.ndarray:
-    """SGLang 0.5.23's --mem-fraction-static when not given (arg_groups/memory_hook.py,
-    `_handle_gpu_memory_settings`, `reserve_for_graph_mb`, `reserve_for_deepep_a2a_mb`), MiB:
-
-        reserve = 512 + 1.5 * activation_tokens + tp*pp/8 * 1024 + graph reserve
-        graph   = 2 * max_bs (decode graphs on) + 3 * max_bs * attn_dp (attention-DP padding)
-                  + 1.5 * max_bs * attn_dp when max_bs > 300 (prefill graphs: off by default)
-        reserve = max(reserve, 10240) on GPUs above 60 GiB; + 2048 for DeepEP with decode graphs
-        mem_frac = round((gpu - reserve) / gpu, 3)
-
-    activation_tokens = max(chunked_prefill_size, 2048) (the size before attention-DP divides it)
-    or, on a pd decode server, max(max_running or max_bs, 2048); a pd prefill server drops the
-    decode-graph, attention-DP and DeepEP terms. Checked against SGLang's own resolver on H200
-    (144384 MiB): tp8 0.897, tp8 attn-dp8 0.770, + deepep (auto and normal) 0.755, Qwen3-30B tp1
-    0.907, tp2 attn-dp2 0.895, pd tp16 attn-dp16 deepep: prefill 0.897, decode 0.684."""
-    bs = c.graph_bs_mem.astype(float)
-    if role == "decode":
-        act_tokens = np.maximum(np.where(c.max_running > 0, c.max_running, np.maximum(bs, 1)), 2048)
-    else:
-        act_tokens = np.maximum(c.chunk * c.attn_dp, 2048)
-    reserve = 512 + 1.5 * act_tokens + c.tp * c.pp / 8 * 1024
-    if role != "prefill":
-        graph = 2.0 * bs + np.where(c.attn_dp > 1, 3.0 * bs * c.attn_dp + np.where(bs > 300, 1.5 * bs * c.attn_dp, 0.0), 0.0)
-        reserve = reserve + graph
-    if gpu_mib > 60 * 1024:
-        reserve = np.maximum(reserve, 10240)
-    if role != "prefill":
-        reserve = reserve + np.where(c.deepep & (bs > 0), 2048, 0)
-    return np.clip(np.round((gpu_mib - reserve) / gpu_mib, 3), 0.05, 0.95)
 
 
 def deepep_buffer_bytes(spec, c) -> np.ndarray:
@@ -91,20 +63,20 @@ def deepep_buffer_bytes(spec, c) -> np.ndarray:
     return np.where(on, np.maximum(normal, np.where(c.low_latency_decode, ll, 0.0)), 0.0)
 
 
-def capacity(spec, cluster, c, isl, osl, wbytes: float, kv_bytes: float = 2.0, role: str = "agg") -> dict:
+def capacity(spec, cluster, c, isl, osl, wbytes: float, role: str = "agg") -> dict:
     """Per-GPU memory and the decode batch it allows. Returns arrays: weights_gib, mem_frac,
     kv_pool_tokens (per GPU = per attention-DP rank's pool), act_gib, max_batch_rank (requests per
     attention-DP rank at full context isl+osl), max_batch_instance, memory_gib (weights + KV pool +
     activations), fits and a reason code per plan ('' when it fits)."""
     hbm = cluster.hbm_gib * GIB
     w = weight_bytes_per_gpu(spec, c, wbytes)
-    mf = np.where(c.mem_frac > 0, c.mem_frac, default_mem_frac(c, cluster.hbm_gib * 1024, role))
+    mf = c.mem_frac_for(role)  # resolved by specs.serve_resolve (SGLang's formula when not given)
     pool = mf * hbm - w
-    kvt = kv_bytes_per_token(spec, c, kv_bytes)
+    kvt = kv_bytes_per_token(spec, c)
     tokens = np.maximum(pool, 0) / kvt
     ctx = isl + osl
     rank = np.floor(tokens / ctx)
-    cap = np.where(c.max_running > 0, c.max_running, DEFAULT_MAX_RUNNING) // c.attn_dp
+    cap = np.where(c.max_running > 0, c.max_running // c.attn_dp, DEFAULT_MAX_RUNNING)
     rank = np.minimum(rank, np.maximum(cap, 1))
     # without an all-to-all backend attention-DP gathers every rank's chunk onto each GPU for the MoE;
     # with one (DeepEP) a GPU holds its own rank's tokens (routed copies are in ACT_HIDDEN_MULT)

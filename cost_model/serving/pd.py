@@ -4,7 +4,7 @@ A unit is P prefill instances and D decode instances of the plan (each tp*pp GPU
 deployment holds `num_devices // ((P + D) * tp * pp)` units. Per unit:
 - prefill pool: every attention-DP rank runs chunked-prefill steps back to back (no decode steps
   between them); its memory is sized as SGLang sizes a prefill server (no decode-graph, attention-DP
-  padding or DeepEP reserve: `memory.default_mem_frac(role="prefill")`).
+  padding or DeepEP reserve: the resolved `mem_frac_prefill`).
 - KV transfer: a request's KV (isl tokens x KV bytes per token per GPU) leaves each prefill GPU
   over its own scale-out NIC (Mooncake / NIXL RDMA, `cluster.scaleout_gbps`); it adds to TTFT and
   bounds the unit's rate, it does not stall the prefill GPU (transfer runs beside the next chunk).

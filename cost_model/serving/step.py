@@ -33,6 +33,23 @@ def _low_latency_rates() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 _LL = None
+CUSTOM_AR = Path(__file__).resolve().parent.parent / "data" / "custom_allreduce_latency.csv"
+_CAR = None
+
+
+def _custom_ar_rows() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tp sizes, log message bytes, latency seconds [tp, bytes]) of SGLang's custom all-reduce
+    (cost_model/data/custom_allreduce_latency.csv: sglang PR #2904, H100)."""
+    global _CAR
+    if _CAR is None:
+        rows = list(csv.DictReader(CUSTOM_AR.open()))
+        tps = np.array(sorted({int(r["tp"]) for r in rows}), float)
+        sizes = np.array(sorted({int(r["bytes"]) for r in rows}), float)
+        lat = np.zeros((len(tps), len(sizes)))
+        for r in rows:
+            lat[list(tps).index(float(r["tp"])), list(sizes).index(float(r["bytes"]))] = float(r["latency_us"]) * 1e-6
+        _CAR = (tps, np.log(sizes), lat)
+    return _CAR
 
 
 class StepModel:
@@ -58,6 +75,32 @@ class StepModel:
         self.pop = pop / pop.sum()
 
     # ---- pieces ---------------------------------------------------------------------------
+    def all_reduce(self, nbytes, n):
+        """Seconds of one all-reduce of `nbytes` over `n` GPUs as SGLang runs it: its custom
+        all-reduce inside one NVLink node (n in 2..8) at the latencies measured for it (table up to
+        1 MiB, interpolated in log bytes and in n; larger messages: the collectives table, never
+        below the table's 1 MiB latency); NCCL (the collectives table) across nodes. The custom
+        kernel's figures are H100's, measured without CUDA graphs (an upper bound inside a decode
+        graph): no public table exists for other GPUs, so every NVLink node uses them."""
+        tps, lsz, lat = _custom_ar_rows()
+        nccl = self.ops.collective("all_reduce", nbytes, n, 1)
+        nb = np.maximum(np.asarray(nbytes, float), 1.0)
+        n = np.asarray(n, float) * np.ones_like(nb)
+        lb = np.clip(np.log(nb), lsz[0], lsz[-1])
+        by_tp = np.array([np.interp(lb, lsz, row) for row in lat])  # [tp, ...]
+        nn = np.clip(n, tps[0], tps[-1])
+        i = np.clip(np.searchsorted(tps, nn, side="right") - 1, 0, len(tps) - 2)
+        w = (nn - tps[i]) / (tps[i + 1] - tps[i])
+        flat = by_tp.reshape(len(tps), -1)
+        ii = i.reshape(-1)
+        k = np.arange(flat.shape[1])
+        custom = ((1 - w.reshape(-1)) * flat[ii, k] + w.reshape(-1) * flat[ii + 1, k]).reshape(nb.shape)
+        # (log bytes are clipped to the table: above 1 MiB `custom` is the 1 MiB latency, the floor)
+        big = np.maximum(nccl, custom)
+        intra = (n >= 2) & (n <= min(self.cl.devices_per_node, 8)) & self.cl.is_gpu
+        small = nb <= np.exp(lsz[-1])
+        return np.where(n < 2, 0.0, np.where(intra, np.where(small, custom, big), nccl))
+
     def _gemm(self, m, params_per_gpu):
         """Seconds of the dense GEMMs holding `params_per_gpu` weights at m rows: the slower of
         the table's compute rate (as one [m, h] x [h, n] GEMM) and reading the weights once."""
@@ -123,9 +166,9 @@ class StepModel:
         act = tokens_inst * h * 2.0  # bf16 hidden states of the instance
         # no all-to-all: attention-TP all-reduce, or with attention-DP a gather before the MoE and a
         # reduce-scatter after it over the whole TP group
-        ar_attn = o.collective("all_reduce", act / c.attn_dp, c.attn_tp, 1)
+        ar_attn = self.all_reduce(act / c.attn_dp, c.attn_tp)
         gather = o.collective("all_gather", act, c.tp, 1) + o.collective("reduce_scatter", act, c.tp, 1)
-        ar_moe = o.collective("all_reduce", act, c.tp, 1)
+        ar_moe = self.all_reduce(act, c.tp)
         plain = np.where(c.attn_dp > 1, ar_attn + gather, 2 * ar_moe)
         # DeepEP: tokens of this GPU go to top-k experts (fp8 dispatch, bf16 combine)
         mine = tokens_inst / c.tp * s.moe_router_topk * self.imb
@@ -144,26 +187,34 @@ class StepModel:
         a2a = ar_attn + d + cb
         return np.where(c.a2a > 0, a2a, plain), plain
 
-    def _overlap(self, comp, comm):
-        """Two-batch overlap hides the shorter of compute and communication behind the longer
-        (a two-stage pipeline of half batches: max + half the min)."""
-        return np.where(self.c.tbo, np.maximum(comp, comm) + 0.5 * np.minimum(comp, comm), comp + comm)
+    def _two_batch(self, whole, half):
+        """GPU seconds of a step: (compute, communication) of the whole batch `whole`, and of one half
+        batch `half` for two-batch-overlap plans. TBO runs the step as two half-batch sub-steps, each
+        with all of its kernels (each half re-reads the expert weights it activates, and launches
+        its own kernels); layer by layer one half's communication runs while the other half
+        computes, so communication hides only behind the other half's compute:
+            TBO = 2 max(comp_h, comm_h)        otherwise comp + comm.
+        At small decode batches comp_h is ~ comp (the expert weights dominate), so TBO costs about a
+        second step; it pays only where communication is a large share of the step."""
+        comp, comm = whole
+        comp_h, comm_h = half
+        tbo = 2.0 * np.maximum(comp_h, comm_h)
+        return np.where(self.c.tbo, tbo, comp + comm)
 
     def _launch(self, gpu_s, graphs):
         """Launch cost: eager steps are floored by the CPU enqueueing every kernel; CUDA graphs
-        replay them with only the GPU gap between kernels."""
+        replay them with only the GPU gap between kernels. A TBO step launches every kernel twice
+        (once per half batch)."""
         c = self.c
-        kernels = KERNELS_PER_LAYER * self.layers
+        kernels = KERNELS_PER_LAYER * self.layers * np.where(c.tbo, 2, 1)
         eager = np.maximum(gpu_s, kernels * self.ops.gap)
         t = np.where(graphs, gpu_s, eager) + kernels * GPU_KERNEL_GAP_S
         return t + np.where(c.overlap_sched, 0.0, SCHED_OVERHEAD_S)
 
     # ---- steps ----------------------------------------------------------------------------
-    def decode(self, batch_rank, ctx):
-        """Seconds of one decode step: `batch_rank` running requests per attention-DP rank with a
-        mean context of `ctx` tokens. Returns (seconds, dict of parts)."""
+    def _decode_gpu(self, B, ctx):
+        """(compute, communication, parts) seconds of one decode step at `B` requests per rank."""
         s, c, pl = self.s, self.c, self.pc["per_layer"]
-        B = np.maximum(np.asarray(batch_rank, float), 1.0)
         T = B * c.attn_dp
         proj = self._gemm(B, pl["attention"] / c.attn_tp)
         kv_read = B * ctx * self.kvt / self.layers
@@ -184,19 +235,26 @@ class StepModel:
         head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp) / c.pp
         comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts) + head
         comm_t = self.L_moe * comm + self.L_dense * comm_dense
-        gpu = self._overlap(comp, comm_t)
+        parts = {"attention": self.layers * (proj + core) * c.pp, "experts": self.L_moe * experts * c.pp,
+                 "dense_shared": (self.L_dense * dense + self.L_moe * shared) * c.pp, "communication": comm_t * c.pp}
+        return comp, comm_t, parts
+
+    def decode(self, batch_rank, ctx):
+        """Seconds of one decode step: `batch_rank` running requests per attention-DP rank with a
+        mean context of `ctx` tokens. Returns (seconds, dict of parts)."""
+        c = self.c
+        B = np.maximum(np.asarray(batch_rank, float), 1.0)
+        comp, comm_t, parts = self._decode_gpu(B, ctx)
+        comp_h, comm_h, _ = self._decode_gpu(np.maximum(B / 2.0, 1.0), ctx)
+        gpu = self._two_batch((comp, comm_t), (comp_h, comm_h))
         graphs = (c.graph_bs > 0) & (B <= c.graph_bs)
         stage = self._launch(gpu, graphs)
         t = stage * c.pp  # the batch passes every stage once per token
-        return t, {"attention": self.layers * (proj + core) * c.pp, "experts": self.L_moe * experts * c.pp,
-                   "dense_shared": (self.L_dense * dense + self.L_moe * shared) * c.pp,
-                   "communication": comm_t * c.pp, "cuda_graphs": graphs}
+        return t, {**parts, "cuda_graphs": graphs}
 
-    def prefill(self, chunk_rank, prefix):
-        """Seconds of one prefill (extend) step of `chunk_rank` new tokens per attention-DP rank
-        whose requests already hold `prefix` tokens of context (chunked prefill)."""
+    def _prefill_gpu(self, C, prefix):
+        """(compute, communication, parts) seconds of one prefill step of `C` tokens per rank."""
         s, c, pl = self.s, self.c, self.pc["per_layer"]
-        C = np.maximum(np.asarray(chunk_rank, float), 1.0)
         T = C * c.attn_dp
         proj = self._gemm(C, pl["attention"] / c.attn_tp)
         heads = s.num_attention_heads / c.attn_tp
@@ -213,7 +271,19 @@ class StepModel:
         comm, comm_dense = self._comm(T)
         comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts)
         comm_t = self.L_moe * comm + self.L_dense * comm_dense
-        gpu = self._overlap(comp, comm_t)
+        parts = {"attention": self.layers * (proj + core) * c.pp, "experts": self.L_moe * experts * c.pp,
+                 "communication": comm_t * c.pp}
+        return comp, comm_t, parts
+
+    def prefill(self, chunk_rank, prefix):
+        """Seconds of one prefill (extend) step of `chunk_rank` new tokens per attention-DP rank
+        whose requests already hold `prefix` tokens of context (chunked prefill). TBO splits the
+        chunk in two halves (the second half's attention also reads the first's tokens: priced
+        as the halves of the same causal work)."""
+        c = self.c
+        C = np.maximum(np.asarray(chunk_rank, float), 1.0)
+        comp, comm_t, parts = self._prefill_gpu(C, prefix)
+        comp_h, comm_h, _ = self._prefill_gpu(np.maximum(C / 2.0, 1.0), prefix + C / 4.0)
+        gpu = self._two_batch((comp, comm_t), (comp_h, comm_h))
         stage = self._launch(gpu, np.zeros(len(c), bool))
-        return stage * c.pp, {"attention": self.layers * (proj + core) * c.pp,
-                              "experts": self.L_moe * experts * c.pp, "communication": comm_t * c.pp}
+        return stage * c.pp, parts

@@ -67,6 +67,8 @@ def sglang_flags(plan: ServePlan) -> list[str]:
         a += ["--mem-fraction-static", f"{p.mem_frac:g}"]
     if p.page_size != 1:
         a += ["--page-size", str(p.page_size)]
+    if p.kv_cache_dtype != "auto":
+        a += ["--kv-cache-dtype", p.kv_cache_dtype]
     return a
 
 

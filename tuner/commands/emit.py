@@ -142,7 +142,6 @@ def _model_path(args, model, out_dir: str | None) -> tuple[str, str | None]:
 def _run_serving(args) -> int:
     from clusters import load_cluster
     from specs.models import load_model
-    from specs.serve_plan import ServePlan
     from tuner.emit_header import (
         EXIT_DOES_NOT_FIT,
         serve_memory_problem,
@@ -156,7 +155,9 @@ def _run_serving(args) -> int:
                          "benchmark command are for that workload")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
-    plan = ServePlan.parse(args.plan)
+    weights = resolve_weights(args, model)
+    completion = serve_completion_for_emit(args, model, cluster, weights["precision"])
+    plan = completion.plan
     if args.pd and not plan.pd:
         plan = plan.replace(pd="1:1")
     if plan.pd and not args.pd and args.target == "sglang":
@@ -173,7 +174,6 @@ def _run_serving(args) -> int:
         why = vllm_reasons(plan, cpu=not cluster.is_gpu)
         if why:
             raise UsageError(f"vLLM cannot run plan {plan.canonical()}: " + "; ".join(f"{c}: {s}" for c, s in why))
-    weights = resolve_weights(args, model)
     conc = args.concurrency or 8 * cluster.num_devices
     # priced exactly as `moetune predict --mode serve` prices it (the header's reproduce line)
     pargs = argparse.Namespace(model=args.model, cluster=args.cluster, gpus=args.gpus, isl=args.isl, osl=args.osl,
@@ -204,12 +204,13 @@ def _run_serving(args) -> int:
         print(f"wrote {args.out}  ({plan.canonical()})", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    print(f"completion: {completion.describe()}", file=sys.stderr)
     return 0
 
 
 def _sglang_body(args, plan, model, cluster, model_path, weights, conc):
+    from specs.serve_resolve import server_nodes
     from tuner.emit_sglang import bench_command, launch_commands, render
-    from tuner.serve_realize import server_nodes
     need = server_nodes(plan.replace(dp=1, pd="") if plan.pd else plan, cluster.devices_per_node)
     if args.nnodes is not None and args.nnodes != need:
         raise UsageError(f"--nnodes {args.nnodes}: this plan's server spans {need} node(s) of "
@@ -228,3 +229,15 @@ def _vllm_body(args, plan, model, cluster, model_path, weights, conc):
         raise UsageError(f"vLLM cannot run plan {plan.canonical()}: " + "; ".join(f"{c}: {s}" for c, s in why))
     bench = bench_command(model.name, model_path, args.isl, args.osl, conc)
     return cmd + "\n# benchmark (after the server is up)\n" + bench + "\n", "vLLM 0.32.0", bench
+def serve_completion_for_emit(args, model, cluster, precision: str):
+    """`--complete` of `emit sglang`: best needs the workload (--isl/--osl; concurrency 8 per GPU, as
+    `predict --mode serve`); without it the plan keeps SGLang's defaults, said so."""
+    from specs.serve_plan import ServeWorkload
+    from tuner.serve_complete import complete_serve
+    how = getattr(args, "complete", None) or "defaults"
+    if how == "best" and not (args.isl and args.osl):
+        c = complete_serve(args.plan, model, cluster, None, "defaults")
+        c.note = "best needs --isl and --osl"
+        return c
+    w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=args.concurrency or 8 * cluster.num_devices) if how == "best" else None
+    return complete_serve(args.plan, model, cluster, w, how, precision=precision)
