@@ -30,6 +30,8 @@ from cost_model.constants import (
     KERNELS_DENSE_MLP,
     KERNELS_MLA_EXTRA,
     KERNELS_MOE,
+    KERNELS_MOE_PREPROCESS,
+    KERNELS_MOE_ROUTER,
     KERNELS_PER_EXPERT_GEMMS,
     KERNELS_SHARED_EXPERT,
     KERNELS_TP_ATTENTION,
@@ -37,7 +39,7 @@ from cost_model.constants import (
     MOE_KERNELS_AFTER_SYNC,
 )
 from cost_model.ops import TableOps
-from cost_model.plans import MODULE_BIT, PlanArrays
+from cost_model.plans import GRAPH_BIT, MODULE_BIT, WHOLE_LAYER_GRAPH, PlanArrays
 from specs.ranks import group_size_stride
 
 
@@ -442,6 +444,49 @@ def structural_kernels(spec, tp=1, cp=1, grouped=False, local_experts=1):
                                    KERNELS_PER_EXPERT_GEMMS * np.asarray(local_experts, float)) + (
         KERNELS_SHARED_EXPERT if spec.moe_shared_expert_ffn else 0)
     return k_attn, k_dense, k_moe
+
+
+@dataclass
+class Graphs:
+    """CUDA graphs of one plan column set (`--cuda-graph-impl/--cuda-graph-scope`), [P] arrays:
+    the forward kernels per layer left to launch one by one (attention block, dense MLP, MoE MLP),
+    the graphed regions per dense / MoE layer (each replayed as one launch per pass), and whether
+    the whole iteration is one graph (no per-kernel host cost at all)."""
+    k_attn: np.ndarray
+    k_dense: np.ndarray
+    k_moe: np.ndarray
+    regions_dense: np.ndarray
+    regions_moe: np.ndarray
+    full_iteration: np.ndarray
+
+
+def cuda_graphs(spec, pa: PlanArrays, k_attn, k_dense, k_moe) -> Graphs:
+    """What each plan's CUDA graphs leave of the structural kernel counts (`structural_kernels`).
+
+    Scopes (megatron-core 0.16.1 arguments.py --cuda-graph-scope help): attn = the attention part
+    of the layer; mlp = a dense layer's MLP; moe = a whole MoE MLP; moe_router = up to the router
+    (with the shared expert unless it overlaps EP comm); moe_preprocess = MoELayer.preprocess;
+    the empty scope = whole layers; full_iteration = the whole forward-backward."""
+    g = pa.cuda_graph
+    on = g != 0
+
+    def bit(s):
+        return (g & GRAPH_BIT[s]) != 0
+    whole = (g & WHOLE_LAYER_GRAPH) != 0
+    full = bit("full_iteration")
+    attn = bit("attn") | whole
+    mlp = bit("mlp") | whole
+    moe = bit("moe") | whole
+    router = bit("moe_router") & ~moe
+    pre = bit("moe_preprocess") & router
+    shared = KERNELS_SHARED_EXPERT * (~pa.shared_expert_overlap.astype(bool)) if spec.moe_shared_expert_ffn else 0
+    k_moe_left = np.where(moe, 0.0, k_moe - router * (KERNELS_MOE_ROUTER + shared) - pre * KERNELS_MOE_PREPROCESS)
+    one = np.ones(pa.n)
+    regions_dense = np.where(whole, one, attn + mlp)
+    regions_moe = np.where(whole, one, attn + (router | moe))
+    zero = np.zeros(pa.n)
+    return Graphs(np.where(attn, 0.0, k_attn) * one, np.where(mlp, 0.0, k_dense) * one, k_moe_left * one,
+                  np.where(full | ~on, zero, regions_dense), np.where(full | ~on, zero, regions_moe), full)
 
 
 # ---- pipeline -----------------------------------------------------------------------------------------

@@ -91,6 +91,24 @@ KERNELS_SHARED_EXPERT = 4        # shared expert fc1, activation, fc2, add
 KERNELS_EMBEDDING = 4            # embedding lookup (first stage)
 KERNELS_LM_HEAD_LOSS = 12        # final norm, LM head GEMM, vocab-parallel cross-entropy
 KERNEL_PASSES = 3                # forward + backward, backward launching twice the forward's
+# The part of KERNELS_MOE before the dispatch (design choice, same counting as above): the
+# `moe_router` graph scope covers the pre-MLP norm, router GEMM, score function, top-k and aux loss
+# (and a shared expert not overlapped with EP comm, arguments.py --cuda-graph-scope help); the
+# `moe_preprocess` scope MoELayer.preprocess (routing map to token counts and the permute indices).
+KERNELS_MOE_ROUTER = 8
+KERNELS_MOE_PREPROCESS = 3
+
+# ---- CUDA graphs (megatron-core 0.16.1 --cuda-graph-impl / --cuda-graph-scope) ----------------------
+# A graphed region replaces its kernel launches by one graph replay per pass: TE
+# make_graphed_callables captures a forward and a backward graph per callable, so a region costs
+# 2 host launches per layer and microbatch (each a launch of the same order as one kernel's,
+# cudaGraphLaunch) instead of KERNEL_PASSES x its kernels. The local full-iteration graph replays
+# the whole forward-backward of a step as one graph (cuda_graphs.py FullCudaGraphWrapper): one launch.
+GRAPH_LAUNCHES_PER_REGION = 2
+# Memory: each graphed callable keeps static input and output buffers per microbatch in flight
+# (cuda_graphs.py TECudaGraphHelper._get_sample_arguments reuses them once a microbatch's backward is
+# done); modelled as one [tokens_sp, hidden] bf16 tensor in and one out per region.
+GRAPH_STATIC_BUFFERS_PER_REGION = 2
 
 # ---- fp8 quantization (TransformerEngine 2.9 recipes) ---------------------------------------------
 # HBM bytes moved per element quantized for an fp8 GEMM operand (the activation entering a GEMM in

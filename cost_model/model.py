@@ -61,6 +61,7 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
     RoutedExperts,
     attention,
     cp_comm,
+    cuda_graphs,
     dense_mlp,
     dp_collectives,
     embedding,
@@ -78,6 +79,7 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
     tp_comm,
 )
 from cost_model.constants import (
+    GRAPH_LAUNCHES_PER_REGION,
     HBM_RESERVE_FRACTION,
     KERNEL_PASSES,
     KERNELS_EMBEDDING,
@@ -110,17 +112,17 @@ def _near_even_split(num_layers: int, pp: int):
     return chunks, (0, 0), (pp - 1, 0)
 
 
-def stage_structure(spec, pp, vpp, first, last, layout):
+def stage_structure(spec, pp, vpp, first, last, layout, embedding=False, loss=False):
     """(n_dense[pp], n_moe[pp], emb[pp], loss[pp], note) for one pipeline split. A layout
     `specs.pipeline` refuses is costed with the balanced layout, or when even that cannot be
     split, with a near-even split; `note` says which."""
-    key = (spec.digest(), pp, vpp, first, last, layout)
+    key = (spec.digest(), pp, vpp, first, last, layout, embedding, loss)
     hit = _STAGE_CACHE.get(key)
     if hit is not None:
         return hit
     note = ""
     try:
-        split = split_layers(spec.num_layers, pp, vpp, first, last, layout)
+        split = split_layers(spec.num_layers, pp, vpp, first, last, layout, embedding, loss)
         chunks, emb_at, loss_at = split.chunks, split.embedding_at, split.loss_at
     except LayoutError as e:
         try:
@@ -183,16 +185,16 @@ def _code(keys: np.ndarray) -> np.ndarray:
 def _stages(spec, pa: PlanArrays, vpp_f: np.ndarray) -> Stages:
     """The stage structure of every plan (`stage_structure` once per distinct split); `vpp_f`:
     the plans' vpp as floats."""
-    keys = np.stack([pa.pp, pa.vpp, pa.pp_first, pa.pp_last, pa.layout], axis=1)
+    keys = np.stack([pa.pp, pa.vpp, pa.pp_first, pa.pp_last, pa.layout, pa.pp_embedding, pa.pp_loss], axis=1)
     _, first, inv = np.unique(_code(keys), return_index=True, return_inverse=True)
     uniq, inv = keys[first], inv.reshape(-1)
     S = int(pa.pp.max())
     U = len(uniq)
     nd, nm, em, lo, mask = (np.zeros((U, S)) for _ in range(5))
     notes = []
-    for u, (pp, vpp, pp_first, pp_last, lay) in enumerate(uniq):
+    for u, (pp, vpp, pp_first, pp_last, lay, emb, los) in enumerate(uniq):
         a, b, c, d, note = stage_structure(spec, int(pp), int(vpp), int(pp_first), int(pp_last),
-                                           pa.layouts[int(lay)])
+                                           pa.layouts[int(lay)], bool(emb), bool(los))
         nd[u, :pp], nm[u, :pp], em[u, :pp], lo[u, :pp], mask[u, :pp] = a, b, c, d, 1
         notes.append(note)
     nd, nm = nd[inv], nm[inv]
@@ -213,8 +215,9 @@ def _recompute_fraction(pa: PlanArrays, vpp: np.ndarray, nlay: np.ndarray) -> np
 # ---- the step as one list of terms ---------------------------------------------------------------
 # Breakdown components, in the order `breakdown_s` lists them.
 COMPONENTS = ("attention_proj", "core_attention", "dense_mlp", "router_permutation", "ep_dispatch_combine",
-              "expert_gemm", "shared_expert", "elementwise", "fp8_quantize", "moe_host_sync", "tp_comm", "cp_comm",
-              "embedding", "lm_head_ce", "mtp", "activation_offload", "recompute")
+              "expert_gemm", "shared_expert", "elementwise",
+              "fp8_quantize", "moe_host_sync", "tp_comm", "cp_comm", "embedding", "lm_head_ce", "mtp",
+              "activation_offload", "recompute")
 # What a term is counted per: every transformer layer, dense layers, MoE layers, the embedding
 # (first stage), the LM head + loss (last stage).
 GROUPS = ("layer", "dense", "moe", "embedding", "loss")
@@ -467,12 +470,19 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     stage_compute = terms.stage_compute(st)
     stage_fwd = terms.stage_fwd(st)
     # CPU floor: kernels per microbatch x dispatch gap (structural kernel counts, fwd; bwd = 2x)
-    k_attn, k_dense, k_moe = structural_kernels(spec, x.tp, x.cp, pa.grouped_gemm.astype(bool),
-                                                experts.local_experts if experts is not None else z)
+    # CUDA graphs: a graphed region's kernels become one replay per pass (`blocks.cuda_graphs`);
+    # a full-iteration graph launches nothing per kernel
+    gr = cuda_graphs(spec, pa, *structural_kernels(spec, x.tp, x.cp, pa.grouped_gemm.astype(bool),
+                                                    experts.local_experts if experts is not None else z))
+    k_attn, k_dense, k_moe = gr.k_attn, gr.k_dense, gr.k_moe
+    launches = nd * col(gr.regions_dense) + nm * col(gr.regions_moe)
     kern = KERNEL_PASSES * (nd * col(k_attn + k_dense) + nm * col(k_attn + k_moe) + st.embedding * KERNELS_EMBEDDING
                             + st.loss * KERNELS_LM_HEAD_LOSS)
-    kern_fwd = kern / KERNEL_PASSES  # the forward launches once, the backward twice
+    kern_fwd = kern / KERNEL_PASSES + launches  # the forward launches once (one replay per region), the backward twice
+    kern = kern + GRAPH_LAUNCHES_PER_REGION * launches
     kern = kern + (pa.recompute > 0)[:, None] * st.layers * col(k_attn) * st.recompute_fraction
+    no_host = col(gr.full_iteration)
+    kern, kern_fwd = np.where(no_host, 0.0, kern), np.where(no_host, 0.0, kern_fwd)
     floor = kern * ops.gap
     # GPU: the host enqueues asynchronously, so the floor overlaps compute (max). CPU: one thread
     # dispatches and executes every op synchronously, so the dispatch time adds to the compute.
@@ -505,7 +515,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     out["mfu"] = out["model_tflops_per_gpu"] / peak
 
     # -- memory -------------------------------------------------------------------------------------
-    mem = memory_by_stage(x, st, params, experts, flash=flash, dropout=dropout)
+    mem = memory_by_stage(x, st, params, experts, flash=flash, dropout=dropout, graphs=gr)
     peak_mem = mem.max(axis=1)
     usable = cl.hbm_gib * (1.0 - hbm_reserve)
     out.update(peak_memory_gib=peak_mem, fits=peak_mem <= usable, usable_gib=usable)
