@@ -16,6 +16,7 @@ from cost_model.constants import (
     ADAM_STEP_BYTES_PER_PARAM,
     CE_BWD_BYTES_PER_LOGIT,
     CE_FWD_BYTES_PER_LOGIT,
+    COMM_SMS,
     D2H_SYNC_S,
     DDP_BUCKET_MIN_PARAMS,
     DDP_BUCKET_PARAMS_PER_DP_RANK,
@@ -347,23 +348,90 @@ def ep_dispatch_combine(x: Inputs, experts: RoutedExperts) -> FwdBwd:
     ep_c = np.where(disp == 1, rs, ep_c)
     # expert tensor parallelism: gather/scatter the routed rows over ETP
     R = experts.rows
-    etp_comm = ops.collective("all_gather", 2.0 * R * h, x.etp, 1) + ops.collective(
-        "reduce_scatter", 2.0 * R * h, x.etp, 1)
-    total = ep_d + ep_c + etp_comm
-    return FwdBwd(total, total.copy())
+    d = ep_d + ops.collective("all_gather", 2.0 * R * h, x.etp, 1)
+    c = ep_c + ops.collective("reduce_scatter", 2.0 * R * h, x.etp, 1)
+    total = d + c
+    return EPComm(total, total.copy(), d, c)
 
 
-def ep_exposed(x: Inputs, ep: FwdBwd, shared: FwdBwd, window: FwdBwd) -> FwdBwd:
-    """What of dispatch/combine stays on the critical path: with shared-expert overlap the pair
-    costs the larger of the two; with EP a2a overlap (1F1B fwd/bwd of two microbatches
-    interleaved) the rest hides behind the other microbatch's compute (`window`)."""
+@dataclass
+class EPComm(FwdBwd):
+    """Dispatch + combine seconds per layer and microbatch (f, b: the backward moves the same
+    bytes the other way), and the two apart (forward; the backward's dispatch mirrors the
+    forward's combine and vice versa)."""
+    dispatch: np.ndarray = None
+    combine: np.ndarray = None
+
+
+@dataclass
+class EPExposed:
+    """What of dispatch/combine lengthens the step, per layer and microbatch, in three parts:
+    `serial` runs with nothing beside it (no overlap, or the unpaired first forward / last
+    backward of a virtual stage under a2a overlap), `beyond` outlasts the compute it is paired
+    with, `sm_share` is the paired compute slowed down while the communication kernels hold SMs."""
+    serial: FwdBwd
+    beyond: FwdBwd
+    sm_share: FwdBwd
+
+    @property
+    def total(self) -> FwdBwd:
+        return FwdBwd(self.serial.f + self.beyond.f + self.sm_share.f, self.serial.b + self.beyond.b + self.sm_share.b)
+
+
+def comm_sm_share(x: Inputs) -> np.ndarray:
+    """[P] share of the GPU's SMs the EP communication kernels hold while they run
+    (`constants` "SMs held by communication"): DeepEP / HybridEP their configured SM counts, NCCL's
+    all-to-all one CTA per channel."""
+    sms = np.asarray(COMM_SMS)[x.pa.dispatch]
+    n = float(getattr(x.ops.c, "sm_count", 0) or 0)
+    return np.clip(sms / n, 0.0, 0.9) if n > 1 else x.zero
+
+
+def paired_exposure(comm, compute, share):
+    """(beyond, sm_share) of `comm` run beside `compute` while comm holds `share` of the SMs:
+    the compute progresses at (1 - share) of its speed while comm runs, so the pair's wall time is
+    max(comm, compute + share x comm); of its excess over `compute`, share x comm is the slowed
+    compute and max(0, comm (1 - share) - compute) the communication left over."""
+    return np.maximum(0.0, comm * (1.0 - share) - compute), share * comm
+
+
+def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: FwdBwd, mlp_node: FwdBwd,
+               unpaired: np.ndarray) -> EPExposed:
+    """Dispatch/combine on the critical path.
+
+    Shared-expert overlap: the shared expert runs on a side stream beside the whole dispatch +
+    combine. EP a2a overlap (megatron-core 0.16.1 model_chunk_schedule_plan.py
+    TransformerLayerSchedulePlan.run, the merged forward-backward of two microbatches):
+        comm stream: combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd
+        comp stream: attn_fwd    | mlp_bwd (+dw) -> mlp_fwd     | attn_bwd
+    so each communication hides under one node of the other microbatch only (`attn_node`: the
+    attention block, router and dispatch preprocess; `mlp_node`: the experts and the shared
+    expert). `unpaired`: the share of a stage's forward (and backward) chunks that run without a
+    partner (the first forwards and last backwards of each virtual stage), whose communication is
+    serial. Communication kernels hold SMs the paired compute would use (`comm_sm_share`)."""
+    z = x.zero
+    s = comm_sm_share(x)
     seo = x.pa.shared_expert_overlap.astype(bool)
-    f = np.where(seo, np.maximum(ep.f, shared.f) - shared.f, ep.f)
-    b = np.where(seo, np.maximum(ep.b, shared.b) - shared.b, ep.b)
     a2o = x.pa.a2a_overlap.astype(bool)
-    f2 = np.where(a2o, np.maximum(0.0, f - window.b), f)
-    b2 = np.where(a2o, np.maximum(0.0, b - window.f), b)
-    return FwdBwd(f2, b2)
+    disp, comb = ep.dispatch, ep.combine
+    # a2a overlap: forward-side comm (dispatch_f with mlp_b, combine_f with attn_b), backward-side
+    # comm (combine_b with attn_f, dispatch_b with mlp_f); the backward's dispatch moves the
+    # forward combine's bytes and vice versa
+    bf1, sf1 = paired_exposure(disp, mlp_node.b, s)
+    bf2, sf2 = paired_exposure(comb, attn_node.b, s)
+    bb1, sb1 = paired_exposure(disp, attn_node.f, s)
+    bb2, sb2 = paired_exposure(comb, mlp_node.f, s)
+    # shared-expert overlap: the shared expert beside the whole dispatch + combine
+    bsf, ssf = paired_exposure(ep.f, shared.f, s)
+    bsb, ssb = paired_exposure(ep.b, shared.b, s)
+    paired = 1.0 - unpaired
+    serial = FwdBwd(np.where(a2o, unpaired * ep.f, np.where(seo, z, ep.f)),
+                    np.where(a2o, unpaired * ep.b, np.where(seo, z, ep.b)))
+    beyond = FwdBwd(np.where(a2o, paired * (bf1 + bf2), np.where(seo, bsf, z)),
+                    np.where(a2o, paired * (bb1 + bb2), np.where(seo, bsb, z)))
+    sm = FwdBwd(np.where(a2o, paired * (sf1 + sf2), np.where(seo, ssf, z)),
+                np.where(a2o, paired * (sb1 + sb2), np.where(seo, ssb, z)))
+    return EPExposed(serial, beyond, sm)
 
 
 # ---- fp8 quantization ------------------------------------------------------------------------------

@@ -98,6 +98,20 @@ KERNEL_PASSES = 3                # forward + backward, backward launching twice 
 KERNELS_MOE_ROUTER = 8
 KERNELS_MOE_PREPROCESS = 3
 
+# ---- SMs held by communication ---------------------------------------------------------------------
+# While an EP communication kernel runs beside compute (a2a overlap, shared-expert overlap) it holds
+# SMs the compute would use. Per dispatcher code (cost_model.plans.DISPATCH_CODES):
+# - NCCL all-to-all / all-gather: one CTA (SM) per channel, up to MAXCHANNELS = 32
+#   (NCCL src/include/device.h; NCCL_MAX_NCHANNELS caps it).
+# - DeepEP: megatron-core 0.16.1 transformer_config.py moe_deepep_num_sms = 20 (the emitted script
+#   keeps the default; arXiv 2603.07685 §4.2.3: "DeepEP uses 20 SMs per GPU").
+# - HybridEP: transformer_config.py moe_hybridep_num_sms = 16 ("16 SMs can generally achieve good
+#   bandwidth" in pure NVLink scenarios; the emitted script keeps the default).
+NCCL_COMM_SMS = 32
+DEEPEP_SMS = 20
+HYBRIDEP_SMS = 16
+COMM_SMS = (NCCL_COMM_SMS, NCCL_COMM_SMS, DEEPEP_SMS, HYBRIDEP_SMS)
+
 # ---- CUDA graphs (megatron-core 0.16.1 --cuda-graph-impl / --cuda-graph-scope) ----------------------
 # A graphed region replaces its kernel launches by one graph replay per pass: TE
 # make_graphed_callables captures a forward and a backward graph per callable, so a region costs

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (trials/profile/stack_floor)
+    EPExposed,
     FwdBwd,
     Inputs,
     RoutedExperts,
@@ -215,7 +216,7 @@ def _recompute_fraction(pa: PlanArrays, vpp: np.ndarray, nlay: np.ndarray) -> np
 # ---- the step as one list of terms ---------------------------------------------------------------
 # Breakdown components, in the order `breakdown_s` lists them.
 COMPONENTS = ("attention_proj", "core_attention", "dense_mlp", "router_permutation", "ep_dispatch_combine",
-              "expert_gemm", "shared_expert", "elementwise",
+              "ep_overlap_beyond", "ep_overlap_sm_share", "expert_gemm", "shared_expert", "elementwise",
               "fp8_quantize", "moe_host_sync", "tp_comm", "cp_comm", "embedding", "lm_head_ce", "mtp",
               "activation_offload", "recompute")
 # What a term is counted per: every transformer layer, dense layers, MoE layers, the embedding
@@ -349,6 +350,15 @@ def _add_mtp(x: Inputs, terms: StepTerms, head: FwdBwd):
     terms.add("mtp", "loss", n * (layer - layer_f + proj[1] + head.b))
 
 
+def _unpaired_share(x: Inputs) -> np.ndarray:
+    """[P] share of a stage's forward (and backward) chunks that EP a2a overlap cannot pair: the
+    warm-up forwards and cool-down backwards of the first stage, 2(pp-1) + (vpp-1)pp + 1 of its
+    m x vpp chunk-microbatches (Megatron's interleaved 1F1B warm-up; one of m without a pipeline:
+    the first forward and the last backward)."""
+    warm = 2 * (x.pp - 1) + (x.vpp - 1) * x.pp + 1
+    return np.minimum(1.0, warm / np.maximum(x.microbatches * x.vpp, 1.0))
+
+
 # ---- the model ----------------------------------------------------------------------------------
 def evaluate(workload, pa: PlanArrays, tables, **kw) -> dict:
     """`_evaluate` with numpy's divide/invalid warnings off (degenerate plans give inf/nan that
@@ -422,12 +432,18 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         router = router_permutation(x)
         ep_total = ep_dispatch_combine(x, experts)
         shared = shared_experts(x, tp)
-        window = FwdBwd(attn.proj_f + attn.core_f + experts.f, attn.proj_b + attn.core_b + experts.b)
-        ep = ep_exposed(x, ep_total, shared, window)
+        # the nodes of Megatron's merged forward-backward (model_chunk_schedule_plan.py): "attn" =
+        # the attention block, norms, router and dispatch preprocess; "mlp" = experts + shared expert
+        attn_node = FwdBwd(attn.proj_f + attn.core_f + attn.elem_f + router.f,
+                           attn.proj_b + attn.core_b + 2 * attn.elem_f + router.b)
+        mlp_node = FwdBwd(experts.f + shared.f, experts.b + shared.b)
+        epx = ep_exposed(x, ep_total, shared, attn_node, mlp_node, _unpaired_share(x))
+        ep = epx.total
         expert_t = FwdBwd(experts.f, experts.b)
     else:
         experts = None
         router = ep_total = shared = ep = expert_t = FwdBwd(z, z)
+        epx = EPExposed(ep, ep, ep)
     emb = embedding(x, tp)
     head = lm_head_loss(x, tp, attn)
     q8 = fp8_quantize(x, experts)
@@ -446,8 +462,9 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     terms.add("dense_mlp", "dense", dense.f, dense.f)
     terms.add("dense_mlp", "dense", dense.b)
     terms.add("tp_comm", "dense", 2 * tp.block, tp.block)  # MLP block
-    for name, blk in (("router_permutation", router), ("ep_dispatch_combine", ep), ("expert_gemm", expert_t),
-                      ("shared_expert", shared)):
+    for name, blk in (("router_permutation", router), ("ep_dispatch_combine", epx.serial),
+                      ("ep_overlap_beyond", epx.beyond), ("ep_overlap_sm_share", epx.sm_share),
+                      ("expert_gemm", expert_t), ("shared_expert", shared)):
         terms.add(name, "moe", blk.f, blk.f)
         terms.add(name, "moe", blk.b)
     for group, blk in (("layer", q8.attn), ("dense", q8.dense), ("moe", q8.moe)):
