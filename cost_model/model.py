@@ -30,8 +30,10 @@ this module gathers the inputs, calls the blocks and assembles the step:
 * Pipeline: per-stage microbatch time (layers of the stage, embedding on the first, LM head + CE
   on the last, explicit layouts / uneven stages via `specs.pipeline`), the slowest stage sets the
   pace: step = (m + (pp-1)/vpp) * C_max (1F1B / interleaved bubble), plus exposed PP p2p.
-* Per-microbatch CPU floor (§5.4): C_s = max(compute_s, kernels_s * dispatch gap) on GPUs (async
-  launches); compute_s + kernels_s * gap on CPU devices (synchronous), gap of the trial stack
+* Per-microbatch CPU floor (§5.4): on GPUs (async launches) a host clock against the GPU clock,
+  aligned at each MoE layer's dispatcher sync: sum over those layers of max(layer forward, its
+  launches x gap + the D2H copy) plus max(rest, rest launches x gap); without syncs
+  C_s = max(compute_s, kernels_s * dispatch gap); compute_s + kernels_s * gap on CPU devices (synchronous), gap of the trial stack
   (`dispatch_gap` mode "stack") when measured.
 * DP: grad reduce-scatter (fp32 main grads) + param all-gather (dist-opt) or all-reduce, over the
   DP x CP group (dense) and expert-DP group (experts), exposed beyond the overlap window (backward
@@ -80,6 +82,7 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
     tp_comm,
 )
 from cost_model.constants import (
+    D2H_SYNC_S,
     GRAPH_LAUNCHES_PER_REGION,
     HBM_RESERVE_FRACTION,
     KERNEL_PASSES,
@@ -501,17 +504,31 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     no_host = col(gr.full_iteration)
     kern, kern_fwd = np.where(no_host, 0.0, kern), np.where(no_host, 0.0, kern_fwd)
     floor = kern * ops.gap
-    # GPU: the host enqueues asynchronously, so the floor overlaps compute (max). CPU: one thread
-    # dispatches and executes every op synchronously, so the dispatch time adds to the compute.
-    stage_time = (np.maximum(stage_compute, floor) if ops.async_launch else stage_compute + floor) * smask
+    fwd_floor = kern_fwd * ops.gap
+    if ops.async_launch:
+        # GPU: a host clock (launches x gap) against the GPU clock, aligned wherever the host
+        # waits for the device: the dropless dispatcher's device-to-host copy of the token counts
+        # in every MoE layer's forward drains the launch queue (`blocks.moe_host_sync`), so each
+        # such layer's forward is a segment of its own, max(its GPU seconds, sync idle included;
+        # its launches x gap + the copy). The rest of the microbatch (dense layers, embedding, loss,
+        # the whole backward, where the host runs ahead) is one segment, max(GPU, host). Without
+        # syncs this is max(compute, floor) over the microbatch.
+        seg = nm * col((pa.dispatch != 1).astype(float) if spec.is_moe else z)
+        u_f = col(terms.unit_fwd("moe")) if spec.is_moe else col(z)
+        h_f = col(np.where(gr.full_iteration, 0.0, (k_attn + k_moe + gr.regions_moe) * ops.gap))
+        moe_wall = seg * np.maximum(u_f, h_f + D2H_SYNC_S)
+        stage_time = (moe_wall + np.maximum(stage_compute - seg * u_f, floor - seg * h_f)) * smask
+        fwd_wall = moe_wall + np.maximum(stage_fwd - seg * u_f, fwd_floor - seg * h_f)
+    else:
+        # CPU: one thread dispatches and executes every op synchronously: the dispatch time adds
+        stage_time = (stage_compute + floor) * smask
+        fwd_wall = stage_fwd + fwd_floor
     slow = np.argmax(stage_time, axis=1)
     rows = np.arange(pa.n)
     C = stage_time[rows, slow]
     # the backward's wall time (what the gradient reduce-scatter can hide under): the stage's wall
     # time less its forward's, not the backward's GPU seconds: on a launch-bound stage extra
     # backward compute (recompute) runs under the launch floor and lengthens no window
-    fwd_floor = kern_fwd * ops.gap
-    fwd_wall = np.maximum(stage_fwd, fwd_floor) if ops.async_launch else stage_fwd + fwd_floor
     bwd_wall = C - fwd_wall[rows, slow]
 
     # -- per step: pipeline, DP collectives, optimizer -------------------------------------------------
@@ -539,9 +556,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     if detail:
         # the same terms per component, at the slowest stage, over the m microbatches
         bd = {k: m * v[rows, slow] for k, v in terms.breakdown(st).items()}
-        floor_extra = (np.maximum(0.0, floor[rows, slow] - stage_compute[rows, slow]) if ops.async_launch
-                       else floor[rows, slow])
-        bd["cpu_launch_floor"] = m * floor_extra
+        # what the host clock adds to the GPU's (the whole dispatch time on CPU devices)
+        bd["cpu_launch_floor"] = m * np.maximum(0.0, stage_time[rows, slow] - stage_compute[rows, slow])
         bd.update(pipeline_bubble=pipe.bubble, pp_p2p=pipe.p2p, dp_grad_reduce_scatter=dpc.grad,
                   dp_param_all_gather=dpc.param_gather, optimizer_step=opt_t,
                   calibration=raw * (calibration_scale - 1.0))
