@@ -22,6 +22,8 @@ from cost_model.constants import (
     DDP_BUCKET_PARAMS_PER_DP_RANK,
     EXPERT_FC2_BIAS_BWD_BYTES_PER_ELEMENT,
     EXPERT_FC2_BIAS_FWD_BYTES_PER_ELEMENT,
+    FP8_OPERANDS_ATTENTION,
+    FP8_OPERANDS_MLP,
     FP8_QUANT_BYTES_PER_ELEMENT,
     FP32_ROUTER_GEMM_SLOWDOWN,
     GLU_CLAMP_BWD_BYTES_PER_ELEMENT,
@@ -29,6 +31,7 @@ from cost_model.constants import (
     KERNELS_ATTENTION,
     KERNELS_CP_PER_STEP,
     KERNELS_DENSE_MLP,
+    KERNELS_FP8_PER_OPERAND,
     KERNELS_MLA_EXTRA,
     KERNELS_MOE,
     KERNELS_MOE_PREPROCESS,
@@ -501,16 +504,20 @@ def lm_head_loss(x: Inputs, tp: TPComm, attn: Attention) -> FwdBwd:
 
 
 # ---- CPU launch floor --------------------------------------------------------------------------------
-def structural_kernels(spec, tp=1, cp=1, grouped=False, local_experts=1):
+def structural_kernels(spec, tp=1, cp=1, grouped=False, local_experts=1, precision=0):
     """Forward kernels per (attention block, dense MLP, MoE MLP) of one layer and microbatch (the
-    CPU floor's structural counts, `cost_model.constants`; backward = 2x). Arrays broadcast."""
+    CPU floor's structural counts, `cost_model.constants`; backward = 2x); `precision`: the
+    specs.plan.PRECISIONS code, whose fp8 quantisation kernels count per GEMM operand
+    (KERNELS_FP8_PER_OPERAND). Arrays broadcast."""
     tp, cp = np.asarray(tp, float), np.asarray(cp, float)
+    q = np.asarray(KERNELS_FP8_PER_OPERAND, float)[np.asarray(precision)]
     k_attn = (KERNELS_ATTENTION + (KERNELS_MLA_EXTRA if spec.mla else 0) + KERNELS_TP_ATTENTION * (tp > 1)
-              + KERNELS_CP_PER_STEP * (cp > 1) * (cp - 1))
-    k_dense = KERNELS_DENSE_MLP + KERNELS_TP_DENSE_MLP * (tp > 1)
-    k_moe = KERNELS_MOE + np.where(np.asarray(grouped, bool), KERNELS_PER_EXPERT_GEMMS,
-                                   KERNELS_PER_EXPERT_GEMMS * np.asarray(local_experts, float)) + (
-        KERNELS_SHARED_EXPERT if spec.moe_shared_expert_ffn else 0)
+              + KERNELS_CP_PER_STEP * (cp > 1) * (cp - 1)) + q * FP8_OPERANDS_ATTENTION
+    k_dense = KERNELS_DENSE_MLP + KERNELS_TP_DENSE_MLP * (tp > 1) + q * FP8_OPERANDS_MLP
+    grouped = np.asarray(grouped, bool)
+    experts = np.where(grouped, 1.0, np.asarray(local_experts, float))  # one grouped GEMM or one per expert
+    k_moe = KERNELS_MOE + KERNELS_PER_EXPERT_GEMMS * experts + q * FP8_OPERANDS_MLP * experts + (
+        KERNELS_SHARED_EXPERT + q * FP8_OPERANDS_MLP if spec.moe_shared_expert_ffn else 0)
     return k_attn, k_dense, k_moe
 
 

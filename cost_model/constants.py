@@ -91,6 +91,17 @@ KERNELS_SHARED_EXPERT = 4        # shared expert fc1, activation, fc2, add
 KERNELS_EMBEDDING = 4            # embedding lookup (first stage)
 KERNELS_LM_HEAD_LOSS = 12        # final norm, LM head GEMM, vocab-parallel cross-entropy
 KERNEL_PASSES = 3                # forward + backward, backward launching twice the forward's
+# fp8: kernels per quantised GEMM operand (an activation entering a GEMM forward, an output gradient
+# backward; weights are cast once per step, not counted), per specs.plan.PRECISIONS code, from the
+# TransformerEngine 2.9 quantizers: bf16 none; tensorwise (current scaling) an amax reduction then the
+# cast-transpose (Float8CurrentScalingQuantizer); delayed scaling one cast-transpose with the amax
+# fused (Float8Quantizer); blockwise one fused quantize (Float8BlockQuantizer); mxfp8 the quantize
+# plus the swizzle of its scales the GEMM needs (csrc/extensions/gemm.cpp swizzle_scaling_factors).
+KERNELS_FP8_PER_OPERAND = (0, 2, 1, 1, 2)
+# fp8 GEMM operands per forward: attention block (QKV / MLA projections in, output projection in),
+# dense MLP (fc1 in, fc2 in), MoE (grouped fc1 in, fc2 in; the shared expert's two more)
+FP8_OPERANDS_ATTENTION = 2
+FP8_OPERANDS_MLP = 2
 # The part of KERNELS_MOE before the dispatch (design choice, same counting as above): the
 # `moe_router` graph scope covers the pre-MLP norm, router GEMM, score function, top-k and aux loss
 # (and a shared expert not overlapped with EP comm, arguments.py --cuda-graph-scope help); the

@@ -493,7 +493,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     # CUDA graphs: a graphed region's kernels become one replay per pass (`blocks.cuda_graphs`);
     # a full-iteration graph launches nothing per kernel
     gr = cuda_graphs(spec, pa, *structural_kernels(spec, x.tp, x.cp, pa.grouped_gemm.astype(bool),
-                                                    experts.local_experts if experts is not None else z))
+                                                    experts.local_experts if experts is not None else z,
+                                                    pa.precision))
     k_attn, k_dense, k_moe = gr.k_attn, gr.k_dense, gr.k_moe
     launches = nd * col(gr.regions_dense) + nm * col(gr.regions_moe)
     kern = KERNEL_PASSES * (nd * col(k_attn + k_dense) + nm * col(k_attn + k_moe) + st.embedding * KERNELS_EMBEDDING

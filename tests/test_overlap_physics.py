@@ -53,3 +53,15 @@ def test_fewer_microbatches_leave_more_unpaired():
             for gbs in (1024, 64))
     share = lambda p: p.breakdown_s["ep_dispatch_combine"] / sum(p.breakdown_s[k] for k in EP_PARTS)  # noqa: E731
     assert share(b) > share(a)
+
+
+def test_fp8_quantisation_kernels_count_on_the_host():
+    """On a launch-bound plan the fp8 recipes' quantisation kernels (TE: amax + cast-transpose for
+    current scaling, one fused kernel for delayed scaling) lengthen the host clock: current scaling
+    more than delayed, both more than bf16."""
+    from tuner.realize import check
+    w = Workload(load_model("tiny-moe"), load_cluster("h100-sxm", 8), 8, 256)
+    plans = [complete_plan(f"ep=1,precision={p}", w, GPU_FULL) for p in ("bf16", "fp8-delayed", "fp8-tensorwise")]
+    assert not any(check(w, p, GPU_FULL) for p in plans)
+    floors = [r.breakdown_s["cpu_launch_floor"] for r in cost_model.predict_many(w, plans)]
+    assert 0 < floors[0] < floors[1] < floors[2]
