@@ -533,6 +533,7 @@ class Graphs:
     regions_dense: np.ndarray
     regions_moe: np.ndarray
     full_iteration: np.ndarray
+    attn: np.ndarray  # 1.0 where the attention block is one graph replay (a recompute replays it)
 
 
 def cuda_graphs(spec, pa: PlanArrays, k_attn, k_dense, k_moe) -> Graphs:
@@ -561,7 +562,8 @@ def cuda_graphs(spec, pa: PlanArrays, k_attn, k_dense, k_moe) -> Graphs:
     regions_moe = np.where(whole, one, attn + (router | moe))
     zero = np.zeros(pa.n)
     return Graphs(np.where(attn, 0.0, k_attn) * one, np.where(mlp, 0.0, k_dense) * one, k_moe_left * one,
-                  np.where(full | ~on, zero, regions_dense), np.where(full | ~on, zero, regions_moe), full)
+                  np.where(full | ~on, zero, regions_dense), np.where(full | ~on, zero, regions_moe), full,
+                  np.where(attn & ~full, 1.0, 0.0))
 
 
 # ---- pipeline -----------------------------------------------------------------------------------------

@@ -501,7 +501,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
                             + st.loss * KERNELS_LM_HEAD_LOSS)
     kern_fwd = kern / KERNEL_PASSES + launches  # the forward launches once (one replay per region), the backward twice
     kern = kern + GRAPH_LAUNCHES_PER_REGION * launches
-    kern = kern + (pa.recompute > 0)[:, None] * st.layers * col(k_attn) * st.recompute_fraction
+    kern = kern + (pa.recompute > 0)[:, None] * st.layers * col(k_attn + gr.attn) * st.recompute_fraction
     no_host = col(gr.full_iteration)
     kern, kern_fwd = np.where(no_host, 0.0, kern), np.where(no_host, 0.0, kern_fwd)
     floor = kern * ops.gap
