@@ -310,9 +310,11 @@ def summarize(space: Space, workload: Workload, profile: StackProfile, shard: in
               num_shards: int = 1, max_examples: int = 5, progress=None,
               example_stride: int = 1) -> SpaceSummary:
     """Counts over the shard; examples are one realizable plan per `example_stride`-th parallel
-    point, so they show different layouts."""
+    point, so they show different layouts (topped up from other points when too few of those are
+    realizable)."""
     walker = _walker(space, workload, profile)
     out = SpaceSummary()
+    spare: list = []
     per_point = space.options_per_point
     for i, par in enumerate(parallel_points(space)):
         if progress is not None and i % 1024 == 0:
@@ -336,6 +338,10 @@ def summarize(space: Space, workload: Workload, profile: StackProfile, shard: in
                 out.rejected_examples[code] = (walker.plan(base, j).canonical(), sentence)
         if v.ok and len(out.examples) < max_examples and i % example_stride == 0:
             out.examples.append(walker.plan(base, v.ok[0]))
+        elif v.ok and len(spare) < max_examples:
+            spare.append(walker.plan(base, v.ok[0]))
+    # too few realizable points on the stride: top up with the first others
+    out.examples += spare[:max_examples - len(out.examples)]
     return out
 
 
