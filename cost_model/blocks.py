@@ -16,11 +16,14 @@ from cost_model.constants import (
     ADAM_STEP_BYTES_PER_PARAM,
     CE_BWD_BYTES_PER_LOGIT,
     CE_FWD_BYTES_PER_LOGIT,
+    COMM_SMS,
     D2H_SYNC_S,
     DDP_BUCKET_MIN_PARAMS,
     DDP_BUCKET_PARAMS_PER_DP_RANK,
     EXPERT_FC2_BIAS_BWD_BYTES_PER_ELEMENT,
     EXPERT_FC2_BIAS_FWD_BYTES_PER_ELEMENT,
+    FP8_OPERANDS_ATTENTION,
+    FP8_OPERANDS_MLP,
     FP8_QUANT_BYTES_PER_ELEMENT,
     FP32_ROUTER_GEMM_SLOWDOWN,
     GLU_CLAMP_BWD_BYTES_PER_ELEMENT,
@@ -28,8 +31,11 @@ from cost_model.constants import (
     KERNELS_ATTENTION,
     KERNELS_CP_PER_STEP,
     KERNELS_DENSE_MLP,
+    KERNELS_FP8_PER_OPERAND,
     KERNELS_MLA_EXTRA,
     KERNELS_MOE,
+    KERNELS_MOE_PREPROCESS,
+    KERNELS_MOE_ROUTER,
     KERNELS_PER_EXPERT_GEMMS,
     KERNELS_SHARED_EXPERT,
     KERNELS_TP_ATTENTION,
@@ -37,7 +43,7 @@ from cost_model.constants import (
     MOE_KERNELS_AFTER_SYNC,
 )
 from cost_model.ops import TableOps
-from cost_model.plans import MODULE_BIT, PlanArrays
+from cost_model.plans import GRAPH_BIT, MODULE_BIT, WHOLE_LAYER_GRAPH, PlanArrays
 from specs.ranks import group_size_stride
 
 
@@ -345,23 +351,90 @@ def ep_dispatch_combine(x: Inputs, experts: RoutedExperts) -> FwdBwd:
     ep_c = np.where(disp == 1, rs, ep_c)
     # expert tensor parallelism: gather/scatter the routed rows over ETP
     R = experts.rows
-    etp_comm = ops.collective("all_gather", 2.0 * R * h, x.etp, 1) + ops.collective(
-        "reduce_scatter", 2.0 * R * h, x.etp, 1)
-    total = ep_d + ep_c + etp_comm
-    return FwdBwd(total, total.copy())
+    d = ep_d + ops.collective("all_gather", 2.0 * R * h, x.etp, 1)
+    c = ep_c + ops.collective("reduce_scatter", 2.0 * R * h, x.etp, 1)
+    total = d + c
+    return EPComm(total, total.copy(), d, c)
 
 
-def ep_exposed(x: Inputs, ep: FwdBwd, shared: FwdBwd, window: FwdBwd) -> FwdBwd:
-    """What of dispatch/combine stays on the critical path: with shared-expert overlap the pair
-    costs the larger of the two; with EP a2a overlap (1F1B fwd/bwd of two microbatches
-    interleaved) the rest hides behind the other microbatch's compute (`window`)."""
+@dataclass
+class EPComm(FwdBwd):
+    """Dispatch + combine seconds per layer and microbatch (f, b: the backward moves the same
+    bytes the other way), and the two apart (forward; the backward's dispatch mirrors the
+    forward's combine and vice versa)."""
+    dispatch: np.ndarray = None
+    combine: np.ndarray = None
+
+
+@dataclass
+class EPExposed:
+    """What of dispatch/combine lengthens the step, per layer and microbatch, in three parts:
+    `serial` runs with nothing beside it (no overlap, or the unpaired first forward / last
+    backward of a virtual stage under a2a overlap), `beyond` outlasts the compute it is paired
+    with, `sm_share` is the paired compute slowed down while the communication kernels hold SMs."""
+    serial: FwdBwd
+    beyond: FwdBwd
+    sm_share: FwdBwd
+
+    @property
+    def total(self) -> FwdBwd:
+        return FwdBwd(self.serial.f + self.beyond.f + self.sm_share.f, self.serial.b + self.beyond.b + self.sm_share.b)
+
+
+def comm_sm_share(x: Inputs) -> np.ndarray:
+    """[P] share of the GPU's SMs the EP communication kernels hold while they run
+    (`constants` "SMs held by communication"): DeepEP / HybridEP their configured SM counts, NCCL's
+    all-to-all one CTA per channel."""
+    sms = np.asarray(COMM_SMS)[x.pa.dispatch]
+    n = float(getattr(x.ops.c, "sm_count", 0) or 0)
+    return np.clip(sms / n, 0.0, 0.9) if n > 1 else x.zero
+
+
+def paired_exposure(comm, compute, share):
+    """(beyond, sm_share) of `comm` run beside `compute` while comm holds `share` of the SMs:
+    the compute progresses at (1 - share) of its speed while comm runs, so the pair's wall time is
+    max(comm, compute + share x comm); of its excess over `compute`, share x comm is the slowed
+    compute and max(0, comm (1 - share) - compute) the communication left over."""
+    return np.maximum(0.0, comm * (1.0 - share) - compute), share * comm
+
+
+def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: FwdBwd, mlp_node: FwdBwd,
+               unpaired: np.ndarray) -> EPExposed:
+    """Dispatch/combine on the critical path.
+
+    Shared-expert overlap: the shared expert runs on a side stream beside the whole dispatch +
+    combine. EP a2a overlap (megatron-core 0.16.1 model_chunk_schedule_plan.py
+    TransformerLayerSchedulePlan.run, the merged forward-backward of two microbatches):
+        comm stream: combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd
+        comp stream: attn_fwd    | mlp_bwd (+dw) -> mlp_fwd     | attn_bwd
+    so each communication hides under one node of the other microbatch only (`attn_node`: the
+    attention block, router and dispatch preprocess; `mlp_node`: the experts and the shared
+    expert). `unpaired`: the share of a stage's forward (and backward) chunks that run without a
+    partner (the first forwards and last backwards of each virtual stage), whose communication is
+    serial. Communication kernels hold SMs the paired compute would use (`comm_sm_share`)."""
+    z = x.zero
+    s = comm_sm_share(x)
     seo = x.pa.shared_expert_overlap.astype(bool)
-    f = np.where(seo, np.maximum(ep.f, shared.f) - shared.f, ep.f)
-    b = np.where(seo, np.maximum(ep.b, shared.b) - shared.b, ep.b)
     a2o = x.pa.a2a_overlap.astype(bool)
-    f2 = np.where(a2o, np.maximum(0.0, f - window.b), f)
-    b2 = np.where(a2o, np.maximum(0.0, b - window.f), b)
-    return FwdBwd(f2, b2)
+    disp, comb = ep.dispatch, ep.combine
+    # a2a overlap: forward-side comm (dispatch_f with mlp_b, combine_f with attn_b), backward-side
+    # comm (combine_b with attn_f, dispatch_b with mlp_f); the backward's dispatch moves the
+    # forward combine's bytes and vice versa
+    bf1, sf1 = paired_exposure(disp, mlp_node.b, s)
+    bf2, sf2 = paired_exposure(comb, attn_node.b, s)
+    bb1, sb1 = paired_exposure(disp, attn_node.f, s)
+    bb2, sb2 = paired_exposure(comb, mlp_node.f, s)
+    # shared-expert overlap: the shared expert beside the whole dispatch + combine
+    bsf, ssf = paired_exposure(ep.f, shared.f, s)
+    bsb, ssb = paired_exposure(ep.b, shared.b, s)
+    paired = 1.0 - unpaired
+    serial = FwdBwd(np.where(a2o, unpaired * ep.f, np.where(seo, z, ep.f)),
+                    np.where(a2o, unpaired * ep.b, np.where(seo, z, ep.b)))
+    beyond = FwdBwd(np.where(a2o, paired * (bf1 + bf2), np.where(seo, bsf, z)),
+                    np.where(a2o, paired * (bb1 + bb2), np.where(seo, bsb, z)))
+    sm = FwdBwd(np.where(a2o, paired * (sf1 + sf2), np.where(seo, ssf, z)),
+                np.where(a2o, paired * (sb1 + sb2), np.where(seo, ssb, z)))
+    return EPExposed(serial, beyond, sm)
 
 
 # ---- fp8 quantization ------------------------------------------------------------------------------
@@ -431,17 +504,66 @@ def lm_head_loss(x: Inputs, tp: TPComm, attn: Attention) -> FwdBwd:
 
 
 # ---- CPU launch floor --------------------------------------------------------------------------------
-def structural_kernels(spec, tp=1, cp=1, grouped=False, local_experts=1):
+def structural_kernels(spec, tp=1, cp=1, grouped=False, local_experts=1, precision=0):
     """Forward kernels per (attention block, dense MLP, MoE MLP) of one layer and microbatch (the
-    CPU floor's structural counts, `cost_model.constants`; backward = 2x). Arrays broadcast."""
+    CPU floor's structural counts, `cost_model.constants`; backward = 2x); `precision`: the
+    specs.plan.PRECISIONS code, whose fp8 quantisation kernels count per GEMM operand
+    (KERNELS_FP8_PER_OPERAND). Arrays broadcast."""
     tp, cp = np.asarray(tp, float), np.asarray(cp, float)
+    q = np.asarray(KERNELS_FP8_PER_OPERAND, float)[np.asarray(precision)]
     k_attn = (KERNELS_ATTENTION + (KERNELS_MLA_EXTRA if spec.mla else 0) + KERNELS_TP_ATTENTION * (tp > 1)
-              + KERNELS_CP_PER_STEP * (cp > 1) * (cp - 1))
-    k_dense = KERNELS_DENSE_MLP + KERNELS_TP_DENSE_MLP * (tp > 1)
-    k_moe = KERNELS_MOE + np.where(np.asarray(grouped, bool), KERNELS_PER_EXPERT_GEMMS,
-                                   KERNELS_PER_EXPERT_GEMMS * np.asarray(local_experts, float)) + (
-        KERNELS_SHARED_EXPERT if spec.moe_shared_expert_ffn else 0)
+              + KERNELS_CP_PER_STEP * (cp > 1) * (cp - 1)) + q * FP8_OPERANDS_ATTENTION
+    k_dense = KERNELS_DENSE_MLP + KERNELS_TP_DENSE_MLP * (tp > 1) + q * FP8_OPERANDS_MLP
+    grouped = np.asarray(grouped, bool)
+    experts = np.where(grouped, 1.0, np.asarray(local_experts, float))  # one grouped GEMM or one per expert
+    k_moe = KERNELS_MOE + KERNELS_PER_EXPERT_GEMMS * experts + q * FP8_OPERANDS_MLP * experts + (
+        KERNELS_SHARED_EXPERT + q * FP8_OPERANDS_MLP if spec.moe_shared_expert_ffn else 0)
     return k_attn, k_dense, k_moe
+
+
+@dataclass
+class Graphs:
+    """CUDA graphs of one plan column set (`--cuda-graph-impl/--cuda-graph-scope`), [P] arrays:
+    the forward kernels per layer left to launch one by one (attention block, dense MLP, MoE MLP),
+    the graphed regions per dense / MoE layer (each replayed as one launch per pass), and whether
+    the whole iteration is one graph (no per-kernel host cost at all)."""
+    k_attn: np.ndarray
+    k_dense: np.ndarray
+    k_moe: np.ndarray
+    regions_dense: np.ndarray
+    regions_moe: np.ndarray
+    full_iteration: np.ndarray
+    attn: np.ndarray  # 1.0 where the attention block is one graph replay (a recompute replays it)
+
+
+def cuda_graphs(spec, pa: PlanArrays, k_attn, k_dense, k_moe) -> Graphs:
+    """What each plan's CUDA graphs leave of the structural kernel counts (`structural_kernels`).
+
+    Scopes (megatron-core 0.16.1 arguments.py --cuda-graph-scope help): attn = the attention part
+    of the layer; mlp = a dense layer's MLP; moe = a whole MoE MLP; moe_router = up to the router
+    (with the shared expert unless it overlaps EP comm); moe_preprocess = MoELayer.preprocess;
+    the empty scope = whole layers; full_iteration = the whole forward-backward."""
+    g = pa.cuda_graph
+    on = g != 0
+
+    def bit(s):
+        return (g & GRAPH_BIT[s]) != 0
+    whole = (g & WHOLE_LAYER_GRAPH) != 0
+    full = bit("full_iteration")
+    attn = bit("attn") | whole
+    mlp = bit("mlp") | whole
+    moe = bit("moe") | whole
+    router = bit("moe_router") & ~moe
+    pre = bit("moe_preprocess") & router
+    shared = KERNELS_SHARED_EXPERT * (~pa.shared_expert_overlap.astype(bool)) if spec.moe_shared_expert_ffn else 0
+    k_moe_left = np.where(moe, 0.0, k_moe - router * (KERNELS_MOE_ROUTER + shared) - pre * KERNELS_MOE_PREPROCESS)
+    one = np.ones(pa.n)
+    regions_dense = np.where(whole, one, attn + mlp)
+    regions_moe = np.where(whole, one, attn + (router | moe))
+    zero = np.zeros(pa.n)
+    return Graphs(np.where(attn, 0.0, k_attn) * one, np.where(mlp, 0.0, k_dense) * one, k_moe_left * one,
+                  np.where(full | ~on, zero, regions_dense), np.where(full | ~on, zero, regions_moe), full,
+                  np.where(attn & ~full, 1.0, 0.0))
 
 
 # ---- pipeline -----------------------------------------------------------------------------------------

@@ -91,6 +91,49 @@ KERNELS_SHARED_EXPERT = 4        # shared expert fc1, activation, fc2, add
 KERNELS_EMBEDDING = 4            # embedding lookup (first stage)
 KERNELS_LM_HEAD_LOSS = 12        # final norm, LM head GEMM, vocab-parallel cross-entropy
 KERNEL_PASSES = 3                # forward + backward, backward launching twice the forward's
+# fp8: kernels per quantised GEMM operand (an activation entering a GEMM forward, an output gradient
+# backward; weights are cast once per step, not counted), per specs.plan.PRECISIONS code, from the
+# TransformerEngine 2.9 quantizers: bf16 none; tensorwise (current scaling) an amax reduction then the
+# cast-transpose (Float8CurrentScalingQuantizer); delayed scaling one cast-transpose with the amax
+# fused (Float8Quantizer); blockwise one fused quantize (Float8BlockQuantizer); mxfp8 the quantize
+# plus the swizzle of its scales the GEMM needs (csrc/extensions/gemm.cpp swizzle_scaling_factors).
+KERNELS_FP8_PER_OPERAND = (0, 2, 1, 1, 2)
+# fp8 GEMM operands per forward: attention block (QKV / MLA projections in, output projection in),
+# dense MLP (fc1 in, fc2 in), MoE (grouped fc1 in, fc2 in; the shared expert's two more)
+FP8_OPERANDS_ATTENTION = 2
+FP8_OPERANDS_MLP = 2
+# The part of KERNELS_MOE before the dispatch (design choice, same counting as above): the
+# `moe_router` graph scope covers the pre-MLP norm, router GEMM, score function, top-k and aux loss
+# (and a shared expert not overlapped with EP comm, arguments.py --cuda-graph-scope help); the
+# `moe_preprocess` scope MoELayer.preprocess (routing map to token counts and the permute indices).
+KERNELS_MOE_ROUTER = 8
+KERNELS_MOE_PREPROCESS = 3
+
+# ---- SMs held by communication ---------------------------------------------------------------------
+# While an EP communication kernel runs beside compute (a2a overlap, shared-expert overlap) it holds
+# SMs the compute would use. Per dispatcher code (cost_model.plans.DISPATCH_CODES):
+# - NCCL all-to-all / all-gather: one CTA (SM) per channel, up to MAXCHANNELS = 32
+#   (NCCL src/include/device.h; NCCL_MAX_NCHANNELS caps it).
+# - DeepEP: megatron-core 0.16.1 transformer_config.py moe_deepep_num_sms = 20 (the emitted script
+#   keeps the default; arXiv 2603.07685 §4.2.3: "DeepEP uses 20 SMs per GPU").
+# - HybridEP: transformer_config.py moe_hybridep_num_sms = 16 ("16 SMs can generally achieve good
+#   bandwidth" in pure NVLink scenarios; the emitted script keeps the default).
+NCCL_COMM_SMS = 32
+DEEPEP_SMS = 20
+HYBRIDEP_SMS = 16
+COMM_SMS = (NCCL_COMM_SMS, NCCL_COMM_SMS, DEEPEP_SMS, HYBRIDEP_SMS)
+
+# ---- CUDA graphs (megatron-core 0.16.1 --cuda-graph-impl / --cuda-graph-scope) ----------------------
+# A graphed region replaces its kernel launches by one graph replay per pass: TE
+# make_graphed_callables captures a forward and a backward graph per callable, so a region costs
+# 2 host launches per layer and microbatch (each a launch of the same order as one kernel's,
+# cudaGraphLaunch) instead of KERNEL_PASSES x its kernels. The local full-iteration graph replays
+# the whole forward-backward of a step as one graph (cuda_graphs.py FullCudaGraphWrapper): one launch.
+GRAPH_LAUNCHES_PER_REGION = 2
+# Memory: each graphed callable keeps static input and output buffers per microbatch in flight
+# (cuda_graphs.py TECudaGraphHelper._get_sample_arguments reuses them once a microbatch's backward is
+# done); modelled as one [tokens_sp, hidden] bf16 tensor in and one out per region.
+GRAPH_STATIC_BUFFERS_PER_REGION = 2
 
 # ---- fp8 quantization (TransformerEngine 2.9 recipes) ---------------------------------------------
 # HBM bytes moved per element quantized for an fp8 GEMM operand (the activation entering a GEMM in

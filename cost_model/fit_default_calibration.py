@@ -65,7 +65,8 @@ OVERRIDES = {
         "grad_reduce_in_fp32=False) and as the later Qwen3 recipe does (qwen/qwen3_llm_pretrain.py)"),
     ("deepseek-v3", "b200", "26.04.01"): (
         dict(dispatcher="flex", flex_backend="deepep", a2a_overlap=True, recompute="selective",
-             recompute_modules=("mla_up_proj", "mlp"), pp_layout="Et*4|(t*4|)*14tL"),
+             recompute_modules=("mla_up_proj", "mlp"), pp_layout="Et*4|(t*4|)*14tL",
+             cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router")),
         dict(mtp_num_layers=1), dict(grad_reduce_in_fp32=False),
         MB + "deepseek/deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 "
         "(PP8 VPP2 EP32 GBS4096: moe_flex_dispatcher_backend=deepep, moe_a2a_overlap=True, "

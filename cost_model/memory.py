@@ -14,6 +14,7 @@ from cost_model.constants import (
     ADAM_STATE_BYTES,
     CE_TRANSIENT_BYTES_PER_LOGIT,
     FP8_WEIGHT_COPY_BYTES,
+    GRAPH_STATIC_BUFFERS_PER_REGION,
     MAIN_GRAD_BYTES,
     WEIGHT_BYTES,
 )
@@ -92,7 +93,7 @@ class StageParams:
     expert: np.ndarray
 
 
-def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=False) -> np.ndarray:
+def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=False, graphs=None) -> np.ndarray:
     """[P, S] peak GiB per stage: static (weights, main grads, optimizer state), activations of
     the microbatches in flight, dispatch buffers and the loss stage's logits.
 
@@ -103,6 +104,8 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
         experts: The `RoutedExperts` block (routed rows), or None for a dense model.
         flash: Flash attention (saves the log-sum-exp, no s^2 term).
         dropout: Count dropout masks (MoE recipes train without dropout).
+        graphs: The plans' CUDA graphs (`cost_model.blocks.Graphs`): their static buffers per
+            graphed region and microbatch in flight (`constants` GRAPH_STATIC_BUFFERS_PER_REGION).
     """
     spec, pa = x.spec, x.pa
     T, Tsp, tp, h, seq = x.tokens, x.tokens_sp, x.tp, x.hidden, x.seq
@@ -181,6 +184,9 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
     inflight_1f1b = np.minimum(col(pp) - s_idx, col(m))
     inflight_chunks = np.minimum(col(m * vpp), 2 * (col(pp) - s_idx - 1) + (col(vpp) - 1) * col(pp) + 1)
     inflight = np.where(col(vpp) > 1, inflight_chunks / col(vpp), inflight_1f1b)
+    if graphs is not None:
+        regions = nd * col(graphs.regions_dense) + nm * col(graphs.regions_moe)
+        per_mb = per_mb + regions * GRAPH_STATIC_BUFFERS_PER_REGION * col(2.0 * Tsp * h) * smask
     acts = per_mb * np.maximum(inflight, 0)
     transient = (nm > 0) * col(dispatch_buf) + lo * col(T * V / tp * CE_TRANSIENT_BYTES_PER_LOGIT) * (1.0 + n_mtp)
     return (static + acts + transient) * smask / GIB

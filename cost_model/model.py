@@ -30,8 +30,10 @@ this module gathers the inputs, calls the blocks and assembles the step:
 * Pipeline: per-stage microbatch time (layers of the stage, embedding on the first, LM head + CE
   on the last, explicit layouts / uneven stages via `specs.pipeline`), the slowest stage sets the
   pace: step = (m + (pp-1)/vpp) * C_max (1F1B / interleaved bubble), plus exposed PP p2p.
-* Per-microbatch CPU floor (§5.4): C_s = max(compute_s, kernels_s * dispatch gap) on GPUs (async
-  launches); compute_s + kernels_s * gap on CPU devices (synchronous), gap of the trial stack
+* Per-microbatch CPU floor (§5.4): on GPUs (async launches) a host clock against the GPU clock,
+  aligned at each MoE layer's dispatcher sync: sum over those layers of max(layer forward, its
+  launches x gap + the D2H copy) plus max(rest, rest launches x gap); without syncs
+  C_s = max(compute_s, kernels_s * dispatch gap); compute_s + kernels_s * gap on CPU devices (synchronous), gap of the trial stack
   (`dispatch_gap` mode "stack") when measured.
 * DP: grad reduce-scatter (fp32 main grads) + param all-gather (dist-opt) or all-reduce, over the
   DP x CP group (dense) and expert-DP group (experts), exposed beyond the overlap window (backward
@@ -56,11 +58,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (trials/profile/stack_floor)
+    EPExposed,
     FwdBwd,
     Inputs,
     RoutedExperts,
     attention,
     cp_comm,
+    cuda_graphs,
     dense_mlp,
     dp_collectives,
     embedding,
@@ -78,6 +82,8 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
     tp_comm,
 )
 from cost_model.constants import (
+    D2H_SYNC_S,
+    GRAPH_LAUNCHES_PER_REGION,
     HBM_RESERVE_FRACTION,
     KERNEL_PASSES,
     KERNELS_EMBEDDING,
@@ -110,17 +116,17 @@ def _near_even_split(num_layers: int, pp: int):
     return chunks, (0, 0), (pp - 1, 0)
 
 
-def stage_structure(spec, pp, vpp, first, last, layout):
+def stage_structure(spec, pp, vpp, first, last, layout, embedding=False, loss=False):
     """(n_dense[pp], n_moe[pp], emb[pp], loss[pp], note) for one pipeline split. A layout
     `specs.pipeline` refuses is costed with the balanced layout, or when even that cannot be
     split, with a near-even split; `note` says which."""
-    key = (spec.digest(), pp, vpp, first, last, layout)
+    key = (spec.digest(), pp, vpp, first, last, layout, embedding, loss)
     hit = _STAGE_CACHE.get(key)
     if hit is not None:
         return hit
     note = ""
     try:
-        split = split_layers(spec.num_layers, pp, vpp, first, last, layout)
+        split = split_layers(spec.num_layers, pp, vpp, first, last, layout, embedding, loss)
         chunks, emb_at, loss_at = split.chunks, split.embedding_at, split.loss_at
     except LayoutError as e:
         try:
@@ -183,16 +189,16 @@ def _code(keys: np.ndarray) -> np.ndarray:
 def _stages(spec, pa: PlanArrays, vpp_f: np.ndarray) -> Stages:
     """The stage structure of every plan (`stage_structure` once per distinct split); `vpp_f`:
     the plans' vpp as floats."""
-    keys = np.stack([pa.pp, pa.vpp, pa.pp_first, pa.pp_last, pa.layout], axis=1)
+    keys = np.stack([pa.pp, pa.vpp, pa.pp_first, pa.pp_last, pa.layout, pa.pp_embedding, pa.pp_loss], axis=1)
     _, first, inv = np.unique(_code(keys), return_index=True, return_inverse=True)
     uniq, inv = keys[first], inv.reshape(-1)
     S = int(pa.pp.max())
     U = len(uniq)
     nd, nm, em, lo, mask = (np.zeros((U, S)) for _ in range(5))
     notes = []
-    for u, (pp, vpp, pp_first, pp_last, lay) in enumerate(uniq):
+    for u, (pp, vpp, pp_first, pp_last, lay, emb, los) in enumerate(uniq):
         a, b, c, d, note = stage_structure(spec, int(pp), int(vpp), int(pp_first), int(pp_last),
-                                           pa.layouts[int(lay)])
+                                           pa.layouts[int(lay)], bool(emb), bool(los))
         nd[u, :pp], nm[u, :pp], em[u, :pp], lo[u, :pp], mask[u, :pp] = a, b, c, d, 1
         notes.append(note)
     nd, nm = nd[inv], nm[inv]
@@ -213,8 +219,9 @@ def _recompute_fraction(pa: PlanArrays, vpp: np.ndarray, nlay: np.ndarray) -> np
 # ---- the step as one list of terms ---------------------------------------------------------------
 # Breakdown components, in the order `breakdown_s` lists them.
 COMPONENTS = ("attention_proj", "core_attention", "dense_mlp", "router_permutation", "ep_dispatch_combine",
-              "expert_gemm", "shared_expert", "elementwise", "fp8_quantize", "moe_host_sync", "tp_comm", "cp_comm",
-              "embedding", "lm_head_ce", "mtp", "activation_offload", "recompute")
+              "ep_overlap_beyond", "ep_overlap_sm_share", "expert_gemm", "shared_expert", "elementwise",
+              "fp8_quantize", "moe_host_sync", "tp_comm", "cp_comm", "embedding", "lm_head_ce", "mtp",
+              "activation_offload", "recompute")
 # What a term is counted per: every transformer layer, dense layers, MoE layers, the embedding
 # (first stage), the LM head + loss (last stage).
 GROUPS = ("layer", "dense", "moe", "embedding", "loss")
@@ -346,6 +353,15 @@ def _add_mtp(x: Inputs, terms: StepTerms, head: FwdBwd):
     terms.add("mtp", "loss", n * (layer - layer_f + proj[1] + head.b))
 
 
+def _unpaired_share(x: Inputs) -> np.ndarray:
+    """[P] share of a stage's forward (and backward) chunks that EP a2a overlap cannot pair: the
+    warm-up forwards and cool-down backwards of the first stage, 2(pp-1) + (vpp-1)pp + 1 of its
+    m x vpp chunk-microbatches (Megatron's interleaved 1F1B warm-up; one of m without a pipeline:
+    the first forward and the last backward)."""
+    warm = 2 * (x.pp - 1) + (x.vpp - 1) * x.pp + 1
+    return np.minimum(1.0, warm / np.maximum(x.microbatches * x.vpp, 1.0))
+
+
 # ---- the model ----------------------------------------------------------------------------------
 def evaluate(workload, pa: PlanArrays, tables, **kw) -> dict:
     """`_evaluate` with numpy's divide/invalid warnings off (degenerate plans give inf/nan that
@@ -419,12 +435,18 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         router = router_permutation(x)
         ep_total = ep_dispatch_combine(x, experts)
         shared = shared_experts(x, tp)
-        window = FwdBwd(attn.proj_f + attn.core_f + experts.f, attn.proj_b + attn.core_b + experts.b)
-        ep = ep_exposed(x, ep_total, shared, window)
+        # the nodes of Megatron's merged forward-backward (model_chunk_schedule_plan.py): "attn" =
+        # the attention block, norms, router and dispatch preprocess; "mlp" = experts + shared expert
+        attn_node = FwdBwd(attn.proj_f + attn.core_f + attn.elem_f + router.f,
+                           attn.proj_b + attn.core_b + 2 * attn.elem_f + router.b)
+        mlp_node = FwdBwd(experts.f + shared.f, experts.b + shared.b)
+        epx = ep_exposed(x, ep_total, shared, attn_node, mlp_node, _unpaired_share(x))
+        ep = epx.total
         expert_t = FwdBwd(experts.f, experts.b)
     else:
         experts = None
         router = ep_total = shared = ep = expert_t = FwdBwd(z, z)
+        epx = EPExposed(ep, ep, ep)
     emb = embedding(x, tp)
     head = lm_head_loss(x, tp, attn)
     q8 = fp8_quantize(x, experts)
@@ -443,8 +465,9 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     terms.add("dense_mlp", "dense", dense.f, dense.f)
     terms.add("dense_mlp", "dense", dense.b)
     terms.add("tp_comm", "dense", 2 * tp.block, tp.block)  # MLP block
-    for name, blk in (("router_permutation", router), ("ep_dispatch_combine", ep), ("expert_gemm", expert_t),
-                      ("shared_expert", shared)):
+    for name, blk in (("router_permutation", router), ("ep_dispatch_combine", epx.serial),
+                      ("ep_overlap_beyond", epx.beyond), ("ep_overlap_sm_share", epx.sm_share),
+                      ("expert_gemm", expert_t), ("shared_expert", shared)):
         terms.add(name, "moe", blk.f, blk.f)
         terms.add(name, "moe", blk.b)
     for group, blk in (("layer", q8.attn), ("dense", q8.dense), ("moe", q8.moe)):
@@ -467,24 +490,46 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     stage_compute = terms.stage_compute(st)
     stage_fwd = terms.stage_fwd(st)
     # CPU floor: kernels per microbatch x dispatch gap (structural kernel counts, fwd; bwd = 2x)
-    k_attn, k_dense, k_moe = structural_kernels(spec, x.tp, x.cp, pa.grouped_gemm.astype(bool),
-                                                experts.local_experts if experts is not None else z)
+    # CUDA graphs: a graphed region's kernels become one replay per pass (`blocks.cuda_graphs`);
+    # a full-iteration graph launches nothing per kernel
+    gr = cuda_graphs(spec, pa, *structural_kernels(spec, x.tp, x.cp, pa.grouped_gemm.astype(bool),
+                                                    experts.local_experts if experts is not None else z,
+                                                    pa.precision))
+    k_attn, k_dense, k_moe = gr.k_attn, gr.k_dense, gr.k_moe
+    launches = nd * col(gr.regions_dense) + nm * col(gr.regions_moe)
     kern = KERNEL_PASSES * (nd * col(k_attn + k_dense) + nm * col(k_attn + k_moe) + st.embedding * KERNELS_EMBEDDING
                             + st.loss * KERNELS_LM_HEAD_LOSS)
-    kern_fwd = kern / KERNEL_PASSES  # the forward launches once, the backward twice
-    kern = kern + (pa.recompute > 0)[:, None] * st.layers * col(k_attn) * st.recompute_fraction
+    kern_fwd = kern / KERNEL_PASSES + launches  # the forward launches once (one replay per region), the backward twice
+    kern = kern + GRAPH_LAUNCHES_PER_REGION * launches
+    kern = kern + (pa.recompute > 0)[:, None] * st.layers * col(k_attn + gr.attn) * st.recompute_fraction
+    no_host = col(gr.full_iteration)
+    kern, kern_fwd = np.where(no_host, 0.0, kern), np.where(no_host, 0.0, kern_fwd)
     floor = kern * ops.gap
-    # GPU: the host enqueues asynchronously, so the floor overlaps compute (max). CPU: one thread
-    # dispatches and executes every op synchronously, so the dispatch time adds to the compute.
-    stage_time = (np.maximum(stage_compute, floor) if ops.async_launch else stage_compute + floor) * smask
+    fwd_floor = kern_fwd * ops.gap
+    if ops.async_launch:
+        # GPU: a host clock (launches x gap) against the GPU clock, aligned wherever the host
+        # waits for the device: the dropless dispatcher's device-to-host copy of the token counts
+        # in every MoE layer's forward drains the launch queue (`blocks.moe_host_sync`), so each
+        # such layer's forward is a segment of its own, max(its GPU seconds, sync idle included;
+        # its launches x gap + the copy). The rest of the microbatch (dense layers, embedding, loss,
+        # the whole backward, where the host runs ahead) is one segment, max(GPU, host). Without
+        # syncs this is max(compute, floor) over the microbatch.
+        seg = nm * col((pa.dispatch != 1).astype(float) if spec.is_moe else z)
+        u_f = col(terms.unit_fwd("moe")) if spec.is_moe else col(z)
+        h_f = col(np.where(gr.full_iteration, 0.0, (k_attn + k_moe + gr.regions_moe) * ops.gap))
+        moe_wall = seg * np.maximum(u_f, h_f + D2H_SYNC_S)
+        stage_time = (moe_wall + np.maximum(stage_compute - seg * u_f, floor - seg * h_f)) * smask
+        fwd_wall = moe_wall + np.maximum(stage_fwd - seg * u_f, fwd_floor - seg * h_f)
+    else:
+        # CPU: one thread dispatches and executes every op synchronously: the dispatch time adds
+        stage_time = (stage_compute + floor) * smask
+        fwd_wall = stage_fwd + fwd_floor
     slow = np.argmax(stage_time, axis=1)
     rows = np.arange(pa.n)
     C = stage_time[rows, slow]
     # the backward's wall time (what the gradient reduce-scatter can hide under): the stage's wall
     # time less its forward's, not the backward's GPU seconds: on a launch-bound stage extra
     # backward compute (recompute) runs under the launch floor and lengthens no window
-    fwd_floor = kern_fwd * ops.gap
-    fwd_wall = np.maximum(stage_fwd, fwd_floor) if ops.async_launch else stage_fwd + fwd_floor
     bwd_wall = C - fwd_wall[rows, slow]
 
     # -- per step: pipeline, DP collectives, optimizer -------------------------------------------------
@@ -505,16 +550,15 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     out["mfu"] = out["model_tflops_per_gpu"] / peak
 
     # -- memory -------------------------------------------------------------------------------------
-    mem = memory_by_stage(x, st, params, experts, flash=flash, dropout=dropout)
+    mem = memory_by_stage(x, st, params, experts, flash=flash, dropout=dropout, graphs=gr)
     peak_mem = mem.max(axis=1)
     usable = cl.hbm_gib * (1.0 - hbm_reserve)
     out.update(peak_memory_gib=peak_mem, fits=peak_mem <= usable, usable_gib=usable)
     if detail:
         # the same terms per component, at the slowest stage, over the m microbatches
         bd = {k: m * v[rows, slow] for k, v in terms.breakdown(st).items()}
-        floor_extra = (np.maximum(0.0, floor[rows, slow] - stage_compute[rows, slow]) if ops.async_launch
-                       else floor[rows, slow])
-        bd["cpu_launch_floor"] = m * floor_extra
+        # what the host clock adds to the GPU's (the whole dispatch time on CPU devices)
+        bd["cpu_launch_floor"] = m * np.maximum(0.0, stage_time[rows, slow] - stage_compute[rows, slow])
         bd.update(pipeline_bubble=pipe.bubble, pp_p2p=pipe.p2p, dp_grad_reduce_scatter=dpc.grad,
                   dp_param_all_gather=dpc.param_gather, optimizer_step=opt_t,
                   calibration=raw * (calibration_scale - 1.0))

@@ -9,15 +9,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specs.plan import DISPATCHERS, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES, Plan
+from specs.plan import CUDA_GRAPH_SCOPES, DISPATCHERS, PRECISIONS, RECOMPUTE, RECOMPUTE_MODULES, Plan
 
 INT_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute_layers", "pp_first", "pp_last")
 BOOL_FIELDS = ("dist_opt", "overlap_grad_reduce", "overlap_param_gather", "shared_expert_overlap",
-               "a2a_overlap", "grouped_gemm")
+               "a2a_overlap", "grouped_gemm", "pp_embedding", "pp_loss")
 # Plan fields stored as integer codes, and the PlanArrays column each one lands in
 CODED_FIELDS = {"recompute": "recompute", "recompute_modules": "recompute_modules",
                 "recompute_method": "recompute_block", "dispatcher": "dispatch", "flex_backend": "dispatch",
-                "precision": "precision", "pp_layout": "layout"}
+                "precision": "precision", "pp_layout": "layout", "cuda_graph_impl": "cuda_graph",
+                "cuda_graph_scope": "cuda_graph"}
 # Plan fields the cost model deliberately ignores (none today). A new Plan field must be added to
 # INT_FIELDS, BOOL_FIELDS or CODED_FIELDS, or listed here with the reason: tests/test_cost_model.py
 # fails otherwise, so a field cannot be ignored silently.
@@ -26,6 +27,22 @@ NOT_COSTED: dict[str, str] = {}
 DISPATCH_CODES = ("alltoall", "allgather", "deepep", "hybridep")
 MODULE_BIT = {m: 1 << i for i, m in enumerate(RECOMPUTE_MODULES)}
 DEFAULT_SELECTIVE = MODULE_BIT["core_attn"]
+# cuda_graph column: a bit per graphed scope (specs.plan.CUDA_GRAPH_SCOPES), WHOLE_LAYER_GRAPH for
+# an impl with the empty scope (whole transformer layers); 0 = no CUDA graphs
+GRAPH_BIT = {s: 1 << i for i, s in enumerate(CUDA_GRAPH_SCOPES)}
+WHOLE_LAYER_GRAPH = 1 << len(CUDA_GRAPH_SCOPES)
+
+
+def graph_code(impl: str, scope: tuple) -> int:
+    """The cuda_graph column's code of a (cuda_graph_impl, cuda_graph_scope) pair."""
+    if impl == "none":
+        return 0
+    code = 0
+    for s in scope:
+        code |= GRAPH_BIT[s]
+    if impl == "local" and GRAPH_BIT["moe_router"] & code:  # transformer_config.py: local adds preprocess
+        code |= GRAPH_BIT["moe_preprocess"]
+    return code or WHOLE_LAYER_GRAPH
 
 
 def dispatch_code(dispatcher: str, flex_backend: str) -> int:
@@ -39,8 +56,8 @@ def dispatch_code(dispatcher: str, flex_backend: str) -> int:
 class PlanArrays:
     """n plans as columns: `cols[name]` is an int64 array of length n, read as attributes
     (`pa.tp`). Columns: INT_FIELDS and BOOL_FIELDS by Plan field name, plus the codes recompute,
-    recompute_modules (bitmask), recompute_block, dispatch, precision and layout (index into
-    `layouts`)."""
+    recompute_modules (bitmask), recompute_block, dispatch, precision, layout (index into
+    `layouts`) and cuda_graph (`graph_code`)."""
     n: int
     cols: dict[str, np.ndarray]
     layouts: list[str] = field(default_factory=lambda: [""])  # pp_layout code -> string
@@ -57,7 +74,7 @@ class PlanArrays:
     @classmethod
     def from_plans(cls, plans: list[Plan]) -> "PlanArrays":
         cols: dict[str, list] = {f: [] for f in INT_FIELDS + BOOL_FIELDS}
-        recompute, modules, method, dispatch, prec, layout = [], [], [], [], [], []
+        recompute, modules, method, dispatch, prec, layout, graph = [], [], [], [], [], [], []
         layouts: dict[str, int] = {"": 0}
         for p in plans:
             d = p.__dict__
@@ -74,17 +91,20 @@ class PlanArrays:
             dispatch.append(dispatch_code(p.dispatcher, p.flex_backend))
             prec.append(PRECISIONS.index(p.precision))
             layout.append(layouts.setdefault(p.pp_layout, len(layouts)))
+            graph.append(graph_code(p.cuda_graph_impl, p.cuda_graph_scope))
         out = {f: np.asarray(v, dtype=np.int64) for f, v in cols.items()}
         out.update(recompute=np.asarray(recompute, np.int64), recompute_modules=np.asarray(modules, np.int64),
                    recompute_block=np.asarray(method, np.int64), dispatch=np.asarray(dispatch, np.int64),
-                   precision=np.asarray(prec, np.int64), layout=np.asarray(layout, np.int64))
+                   precision=np.asarray(prec, np.int64), layout=np.asarray(layout, np.int64),
+                   cuda_graph=np.asarray(graph, np.int64))
         return cls(len(plans), out, [k for k, _ in sorted(layouts.items(), key=lambda kv: kv[1])])
 
     @classmethod
     def from_columns(cls, n: int | None = None, layouts: list[str] | None = None, **columns) -> "PlanArrays":
         """Columns by Plan field name (ints / bools / codes); missing ones take Plan defaults.
         Codes: recompute 0 none / 1 selective / 2 full; dispatch see DISPATCH_CODES; precision index
-        into specs.plan.PRECISIONS; recompute_modules bitmask (MODULE_BIT); layout index into layouts."""
+        into specs.plan.PRECISIONS; recompute_modules bitmask (MODULE_BIT); layout index into layouts;
+        cuda_graph `graph_code`."""
         if n is None:
             n = len(next(iter(columns.values())))
         d = Plan()
@@ -92,7 +112,7 @@ class PlanArrays:
         for f in INT_FIELDS + BOOL_FIELDS:
             out[f] = np.broadcast_to(np.asarray(columns.get(f, getattr(d, f)), np.int64), (n,)).copy()
         defaults = dict(recompute=0, recompute_modules=DEFAULT_SELECTIVE, recompute_block=0,
-                        dispatch=0, precision=0, layout=0)
+                        dispatch=0, precision=0, layout=0, cuda_graph=0)
         for f, v in defaults.items():
             out[f] = np.broadcast_to(np.asarray(columns.get(f, v), np.int64), (n,)).copy()
         return cls(n, out, layouts or [""])

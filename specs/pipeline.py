@@ -7,6 +7,12 @@ Three ways, exactly as Megatron-core 0.16 (transformer_config.py / transformer_l
   the given counts, the middle ranks share the rest evenly; each rank's layers split into vpp chunks.
 - explicit layout (`--pipeline-model-parallel-layout`): stages separated by `|`, `E` embedding,
   `t` transformer layer, `L` loss, `(..)*n` and `x*n` repeat; stage s is chunk s // pp of rank s % pp.
+- even with the embedding and/or the loss counted as layers (`--account-for-embedding-in-pipeline-split`,
+  `--account-for-loss-in-pipeline-split`): L + [emb] + [loss] slots split into pp*vpp equal chunks,
+  the embedding takes the first slot of chunk (0, 0) and the loss the last of chunk (pp-1, vpp-1)
+  (transformer_config.py __post_init__ divisibility checks; transformer_block.py
+  get_num_layers_to_build; transformer_layer.py get_transformer_layer_offset). Megatron refuses them
+  together with first/last stage counts or a layout (transformer_config.py raises ValueError).
 """
 from __future__ import annotations
 
@@ -42,10 +48,16 @@ def parse_layout(layout: str) -> list[str]:
 
 @functools.lru_cache(maxsize=4096)  # pure; the space asks the same few splits per parallel point
 def split_layers(num_layers: int, pp: int, vpp: int = 1, first: int = 0, last: int = 0,
-                 layout: str = "") -> Split:
-    """The layer split Megatron builds, or LayoutError naming the rule it breaks."""
+                 layout: str = "", embedding: bool = False, loss: bool = False) -> Split:
+    """The layer split Megatron builds, or LayoutError naming the rule it breaks; `embedding` /
+    `loss`: the embedding / loss counted as a pipeline layer."""
+    if (embedding or loss) and (layout or first or last):
+        raise LayoutError("the embedding/loss in the pipeline split cannot be combined with "
+                          "first/last stage layer counts or an explicit layout")
     if layout:
         return _from_layout(num_layers, pp, vpp, layout)
+    if embedding or loss:
+        return _accounted(num_layers, pp, vpp, embedding, loss)
     if first or last:
         if pp < 2:
             raise LayoutError("uneven first/last stages need pp > 1")
@@ -63,6 +75,27 @@ def split_layers(num_layers: int, pp: int, vpp: int = 1, first: int = 0, last: i
             n = per_chunk[p][v]
             chunks[p][v] = tuple(range(nxt, nxt + n))
             nxt += n
+    return Split(tuple(tuple(r) for r in chunks), (0, 0), (pp - 1, vpp - 1))
+
+
+def _accounted(num_layers: int, pp: int, vpp: int, embedding: bool, loss: bool) -> Split:
+    """Megatron's even split with the embedding and/or loss counted as one layer each."""
+    slots = num_layers + embedding + loss
+    what = "+".join(n for n, on in (("embedding", embedding), ("loss", loss)) if on)
+    if slots % pp:
+        raise LayoutError(f"{num_layers} layers + {what} = {slots} do not divide over pp={pp}")
+    if (slots // pp) % vpp:
+        raise LayoutError(f"{slots // pp} layers (with the {what}) per pipeline rank do not divide into vpp={vpp} chunks")
+    n = slots // (pp * vpp)
+    chunks = [[None] * vpp for _ in range(pp)]
+    nxt = 0
+    for v in range(vpp):
+        for p in range(pp):
+            k = n - (embedding and (p, v) == (0, 0)) - (loss and (p, v) == (pp - 1, vpp - 1))
+            if k < 0:  # transformer_block.py: "Not enough layers in the first/last virtual pipeline stage"
+                raise LayoutError(f"not enough layers in the chunks holding the {what}")
+            chunks[p][v] = tuple(range(nxt, nxt + k))
+            nxt += k
     return Split(tuple(tuple(r) for r in chunks), (0, 0), (pp - 1, vpp - 1))
 
 

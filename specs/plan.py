@@ -11,6 +11,12 @@ Conventions (Megatron's):
 - pp_first / pp_last: layers on the first / last stage (0 = even split);
   pp_layout: an explicit `--pipeline-model-parallel-layout` string (e.g. "Et*3|(tt|)*29,mL")
   with `|` between virtual stages; written with `/` in place of `,` in the canonical string.
+- pp_embedding / pp_loss: Megatron's `--account-for-embedding-in-pipeline-split` /
+  `--account-for-loss-in-pipeline-split`: the embedding (loss) counts as one layer when the layers
+  are split over pp*vpp chunks, so the first (last) chunk holds one transformer layer fewer.
+- cuda_graph_impl / cuda_graph_scope: Megatron's `--cuda-graph-impl` (none | local |
+  transformer_engine) and `--cuda-graph-scope` (megatron-core 0.16.1 CudaGraphScope names; the
+  empty scope with an impl captures whole transformer layers).
 """
 from __future__ import annotations
 
@@ -26,6 +32,10 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 DISPATCHERS = ("alltoall", "allgather", "flex")
 FLEX_BACKENDS = ("", "deepep", "hybridep")
 PRECISIONS = ("bf16", "fp8-tensorwise", "fp8-delayed", "fp8-blockwise", "mxfp8")
+# megatron-core 0.16.1 transformer_config.py cuda_graph_impl and enums.py CudaGraphScope (training
+# scopes; `mamba` has no layer here)
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine")
+CUDA_GRAPH_SCOPES = ("full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess")
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,10 @@ class Plan:
     pp_first: int = 0
     pp_last: int = 0
     pp_layout: str = ""
+    pp_embedding: bool = False
+    pp_loss: bool = False
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: tuple[str, ...] = ()  # () with an impl: whole layers
     # tier 3: kernels
     grouped_gemm: bool = True
     dispatcher: str = "alltoall"
@@ -65,12 +79,15 @@ class Plan:
                 bad.append(f"{f} must be a positive integer")
         for f, choices in (("recompute", RECOMPUTE), ("recompute_method", RECOMPUTE_METHODS),
                            ("dispatcher", DISPATCHERS), ("flex_backend", FLEX_BACKENDS),
-                           ("precision", PRECISIONS)):
+                           ("precision", PRECISIONS), ("cuda_graph_impl", CUDA_GRAPH_IMPLS)):
             if getattr(self, f) not in choices:
                 bad.append(f"{f}={getattr(self, f)!r} is not one of {'|'.join(c or '-' for c in choices)}")
         for m in self.recompute_modules:
             if m not in RECOMPUTE_MODULES:
                 bad.append(f"recompute module {m!r} is not one of {'|'.join(RECOMPUTE_MODULES)}")
+        for m in self.cuda_graph_scope:
+            if m not in CUDA_GRAPH_SCOPES:
+                bad.append(f"cuda graph scope {m!r} is not one of {'|'.join(CUDA_GRAPH_SCOPES)}")
         if self.recompute_layers < 0 or self.pp_first < 0 or self.pp_last < 0:
             bad.append("layer counts must be >= 0")
         if bad:

@@ -226,7 +226,9 @@ ALTERNATIVES = {"tp": (2, {}), "cp": (2, {}), "pp": (2, {}), "vpp": (2, {}), "ep
                 "pp_first": (1, {"pp": 2}), "pp_last": (1, {"pp": 2}), "pp_layout": ("Et|tL", {"pp": 2}),
                 "dispatcher": ("flex", {"flex_backend": "deepep"}),
                 "flex_backend": ("hybridep", {"dispatcher": "flex", "flex_backend": "deepep"}),
-                "precision": ("fp8-blockwise", {})}
+                "precision": ("fp8-blockwise", {}),
+                "cuda_graph_impl": ("transformer_engine", {}),
+                "cuda_graph_scope": (("attn",), {"cuda_graph_impl": "transformer_engine"})}
 
 
 def test_plan_arrays_represent_every_plan_field():

@@ -21,7 +21,7 @@ from tuner.space import default_space, parallel_points  # noqa: E402
 # Rules that TransformerConfig.__post_init__ itself enforces (the rest live in arguments.py,
 # parallel_state and the schedules, which need a process group to exercise).
 CONFIG_CODES = {"moe-bias-etp", "heads-div-tp", "groups-vs-tp", "layout-conflict", "recompute-args",
-                "recompute-module", "a2a-overlap", "pp-layers", "flex-backend"}
+                "recompute-module", "a2a-overlap", "pp-layers", "flex-backend", "cuda-graph"}
 
 
 def megatron_verdict(w, p: Plan):
@@ -60,6 +60,9 @@ def megatron_verdict(w, p: Plan):
         kw["num_layers_in_last_pipeline_stage"] = p.pp_last
     if p.pp_layout:
         kw["pipeline_model_parallel_layout"] = p.pp_layout
+    kw.update(account_for_embedding_in_pipeline_split=p.pp_embedding, account_for_loss_in_pipeline_split=p.pp_loss)
+    if p.cuda_graph_impl != "none":
+        kw.update(cuda_graph_impl=p.cuda_graph_impl, cuda_graph_scope=",".join(p.cuda_graph_scope) or [])
     if m.mla:
         kw.update(multi_latent_attention=True)
     try:
@@ -84,7 +87,7 @@ def _comparable(w, p: Plan) -> bool:
         return False
     if p.vpp > 1 and p.pp == 1:
         return False
-    if not (p.pp_layout or p.pp_first or p.pp_last) and w.model.num_layers % (p.pp * p.vpp):
+    if not (p.pp_layout or p.pp_first or p.pp_last or p.pp_embedding or p.pp_loss) and w.model.num_layers % (p.pp * p.vpp):
         return False
     other = {r.code for r in check(w, p, GPU_FULL)} - CONFIG_CODES
     # rules not enforced by TransformerConfig must not be the only reason, else verdicts differ

@@ -56,9 +56,13 @@ def test_partial_plan_completes_with_defaults():
     p = complete_plan("tp=2,pp=8,vpp=4,ep=32,mbs=1", w, GPU_FULL, "bf16")
     assert (p.tp, p.pp, p.vpp, p.ep, p.etp, p.cp) == (2, 8, 4, 32, 1, 1)
     assert p.dist_opt and p.overlap_grad_reduce and p.overlap_param_gather and p.grouped_gemm
-    # 94 layers do not split over 32 chunks: the most balanced explicit layout is filled in
-    assert p.pp_layout == "Ett|(ttt|)*30ttL"
+    # 94 layers do not split over 32 chunks, 94 + embedding + loss do: the split flags NVIDIA's
+    # recipes use are filled in, the same chunks as the most balanced explicit layout
+    assert p.pp_layout == "" and p.pp_embedding and p.pp_loss
     assert check(w, p, GPU_FULL) == []
+    from specs.pipeline import split_layers
+    assert split_layers(94, 8, 4, embedding=True, loss=True).chunks == \
+        split_layers(94, 8, 4, layout="Ett|(ttt|)*30ttL").chunks
     even = complete_plan("pp=2", w, GPU_FULL, "bf16")
     assert even.pp_layout == "" and not (even.pp_first or even.pp_last)
     cpu = Workload(load_model("tiny-moe"), load_cluster("cpu-local", 2), 16, 256)

@@ -60,6 +60,10 @@ CASES = {
     "shared-overlap": ({"model": "qwen3-30b-a3b", "gpus": 16, "moe_shared_expert_ffn": 1024},
                        "ep=8,shared_expert_overlap=1", "ep=8,shared_expert_overlap=1,dispatcher=allgather"),
     "a2a-overlap": ({}, "ep=8,a2a_overlap=1", "ep=1,a2a_overlap=1"),
+    "cuda-graph": ({}, "ep=8,cuda_graph_impl=transformer_engine,cuda_graph_scope=attn+moe_router+moe_preprocess",
+                   "ep=8,cuda_graph_impl=transformer_engine,cuda_graph_scope=full_iteration"),
+    "cuda-graph-sync": ({}, "ep=8,cuda_graph_impl=transformer_engine,cuda_graph_scope=attn",
+                        "ep=8,cuda_graph_impl=transformer_engine"),
     "fp8-hardware": ({}, "precision=fp8-blockwise", "precision=mxfp8"),
     # TE assert_dim_for_fp8_exec: 4100 tokens per GEMM is not a multiple of 8; mbs=2 gives 8200
     "fp8-gemm-dims": ({"seq": 4100}, "precision=fp8-tensorwise,mbs=2", "precision=fp8-tensorwise,mbs=1"),

@@ -153,7 +153,7 @@ def reference_grads():
 
 @slow
 @two_ranks
-@pytest.mark.parametrize("text", ["pp=2", "pp=2,vpp=2", "ep=2"])
+@pytest.mark.parametrize("text", ["pp=2", "pp=2,vpp=2", "ep=2", "pp=2,pp_embedding=1,pp_loss=1"])
 def test_gradients_equal_unpipelined_reference(reference_grads, text):
     got = _grads(text, WORLD)
     assert set(got) == set(reference_grads)

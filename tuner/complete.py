@@ -3,10 +3,12 @@
 Defaults (fields the user did not give):
 - etp=1 (the published MoE recipes' choice; Megatron's own default would be etp=tp), cp=1, pp=1,
   vpp=1, ep=1, tp=1, mbs=1.
-- pipeline split: even when pp*vpp divides the layers; otherwise the most balanced explicit layout
-  (`specs.pipeline.balanced_layout`, embedding and loss weighing one layer each). A split given in
-  any form (pp_layout, pp_first or pp_last, even `pp_layout=-`) is kept, so a canonical string
-  completes to exactly the plan it names.
+- pipeline split: even when pp*vpp divides the layers; otherwise, when layers + 2 does, the
+  embedding and the loss counted as layers (pp_embedding=1, pp_loss=1: Megatron's
+  `--account-for-embedding/loss-in-pipeline-split`, as NVIDIA's Qwen3-235B recipes set); otherwise
+  the most balanced explicit layout (`specs.pipeline.balanced_layout`, embedding and loss weighing
+  one layer each). A split given in any form (pp_layout, pp_first, pp_last, pp_embedding or
+  pp_loss, even `pp_layout=-`) is kept, so a canonical string completes to exactly the plan it names.
 - schedule: no recompute; distributed optimizer, overlap_grad_reduce and overlap_param_gather on
   where the stack has them (off on CPU); no shared-expert or EP-A2A overlap.
 - kernels: grouped GEMM where the stack has it, alltoall dispatcher, and the precision of
@@ -19,6 +21,7 @@ lists of plans can show each configuration once.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from clusters import precision_recipe
@@ -50,9 +53,12 @@ def complete_plan(given: str | dict, workload: Workload, profile: StackProfile,
         d.setdefault("recompute_layers", 1)
     plan = Plan(**d)
     # a split the user wrote (even `pp_layout=-`, as canonical strings do) is kept as given
-    if not {"pp_layout", "pp_first", "pp_last"} & fields.keys() and plan.pp > 1:
+    if not _SPLIT_GIVEN & fields.keys() and plan.pp > 1:
         layers = workload.model.num_layers
-        if layers % (plan.pp * plan.vpp):
+        if layers % (plan.pp * plan.vpp) and (layers + 2) % (plan.pp * plan.vpp) == 0:
+            # the same chunks as the balanced layout, in the flags NVIDIA's recipes use
+            plan = plan.replace(pp_embedding=True, pp_loss=True)
+        elif layers % (plan.pp * plan.vpp):
             try:
                 plan = plan.replace(pp_layout=balanced_layout(layers, plan.pp, plan.vpp))
             except LayoutError:
@@ -109,7 +115,7 @@ def effective_plan(plan: Plan, model) -> Plan:
     if not getattr(model, "moe_shared_expert_ffn", 0):
         d["shared_expert_overlap"] = False
     if plan.pp == 1:
-        d.update(pp_first=0, pp_last=0, pp_layout="")
+        d.update(pp_first=0, pp_last=0, pp_layout="", pp_embedding=False, pp_loss=False)
     if not getattr(model, "is_moe", True):
         d.update(grouped_gemm=False, dispatcher="alltoall", flex_backend="", shared_expert_overlap=False,
                  a2a_overlap=False)
@@ -125,8 +131,9 @@ COMPLETIONS = ("best", "defaults")
 _GROUPS = (("recompute", "recompute_modules", "recompute_method", "recompute_layers"),
            ("dist_opt", "overlap_grad_reduce", "overlap_param_gather"),
            ("shared_expert_overlap", "a2a_overlap"),
+           ("cuda_graph_impl", "cuda_graph_scope"),
            ("grouped_gemm", "dispatcher", "flex_backend", "precision"))
-_SPLIT = ("pp_first", "pp_last", "pp_layout")
+_SPLIT = ("pp_first", "pp_last", "pp_layout", "pp_embedding", "pp_loss")
 # Predicted throughputs this close (relative) are a tie; a tie goes to the plan nearest the defaults.
 _TIE = 1e-9
 
@@ -175,7 +182,7 @@ def _group_options(space, given: dict) -> list[list[dict]]:
     user value the space does not list, e.g. recompute_layers=3, is one option of its own)."""
     out = []
     for g in _GROUPS:
-        src = space.kernels if g is _GROUPS[3] else space.schedules
+        src = space.kernels if g is _GROUPS[-1] else space.schedules
         opts, seen = [], set()
         for o in src:
             sub = {k: o[k] for k in g if k in o}
@@ -193,7 +200,8 @@ def _split_options(workload: Workload, plan: Plan, given: dict) -> list[dict]:
     from tuner.space import pipeline_splits
     if _SPLIT_GIVEN & given.keys() or plan.pp == 1:
         return [{}]
-    opts = [{**dict(pp_first=0, pp_last=0, pp_layout=""), **s} for s in pipeline_splits(workload.model.num_layers, plan.pp, plan.vpp)]
+    even = dict(pp_first=0, pp_last=0, pp_layout="", pp_embedding=False, pp_loss=False)
+    opts = [{**even, **s} for s in pipeline_splits(workload.model.num_layers, plan.pp, plan.vpp)]
     return opts or [{}]
 
 
@@ -236,17 +244,14 @@ def best_completion(given: str | dict, workload: Workload, profile: StackProfile
         base = defaults.replace(**split)
         if check_parallel(workload, base, profile):
             continue
-        for rec in groups[0]:
-            for dist in groups[1]:
-                for ovl in groups[2]:
-                    for kern in groups[3]:
-                        d = {**rec, **dist, **ovl, **kern}
-                        p = base.replace(**d) if d else base
-                        if p in seen:
-                            continue
-                        seen.add(p)
-                        if not check_schedule_kernels(workload, p, profile):
-                            plans.append(p)
+        for opts in itertools.product(*groups):
+            d = {k: v for o in opts for k, v in o.items()}
+            p = base.replace(**d) if d else base
+            if p in seen:
+                continue
+            seen.add(p)
+            if not check_schedule_kernels(workload, p, profile):
+                plans.append(p)
     if defaults not in seen and not check(workload, defaults, profile):
         plans.append(defaults)
     out.candidates = len(plans)

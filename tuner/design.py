@@ -269,7 +269,7 @@ def enumerate_geometries(env: Envelope) -> list[tuple[Geometry, ModelSpec]]:
 
 # ---- layouts -----------------------------------------------------------------------------------
 
-PAR_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last", "pp_layout")
+PAR_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last", "pp_layout", "pp_embedding", "pp_loss")
 
 
 def _probe(opt: dict) -> bool:

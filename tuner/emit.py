@@ -130,6 +130,10 @@ def plan_args(w: Workload, p: Plan, profile: StackProfile) -> list[str]:
             a += ["--decoder-first-pipeline-num-layers", p.pp_first]
         if p.pp_last:
             a += ["--decoder-last-pipeline-num-layers", p.pp_last]
+        if p.pp_embedding:
+            a += ["--account-for-embedding-in-pipeline-split"]
+        if p.pp_loss:
+            a += ["--account-for-loss-in-pipeline-split"]
     # Interleaved schedules keep Megatron-LM's default overlap_p2p_comm=True, which implies
     # batch_p2p_comm=False: batched p2p mixes up the two directions at PP=2 and corrupts
     # gradients (Megatron-LM issues 750 and 1450). Never pass --no-overlap-p2p-communication.
@@ -139,6 +143,12 @@ def plan_args(w: Workload, p: Plan, profile: StackProfile) -> list[str]:
             a += ["--recompute-method", p.recompute_method, "--recompute-num-layers", p.recompute_layers]
         elif p.recompute_modules:
             a += ["--recompute-modules", *p.recompute_modules]
+    if p.cuda_graph_impl != "none":
+        a += ["--cuda-graph-impl", p.cuda_graph_impl]
+        if p.cuda_graph_scope:
+            a += ["--cuda-graph-scope", *p.cuda_graph_scope]
+        if "full_iteration" in p.cuda_graph_scope:  # arguments.py asserts it for full-iteration graphs
+            a += ["--no-check-for-nan-in-loss-and-grad"]
     a += [flag for field, flag in DP_SWITCHES if getattr(p, field)]
     a += ["--bf16"]
     if p.fp8:

@@ -56,7 +56,7 @@ RULES = {
     "gbs-div-mbs-dp": ("--global-batch-size", "num_microbatches_calculator: gbs % (mbs * dp)"),
     "pp-layers": ("--pipeline-model-parallel-size", "arguments.py / transformer_config.py: layer split over pipeline stages"),
     "vpp-needs-pp": ("--num-virtual-stages-per-pipeline-rank", "parallel_state: pp > 1 with interleaved schedule"),
-    "layout-conflict": ("--pipeline-model-parallel-layout", "transformer_config.py: layout excludes first/last stage flags"),
+    "layout-conflict": ("--pipeline-model-parallel-layout", "transformer_config.py: layout, first/last counts, embedding/loss split: exclusive"),
     "interleave-microbatches": ("--num-virtual-stages-per-pipeline-rank", "schedules.py: microbatches >= pp and M % pp == 0 for interleaving"),
     "recompute-args": ("--recompute-granularity", "transformer_config.py: recompute method/num_layers rules"),
     "recompute-layers": ("--recompute-num-layers", "transformer_block.py _checkpointed_forward: uniform steps n layers per chunk"),
@@ -73,6 +73,8 @@ RULES = {
     "shared-expert-bias": ("--disable-bias-linear", "shared_experts.py: bias is not supported in the shared experts (add_bias_linear must be False)"),
     "fp8-gemm-dims": ("--fp8-recipe", "TE pytorch/utils.py assert_dim_for_fp8_exec: fp8 GEMM inputs need prod(leading dims) % 8, last dim % 16"),
     "fp8-blockwise-sp": ("--fp8-recipe", "TE float8_blockwise_tensor.py is_quantizable: the all-gathered input needs dims % 128"),
+    "cuda-graph": ("--cuda-graph-scope", "transformer_config.py / arguments.py: CUDA graph impl and scope rules"),
+    "cuda-graph-sync": ("--cuda-graph-scope", "token_dispatcher.py: dropless MoE copies token counts to the host; a graph cannot capture it"),
     "stack-missing": ("(stack)", "the target stack lacks a library this plan needs"),
     "stack-cpu": ("(stack)", "megatron-core on CPU (gloo) cannot run this feature"),
 }
@@ -135,11 +137,16 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
             num_mb = w.gbs // (p.mbs * dp)
     if p.vpp > 1 and p.pp == 1:
         out.append(_r("vpp-needs-pp", f"vpp={p.vpp} (interleaved schedule) needs pp > 1"))
-    if p.pp_layout and (p.pp_first or p.pp_last):
-        out.append(_r("layout-conflict", "an explicit pipeline layout cannot be combined with pp_first/pp_last"))
+    accounted = p.pp_embedding or p.pp_loss
+    if p.pp_layout and (p.pp_first or p.pp_last or accounted):
+        out.append(_r("layout-conflict", "an explicit pipeline layout cannot be combined with pp_first/pp_last "
+                                         "or pp_embedding/pp_loss"))
+    elif accounted and (p.pp_first or p.pp_last):
+        out.append(_r("layout-conflict", "pp_embedding/pp_loss (the embedding/loss in the pipeline split) cannot "
+                                         "be combined with pp_first/pp_last"))
     elif not (p.vpp > 1 and p.pp == 1):
         try:
-            split_layers(m.num_layers, p.pp, p.vpp, p.pp_first, p.pp_last, p.pp_layout)
+            split_layers(m.num_layers, p.pp, p.vpp, p.pp_first, p.pp_last, p.pp_layout, p.pp_embedding, p.pp_loss)
         except LayoutError as e:
             out.append(_r("pp-layers", f"pipeline split: {e}"))
     if p.vpp > 1 and p.pp > 1 and num_mb and (num_mb < p.pp or num_mb % p.pp):
@@ -161,7 +168,8 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
 # these is about its parallel tier alone.
 _NEUTRAL = dict(recompute="none", recompute_modules=(), recompute_method="", recompute_layers=0, dist_opt=False,
                 overlap_grad_reduce=False, overlap_param_gather=False, shared_expert_overlap=False,
-                a2a_overlap=False, grouped_gemm=False, dispatcher="alltoall", flex_backend="", precision="bf16")
+                a2a_overlap=False, grouped_gemm=False, dispatcher="alltoall", flex_backend="", precision="bf16",
+                cuda_graph_impl="none", cuda_graph_scope=())
 
 
 def _neutral(p: Plan) -> Plan:
@@ -250,6 +258,7 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
             why.append("excludes shared-expert overlap")
         if why:
             out.append(_r("a2a-overlap", "EP all-to-all overlap " + "; ".join(why)))
+    out += _cuda_graph_reasons(m, p)
     # --- precision vs hardware and stack ---
     hw = w.cluster
     if p.precision in ("fp8-tensorwise", "fp8-delayed", "fp8-blockwise") and not hw.fp8:
@@ -269,6 +278,8 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
     if p.precision == "mxfp8" and not hw.mxfp8:
         out.append(_r("fp8-hardware", f"mxfp8 needs Blackwell microscaling; {hw.device_name} lacks it"))
     # --- what the stack has ---
+    if not profile.gpu and p.cuda_graph_impl != "none":
+        out.append(_r("stack-cpu", f"CUDA graphs (cuda_graph_impl={p.cuda_graph_impl}) need CUDA"))
     if not profile.gpu:  # the CPU profile's own rules; those of the parallel tier were reported there
         neutral = _neutral(p)
         out += [_extra_reason(code, sentence) for code, sentence, pred in profile.extra
@@ -277,6 +288,8 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
     missing = []
     if p.fp8 and not profile.transformer_engine:
         missing.append(f"{p.precision} needs TransformerEngine")
+    if p.cuda_graph_impl == "transformer_engine" and not profile.transformer_engine:
+        missing.append("cuda_graph_impl=transformer_engine needs TransformerEngine (make_graphed_callables)")
     if p.precision == "fp8-blockwise" and profile.transformer_engine and not profile.te_at_least("2.3.0"):
         missing.append("fp8-blockwise needs TransformerEngine >= 2.3")
     if p.precision == "mxfp8" and profile.transformer_engine and not profile.te_at_least("2.1.0"):
@@ -299,10 +312,67 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
     return out
 
 
+def _cuda_graph_reasons(m, p: Plan) -> list[Reason]:
+    """megatron-core 0.16.1's CUDA graph rules (transformer_config.py __post_init__, lines
+    1716-1830 and 1898-1905; arguments.py validate_args), plus the dropless dispatcher's host sync."""
+    impl, scope = p.cuda_graph_impl, set(p.cuda_graph_scope)
+    if impl == "none":
+        if scope:
+            return [_r("cuda-graph", "plan hygiene: Megatron ignores cuda_graph_scope without a cuda_graph_impl; "
+                                     "the plan without it is the same run")]
+        return []
+    why = []
+    if impl == "transformer_engine" and "full_iteration" in scope:
+        why.append("full_iteration needs cuda_graph_impl=local")
+    if "full_iteration" in scope and len(scope) > 1:
+        why.append("full_iteration is the whole iteration: no other scope beside it")
+    if impl == "local" and scope and "full_iteration" not in scope:
+        # arguments.py --cuda-graph-scope help: the partial scopes are only supported with TE
+        why.append("partial scopes are only supported with cuda_graph_impl=transformer_engine")
+    if impl == "local" and p.ep > 1:
+        # arguments.py: local graphs with EP need --moe-pad-experts-for-cuda-graph-inference (inference only)
+        why.append("cuda_graph_impl=local with ep > 1 is an inference-only setup in Megatron-LM (it needs "
+                   "--moe-pad-experts-for-cuda-graph-inference)")
+    if {"moe", "moe_router"} <= scope:
+        why.append("moe and moe_router cannot both be graphed")
+    if "moe_preprocess" in scope and "moe_router" not in scope and impl == "transformer_engine":
+        why.append("moe_preprocess needs moe_router")
+    if not m.is_moe and scope & {"moe", "moe_router", "moe_preprocess"}:
+        why.append(f"moe scopes need a MoE model; {m.name} is dense")
+    if m.is_moe and "moe" in scope:
+        why.append("the moe scope needs drop-and-pad MoE (a capacity factor with padding); moetune plans are dropless")
+    if m.is_moe and "mlp" in scope and not m.num_dense_layers:
+        why.append(f"the mlp scope graphs dense MLPs; every layer of {m.name} is MoE")
+    if p.recompute == "full" and scope != {"full_iteration"}:
+        why.append("full recompute is only supported with the full_iteration graph")
+    if (p.recompute == "selective" and impl == "transformer_engine" and "moe" in p.recompute_modules
+            and "moe_router" in scope):
+        why.append("moe recompute cannot run with the moe_router graph")
+    if p.recompute == "selective":
+        # the emitted script keeps Megatron-LM's default attention and hidden dropout (0.1), which a
+        # graphed recompute cannot draw (transformer_config.py "Graphed recompute module doesn't
+        # accept random number")
+        mods = set(p.recompute_modules or ("core_attn",))
+        whole = not scope or "full_iteration" in scope
+        if "core_attn" in mods and (whole or "attn" in scope):
+            why.append("core_attn recompute inside an attention graph cannot draw its dropout")
+        if ("mlp" in mods and (whole or "mlp" in scope)) or ("moe" in mods and (whole or "moe" in scope)):
+            why.append("mlp/moe recompute inside an MLP/MoE graph cannot draw its dropout")
+    if p.a2a_overlap and (impl != "transformer_engine" or scope & {"moe", "mlp"}):
+        why.append("EP all-to-all overlap needs cuda_graph_impl=transformer_engine without the moe/mlp scopes")
+    out = [_r("cuda-graph", "CUDA graphs: " + "; ".join(why))] if why else []
+    if m.is_moe and (not scope or "full_iteration" in scope):
+        out.append(_r("cuda-graph-sync", f"CUDA graphs of {'whole layers' if not scope else 'the whole iteration'} "
+                                         "capture the dropless MoE dispatcher, whose token counts go to the host "
+                                         "(a device-to-host sync a graph cannot hold)"))
+    return out
+
+
 def _chunk_sizes(w: Workload, p: Plan) -> tuple[int, ...]:
     """The distinct decoder-layer counts of the non-empty pipeline chunks (() if the split fails)."""
     try:
-        split = split_layers(w.model.num_layers, p.pp, p.vpp, p.pp_first, p.pp_last, p.pp_layout)
+        split = split_layers(w.model.num_layers, p.pp, p.vpp, p.pp_first, p.pp_last, p.pp_layout,
+                             p.pp_embedding, p.pp_loss)
     except LayoutError:
         return ()
     return tuple(sorted({len(c) for rank in split.chunks for c in rank if len(c)}))

@@ -152,7 +152,7 @@ def _plan_chunks(plans, chunk: int):
 
 # PlanArrays columns a parallel point fixes (tuner.space.parallel_points); the rest come from the
 # schedule/kernel option.
-_POINT_COLS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last")
+_POINT_COLS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last", "pp_embedding", "pp_loss")
 
 
 def _space_chunks(points, chunk: int):

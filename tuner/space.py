@@ -12,7 +12,8 @@ Bounds of the space (design choices, not realizability rules): TP within the sca
 EP any divisor of the expert count; ETP powers of two <= max TP; MBS in {1, 2, 4, 8}. Pipeline split
 per (pp, vpp): even when it divides, else the balanced explicit layout; plus, when it divides and
 pp > 2, the uneven variant that moves one layer per chunk off the first and last stages (they also
-hold the embedding and the LM head).
+hold the embedding and the LM head); plus the even splits that count the embedding and/or the loss
+as a layer where those divide (`accounted_splits`).
 """
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ def default_space(workload: Workload, profile: StackProfile, precision: str = "b
                 for a, b, g in itertools.product((True, False), repeat=3)]
     overlaps = [dict(shared_expert_overlap=s, a2a_overlap=a)
                 for s, a in itertools.product((False, True), repeat=2)] if m.is_moe else [{}]
-    schedules = tuple({**r, **d, **o} for r in recs for d in dist for o in overlaps)
+    graphs = cuda_graph_options(m, profile, level)
+    schedules = tuple({**r, **d, **o, **g} for r in recs for d in dist for o in overlaps for g in graphs)
     if precision == "fp8":
         precs = FP8_RECIPES if level == "full" else (precision_recipe("fp8", c),)
     else:
@@ -114,17 +116,36 @@ def default_space(workload: Workload, profile: StackProfile, precision: str = "b
     return Space(tp, cp, pp, vpp, ep, etp, mbs, schedules, kernels, m.num_layers)
 
 
+def cuda_graph_options(model, profile: StackProfile, level: str = "full") -> list[dict]:
+    """CUDA graph settings searched (megatron-core 0.16.1 `--cuda-graph-impl/--cuda-graph-scope`):
+    none; for MoE models TE partial graphs of attention + router + preprocess (the scope NVIDIA's
+    MoE recipes set, Megatron-MoE-ModelZoo best_practice/qwen3; attention alone graphs a subset of
+    it, for more launches and less memory: not listed, a plan may still name it); for dense models
+    whole layers (TE) and the whole iteration (local). Whole-layer and full-iteration graphs of
+    dropless MoE layers are never realizable (`tuner.realize` cuda-graph-sync), so not listed.
+    GPU stacks only; the core level keeps none."""
+    none = dict(cuda_graph_impl="none", cuda_graph_scope=())
+    if level != "full" or not profile.gpu:
+        return [none]
+    te = "transformer_engine"
+    if model.is_moe:
+        return [none, dict(cuda_graph_impl=te, cuda_graph_scope=("attn", "moe_router", "moe_preprocess"))]
+    return [none, dict(cuda_graph_impl=te, cuda_graph_scope=()),
+            dict(cuda_graph_impl="local", cuda_graph_scope=("full_iteration",))]
+
+
 def pipeline_splits(num_layers: int, pp: int, vpp: int) -> list[dict]:
     if pp == 1:
         return [{}] if vpp == 1 else []
+    out = accounted_splits(num_layers, pp, vpp)
     if pp * vpp > num_layers:
-        return []
+        return out
     if num_layers % (pp * vpp):
         try:
-            return [dict(pp_layout=balanced_layout(num_layers, pp, vpp))]
+            return [dict(pp_layout=balanced_layout(num_layers, pp, vpp))] + out
         except LayoutError:
-            return []
-    out = [{}]
+            return out
+    out = [{}] + out
     per = num_layers // pp
     if pp > 2 and per > vpp:
         edge = per - vpp
@@ -133,6 +154,20 @@ def pipeline_splits(num_layers: int, pp: int, vpp: int) -> list[dict]:
             out.append(dict(pp_first=edge, pp_last=edge))
         except LayoutError:
             pass
+    return out
+
+
+def accounted_splits(num_layers: int, pp: int, vpp: int) -> list[dict]:
+    """The even splits that count the embedding and/or the loss as a layer
+    (`--account-for-embedding/loss-in-pipeline-split`, NVIDIA's Qwen3-235B PP32 x VPP3 layout) where
+    Megatron accepts them: both when L + 2 divides over pp*vpp chunks, one (each) when L + 1 does."""
+    out = []
+    for emb, loss in ((True, True), (False, True), (True, False)):
+        try:
+            split_layers(num_layers, pp, vpp, embedding=emb, loss=loss)
+        except LayoutError:
+            continue
+        out.append(dict(pp_embedding=emb, pp_loss=loss))
     return out
 
 
@@ -275,9 +310,11 @@ def summarize(space: Space, workload: Workload, profile: StackProfile, shard: in
               num_shards: int = 1, max_examples: int = 5, progress=None,
               example_stride: int = 1) -> SpaceSummary:
     """Counts over the shard; examples are one realizable plan per `example_stride`-th parallel
-    point, so they show different layouts."""
+    point, so they show different layouts (topped up from other points when too few of those are
+    realizable)."""
     walker = _walker(space, workload, profile)
     out = SpaceSummary()
+    spare: list = []
     per_point = space.options_per_point
     for i, par in enumerate(parallel_points(space)):
         if progress is not None and i % 1024 == 0:
@@ -301,6 +338,10 @@ def summarize(space: Space, workload: Workload, profile: StackProfile, shard: in
                 out.rejected_examples[code] = (walker.plan(base, j).canonical(), sentence)
         if v.ok and len(out.examples) < max_examples and i % example_stride == 0:
             out.examples.append(walker.plan(base, v.ok[0]))
+        elif v.ok and len(spare) < max_examples:
+            spare.append(walker.plan(base, v.ok[0]))
+    # too few realizable points on the stride: top up with the first others
+    out.examples += spare[:max_examples - len(out.examples)]
     return out
 
 

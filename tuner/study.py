@@ -52,7 +52,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from specs.plan import DISPATCHERS, FLEX_BACKENDS, PRECISIONS, RECOMPUTE, RECOMPUTE_METHODS, Plan
+from specs.plan import CUDA_GRAPH_IMPLS, DISPATCHERS, FLEX_BACKENDS, PRECISIONS, RECOMPUTE, RECOMPUTE_METHODS, Plan
 from specs.serve_plan import A2A_BACKENDS, DEEPEP_MODES, KV_CACHE_DTYPES, ServePlan
 from trials.base import FAILURE_KINDS
 
@@ -155,10 +155,10 @@ def load_study(name: str, storage):
 # one-choice categorical whose choice changes from trial to trial. Integer fields are one-value
 # IntDistributions (Optuna compares only their `log` flag); the other fields are categoricals over
 # every value the field can take, and `PlanSampler` "samples" the value the plan has.
-# recompute_modules and pp_layout are open-ended: they are in the `plan` attribute only.
+# recompute_modules, pp_layout and cuda_graph_scope are open-ended: they are in the `plan` attribute only.
 _CHOICES = {"recompute": RECOMPUTE, "recompute_method": RECOMPUTE_METHODS, "dispatcher": DISPATCHERS,
-            "flex_backend": FLEX_BACKENDS, "precision": PRECISIONS}
-_NOT_PARAMS = ("recompute_modules", "pp_layout")
+            "flex_backend": FLEX_BACKENDS, "precision": PRECISIONS, "cuda_graph_impl": CUDA_GRAPH_IMPLS}
+_NOT_PARAMS = ("recompute_modules", "pp_layout", "cuda_graph_scope")
 
 
 _SERVE_CHOICES = {"a2a": A2A_BACKENDS, "deepep_mode": DEEPEP_MODES, "kv_cache_dtype": KV_CACHE_DTYPES}

@@ -5,6 +5,10 @@ each workload, and the plan-space counts. Run once before a refactor; the test
 change to the model's numbers is intended, and say so in the commit.
 
     MOETUNE_HOME=$(mktemp -d) python tests/data/make_regression_fixture.py
+
+With `--keep-plans` the fixture's own plans are kept (re-written in the current canonical form)
+and only their predictions, the emitted scripts and the counts are recomputed: what a change that
+adds plan fields or options uses, so that every changed value can be traced to the change.
 """
 from __future__ import annotations
 
@@ -52,10 +56,19 @@ def predictions_of(entry) -> list[dict]:
 
 
 def main() -> None:
+    import sys
+    keep = "--keep-plans" in sys.argv[1:]
+    old = {tuple(e["workload"]): e["plans"] for e in json.loads(OUT.read_text())} if keep else {}
     out = []
     for model, cluster, gpus, gbs, seq, precision, stride in WORKLOADS:
         w = workload(model, cluster, gpus, gbs, seq)
-        plans, prof, space = sample(w, precision, stride)
+        if keep:
+            from specs.plan import Plan
+            prof = profile_for(w.cluster, "gpu-full")
+            space = default_space(w, prof, precision)
+            plans = [Plan.parse(s) for s in old[(model, cluster, gpus, gbs, seq, precision)]]
+        else:
+            plans, prof, space = sample(w, precision, stride)
         assert len(plans) == PER_WORKLOAD, (model, len(plans))
         entry = {"workload": [model, cluster, gpus, gbs, seq, precision],
                  "plans": [p.canonical() for p in plans]}

@@ -62,6 +62,8 @@ def transformer_config(model, plan, *, on_gpu: bool, seq: int, overrides: dict |
         sequence_parallel=plan.tp > 1,  # required by Megatron for MoE with TP>1
         num_layers_in_first_pipeline_stage=plan.pp_first or None,
         num_layers_in_last_pipeline_stage=plan.pp_last or None,
+        account_for_embedding_in_pipeline_split=plan.pp_embedding,
+        account_for_loss_in_pipeline_split=plan.pp_loss,
         # Interleaved 1F1B at PP=2 with batched p2p mixes send/recv directions in one batch and
         # deadlocks or corrupts (Megatron-LM issues #750, #1450): use overlapped, unbatched p2p
         # for every interleaved run.

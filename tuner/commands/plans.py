@@ -296,7 +296,7 @@ def _merge_equal(pool) -> list[dict]:
 
 # rows kept before predicted-equal variants merge, per row listed
 _OVERSAMPLE = 4
-_POINT = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last", "pp_layout")
+_POINT = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last", "pp_layout", "pp_embedding", "pp_loss")
 
 
 def _equal(a: dict, b: dict) -> bool:

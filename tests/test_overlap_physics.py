@@ -1,0 +1,67 @@
+"""EP communication overlap as it runs (issue 22 item 1): communication kernels hold SMs, each
+communication of Megatron's merged forward-backward hides under one node of the other microbatch,
+and the unpaired first forward / last backward of a stage are serial."""
+import numpy as np
+import pytest
+
+import cost_model
+from clusters import load_cluster
+from cost_model.blocks import paired_exposure
+from cost_model.constants import DEEPEP_SMS, HYBRIDEP_SMS
+from specs.models import load_model
+from specs.stack import GPU_FULL
+from specs.workload import Workload
+from tuner.complete import complete_plan
+
+EP_PARTS = ("ep_dispatch_combine", "ep_overlap_beyond", "ep_overlap_sm_share")
+
+
+def test_paired_exposure_is_the_wall_time_of_a_shared_gpu():
+    comm = np.linspace(0.0, 3.0, 31)[:, None]
+    compute = np.linspace(0.0, 3.0, 31)[None, :]
+    for share in (0.0, 0.15, 0.5):
+        beyond, sm = paired_exposure(comm, compute, share)
+        wall = compute + beyond + sm
+        np.testing.assert_allclose(wall, np.maximum(comm, compute + share * comm))
+        # more communication or more compute never shortens the pair
+        assert (np.diff(wall, axis=0) >= -1e-15).all() and (np.diff(wall, axis=1) >= -1e-15).all()
+        assert (sm >= 0).all() and (beyond >= 0).all()
+
+
+def _w(gbs=1024):
+    return Workload(load_model("qwen3-30b-a3b"), load_cluster("h100-sxm", 16), gbs, 4096)
+
+
+@pytest.mark.parametrize("backend,sms", [("hybridep", HYBRIDEP_SMS), ("deepep", DEEPEP_SMS)])
+def test_overlapped_comm_pays_its_sm_share_and_the_unpaired_chunks(backend, sms):
+    w = _w()
+    base = complete_plan(f"ep=16,dispatcher=flex,flex_backend={backend}", w, GPU_FULL)
+    plain, ovl = cost_model.predict_many(w, [base, base.replace(a2a_overlap=True)])
+    comm = plain.breakdown_s["ep_dispatch_combine"]  # no overlap: all of it is serial
+    assert plain.breakdown_s["ep_overlap_beyond"] == plain.breakdown_s["ep_overlap_sm_share"] == 0.0
+    m = 1024 // 16  # microbatches of the one stage: the first forward and last backward are unpaired
+    assert ovl.breakdown_s["ep_dispatch_combine"] == pytest.approx(comm / m, rel=1e-9)
+    share = sms / w.cluster.sm_count
+    assert ovl.breakdown_s["ep_overlap_sm_share"] == pytest.approx(share * comm * (1 - 1 / m), rel=1e-9)
+    exposed = sum(ovl.breakdown_s[k] for k in EP_PARTS)
+    assert share * comm < exposed < comm
+    assert ovl.step_time_s < plain.step_time_s
+
+
+def test_fewer_microbatches_leave_more_unpaired():
+    a, b = (cost_model.predict(_w(gbs), complete_plan("ep=16,dispatcher=flex,a2a_overlap=1", _w(gbs), GPU_FULL))
+            for gbs in (1024, 64))
+    share = lambda p: p.breakdown_s["ep_dispatch_combine"] / sum(p.breakdown_s[k] for k in EP_PARTS)  # noqa: E731
+    assert share(b) > share(a)
+
+
+def test_fp8_quantisation_kernels_count_on_the_host():
+    """On a launch-bound plan the fp8 recipes' quantisation kernels (TE: amax + cast-transpose for
+    current scaling, one fused kernel for delayed scaling) lengthen the host clock: current scaling
+    more than delayed, both more than bf16."""
+    from tuner.realize import check
+    w = Workload(load_model("tiny-moe"), load_cluster("h100-sxm", 8), 8, 256)
+    plans = [complete_plan(f"ep=1,precision={p}", w, GPU_FULL) for p in ("bf16", "fp8-delayed", "fp8-tensorwise")]
+    assert not any(check(w, p, GPU_FULL) for p in plans)
+    floors = [r.breakdown_s["cpu_launch_floor"] for r in cost_model.predict_many(w, plans)]
+    assert 0 < floors[0] < floors[1] < floors[2]
