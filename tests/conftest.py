@@ -5,12 +5,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-# Without a GPU, Triton kernels run only in its interpreter, and Triton decides that when a kernel
-# is decorated: set it before any test module (torch, megatron and sglang all import triton) loads.
-if not Path("/dev/nvidiactl").exists():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without a GPU, Triton kernels run only in its interpreter, and Triton decides that when a
+# function is decorated, its own standard library included (decorated when triton is imported).
+# So, without a GPU only: import triton once under TRITON_INTERPRET=1, then unset it at once, so
+# that it leaks into no later import or subprocess; tests/test_kernels_triton.py sets it again
+# around its own tests, where our kernels are decorated.
+if not Path("/dev/nvidiactl").exists() and "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        del os.environ["TRITON_INTERPRET"]
 
 import pytest  # noqa: E402
+
+# a skip outside the allow-list fails the run (the hooks, imported here so pytest finds them)
+from tests.skip_policy import pytest_make_collect_report, pytest_runtest_makereport  # noqa: E402,F401
 
 
 @pytest.fixture(autouse=True, scope="session")
