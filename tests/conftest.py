@@ -54,3 +54,13 @@ def postgres():
     server = pg.start_server()
     yield server
     server.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's command): every slow test (real
+    multi-process trials, Ray clusters, vLLM servers, tuner subprocesses) runs in one group, on one
+    worker, one at a time, so two of them never compete for the cores; the CPU-bound fast tests
+    take the other worker. A test's own xdist_group mark is kept."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("heavy"))

@@ -34,7 +34,7 @@ from tuner.sampler import GuidedSampler  # noqa: E402
 from tuner.space import default_space, iter_realizable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group("ray")
+pytestmark = pytest.mark.xdist_group("heavy")  # with the slow tests (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
