@@ -15,8 +15,10 @@ from tuner.emit_sglang import launch_commands
 from tuner.serve_realize import realize
 from tuner.serve_space import ServeSpace, sample
 
-pytestmark = pytest.mark.skipif(not sglang_oracle.available(),
-                                reason="sglang not installed (pip install --no-deps sglang==0.5.23)")
+pytestmark = [pytest.mark.skipif(not sglang_oracle.available(),
+                                 reason="sglang not installed (pip install --no-deps sglang==0.5.23)"),
+              # one worker resolves everything of this file in one sglang process (pytest-xdist)
+              pytest.mark.xdist_group("sglang")]
 
 REWRITE_PLANS = ["tp=8,attn_dp=8,a2a=deepep,deepep_mode=normal", "tp=8,ep=2,a2a=deepep",
                  "tp=8,attn_dp=4,chunked_prefill=16384", "tp=4,pp=2", "tp=2,max_running=64",
@@ -46,13 +48,17 @@ def resolved(tmp_path_factory):
         assert realize(p, m, c).ok
         d = str(write_model_dir(m, tmp / f"emit-{name}"))
         emitted.append((name, n, pd, [a for title, a in launch_commands(p, d, m, c, pd=pd) if title != "router"]))
-    argvs = [c[3] for c in cs] + [a for *_, cmds in emitted for a in cmds]
+    # the sampled plans too: one sglang import (~45 s on a shared 2-core box) for the whole file
+    sp = ServeSpace(gpus=16)
+    _, sampled = cases({m: sample(sp, 60, seed=100 + i) for i, m in enumerate(MODELS)}, tmp / "sampled")
+    argvs = [c[3] for c in cs] + [a for *_, cmds in emitted for a in cmds] + [c[3] for c in sampled]
     res = sglang_oracle.resolve_many(argvs, cl.hbm_gib * 1024)
-    return cs, res[:len(cs)], emitted, res[len(cs):]
+    n_emit = len(argvs) - len(cs) - len(sampled)
+    return cs, res[:len(cs)], emitted, res[len(cs):len(cs) + n_emit], sampled, res[len(cs) + n_emit:]
 
 
 def test_rule_pairs_and_rewrites_agree_with_resolver(resolved):
-    cs, res, _, _ = resolved
+    cs, res, *_ = resolved
     assert mismatches(res, cs) == []
     by_plan = {(c[0], c[1]): r for c, r in zip(cs, res)}
     for code, (model, bad, good) in PAIRS.items():
@@ -62,7 +68,7 @@ def test_rule_pairs_and_rewrites_agree_with_resolver(resolved):
 
 
 def test_emitted_commands_resolve(resolved):
-    _, _, emitted, res = resolved
+    _, _, emitted, res, *_ = resolved
     for name, n, pd, cmds in emitted:
         assert any("--nnodes" in a for a in cmds) == (n > 8 and not pd and name != "qwen3-30b-a3b")
         assert all("--cuda-graph-max-bs" not in a and "--enable-dp-attention" not in a for a in cmds)
@@ -70,13 +76,10 @@ def test_emitted_commands_resolve(resolved):
     assert len(res) == sum(len(c) for *_, c in emitted) >= 10
 
 
-@pytest.mark.slow
-def test_sampled_plans_agree_with_resolver(tmp_path):
-    """300 plans (60 per model) sampled from the 16-GPU H200 serving space."""
-    sp = ServeSpace(gpus=16)
-    plans = {m: sample(sp, 60, seed=100 + i) for i, m in enumerate(MODELS)}
-    cl, cs = cases(plans, tmp_path)
-    res = sglang_oracle.resolve_many([c[3] for c in cs], cl.hbm_gib * 1024)
+def test_sampled_plans_agree_with_resolver(resolved):
+    """300 plans (60 per model) sampled from the 16-GPU H200 serving space (resolved with the rest)."""
+    *_, cs, res = resolved
+    assert len(res) == len(cs) > 250
     assert mismatches(res, cs) == []
     ok = sum(r["ok"] for r in res)
     assert 0 < ok < len(res)  # both verdicts are exercised
