@@ -53,6 +53,7 @@ this module gathers the inputs, calls the blocks and assembles the step:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -488,6 +489,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     st = _stages(spec, pa, x.vpp)
     nd, nm, smask = st.dense, st.moe, st.mask
     stage_compute = terms.stage_compute(st)
+    stage_compute_nr = terms.stage_compute(dataclasses.replace(st, recompute_fraction=0.0 * st.recompute_fraction))
     stage_fwd = terms.stage_fwd(st)
     # CPU floor: kernels per microbatch x dispatch gap (structural kernel counts, fwd; bwd = 2x)
     # CUDA graphs: a graphed region's kernels become one replay per pass (`blocks.cuda_graphs`);
@@ -501,9 +503,11 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
                             + st.loss * KERNELS_LM_HEAD_LOSS)
     kern_fwd = kern / KERNEL_PASSES + launches  # the forward launches once (one replay per region), the backward twice
     kern = kern + GRAPH_LAUNCHES_PER_REGION * launches
+    kern_nr = kern  # without recompute's launches (the DP overlap windows below)
     kern = kern + (pa.recompute > 0)[:, None] * st.layers * col(k_attn + gr.attn) * st.recompute_fraction
     no_host = col(gr.full_iteration)
-    kern, kern_fwd = np.where(no_host, 0.0, kern), np.where(no_host, 0.0, kern_fwd)
+    kern, kern_fwd, kern_nr = np.where(no_host, 0.0, kern), np.where(no_host, 0.0, kern_fwd), np.where(no_host, 0.0, kern_nr)
+    floor_nr = kern_nr * ops.gap
     floor = kern * ops.gap
     fwd_floor = kern_fwd * ops.gap
     if ops.async_launch:
@@ -527,17 +531,39 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     slow = np.argmax(stage_time, axis=1)
     rows = np.arange(pa.n)
     C = stage_time[rows, slow]
-    # the backward's wall time (what the gradient reduce-scatter can hide under): the stage's wall
-    # time less its forward's, not the backward's GPU seconds: on a launch-bound stage extra
-    # backward compute (recompute) runs under the launch floor and lengthens no window
-    bwd_wall = C - fwd_wall[rows, slow]
+    # the DP overlap windows are wall time, not GPU seconds: on a launch-bound stage extra compute
+    # (recompute, a longer forward) runs under the launch floor and lengthens no window
+    if ops.async_launch:
+        # issue 22 item 7 / 25: how the stage's wall time C splits into the forward window (the param
+        # all-gather hides under it) and the backward window (C - forward: the grad reduce-scatter)
+        # must not move with the work, or more work hides more communication than it adds. On a
+        # launch-bound stage the split is the floor's own (the forward issues 1/KERNEL_PASSES of the
+        # launches); the wall time beyond the floor is shared in the ratio of the GPU seconds. Taken
+        # twice, with and without recompute (its extra wall time all backward), and the larger kept:
+        # recompute then never widens the backward window by more than it lengthens C, and no knob
+        # of tests/test_properties.py (seq, gbs, imbalance, top-k, layers, MTP) shortens a step.
+        fl, sc = floor[rows, slow], stage_compute[rows, slow]
+        with_rc = fl / KERNEL_PASSES + stage_fwd[rows, slow] / np.maximum(sc, 1e-30) * np.maximum(0.0, C - fl)
+        fl0, sc0 = floor_nr[rows, slow], stage_compute_nr[rows, slow]
+        c0 = np.maximum(sc0, fl0)
+        without_rc = fl0 / KERNEL_PASSES + stage_fwd[rows, slow] / np.maximum(sc0, 1e-30) * (c0 - fl0)
+        fwd_win = np.maximum(with_rc, np.minimum(without_rc, C))
+    else:
+        fwd_win = fwd_wall[rows, slow]
+    bwd_wall = C - fwd_win
 
     # -- per step: pipeline, DP collectives, optimizer -------------------------------------------------
     pipe = pipeline(x, C)
     params = stage_params(x, st)
-    Pd, Pe = params.dense[rows, slow], params.expert[rows, slow]
-    dpc = dp_collectives(x, Pd, Pe, stage_fwd[rows, slow], bwd_wall)
-    opt_t = optimizer_step(x, Pd, Pe, st.layers[rows, slow])
+    # the DP collectives and the optimizer of the stage holding the most parameters: every stage
+    # syncs its own gradients and the optimizer step waits for all of them (grad-norm clipping), so
+    # the slowest stage's, which a little more work elsewhere can change, would understate it
+    big = np.argmax(params.dense + params.expert, axis=1)
+    Pd, Pe = params.dense[rows, big], params.expert[rows, big]
+    # the param all-gather hides under the forward's wall time, not its GPU seconds (the same reason
+    # as bwd_wall): on a launch-bound stage extra forward work widens no window (issue 22 item 7)
+    dpc = dp_collectives(x, Pd, Pe, fwd_win, bwd_wall)
+    opt_t = optimizer_step(x, Pd, Pe, st.layers[rows, big])
 
     # -- step ---------------------------------------------------------------------------------------
     raw = m * C + pipe.bubble + pipe.p2p + dpc.grad + dpc.param_gather + opt_t

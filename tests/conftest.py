@@ -5,12 +5,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-# Without a GPU, Triton kernels run only in its interpreter, and Triton decides that when a kernel
-# is decorated: set it before any test module (torch, megatron and sglang all import triton) loads.
-if not Path("/dev/nvidiactl").exists():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without a GPU, Triton kernels run only in its interpreter, and Triton decides that when a
+# function is decorated, its own standard library included (decorated when triton is imported).
+# So, without a GPU only: import triton once under TRITON_INTERPRET=1, then unset it at once, so
+# that it leaks into no later import or subprocess; tests/test_kernels_triton.py sets it again
+# around its own tests, where our kernels are decorated.
+if not Path("/dev/nvidiactl").exists() and "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        del os.environ["TRITON_INTERPRET"]
 
 import pytest  # noqa: E402
+
+# a skip outside the allow-list fails the run (the hooks, imported here so pytest finds them)
+from tests.skip_policy import pytest_make_collect_report, pytest_runtest_makereport  # noqa: E402,F401
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -42,3 +54,13 @@ def postgres():
     server = pg.start_server()
     yield server
     server.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's command): every slow test (real
+    multi-process trials, Ray clusters, vLLM servers, tuner subprocesses) runs in one group, on one
+    worker, one at a time, so two of them never compete for the cores; the CPU-bound fast tests
+    take the other worker. A test's own xdist_group mark is kept."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("heavy"))

@@ -30,7 +30,25 @@ from specs.workload import Workload  # noqa: E402
 from trials.base import Failure, Measurement, Resources  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-GCS_PORT, DASHBOARD_PORT, METRICS_PORT = 6411, 8411, 8412
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct ports free now (held together while chosen): fixed ports collide with another
+    CI job or a developer's Ray on the same host."""
+    import socket
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+GCS_PORT, DASHBOARD_PORT, METRICS_PORT, METRICS_PORT_1, CLIENT_PORT, AGENT_PORT_0, AGENT_PORT_1 = _free_ports(7)
 ADDRESS = f"127.0.0.1:{GCS_PORT}"
 DASHBOARD = f"http://127.0.0.1:{DASHBOARD_PORT}"
 PLAN = Plan(**cpu_defaults(parse_fields("ep=2")))
@@ -50,16 +68,17 @@ def cluster(tmp_path_factory):
     from trials.ray_runtime import configure_auth
     ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before this module
     configure_auth(joining=False)  # token mode; every process of the cluster inherits it
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_metrics_report_interval_ms")}
     os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
     os.environ["RAY_metrics_report_interval_ms"] = "1000"
     c = Cluster(initialize_head=True, head_node_args=dict(
         gcs_server_port=GCS_PORT, num_cpus=1, resources={"moetune_node0": 1}, node_ip_address="127.0.0.1",
         include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=DASHBOARD_PORT,
-        metrics_export_port=METRICS_PORT, ray_client_server_port=10411,
-        dashboard_agent_listen_port=52411,  # the default 52365 may be another Ray's on a shared host
+        metrics_export_port=METRICS_PORT, ray_client_server_port=CLIENT_PORT,
+        dashboard_agent_listen_port=AGENT_PORT_0,  # the default 52365 may be another Ray's on a shared host
         _system_config={"health_check_period_ms": 1000, "health_check_failure_threshold": 3}))
     worker = c.add_node(num_cpus=1, resources={"moetune_node1": 1}, node_ip_address="127.0.0.1",
-                        metrics_export_port=METRICS_PORT + 1, dashboard_agent_listen_port=52412)
+                        metrics_export_port=METRICS_PORT_1, dashboard_agent_listen_port=AGENT_PORT_1)
     c.wait_for_nodes()
     _forget_address_file()
     ray.init(address=ADDRESS, log_to_driver=False)
@@ -69,6 +88,11 @@ def cluster(tmp_path_factory):
     finally:
         ray.shutdown()
         c.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _forget_address_file() -> None:
@@ -199,7 +223,7 @@ def test_a_dead_node_fails_the_trial_as_crash_naming_it(cluster):
     worker_id = cluster.worker.node_id
     out = {}
     t = threading.Thread(target=lambda: out.update(res=MegatronBackend().run(
-        PLAN, _workload(), Resources(devices=2, timeout_s=400, layout=(1, 1)), iters=50, warmup=1)))
+        PLAN, _workload(), Resources(devices=2, timeout_s=400, layout=(1, 1)), iters=100000, warmup=1)))
     t.start()
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:  # wait until both launchers run their ranks
@@ -210,7 +234,8 @@ def test_a_dead_node_fails_the_trial_as_crash_naming_it(cluster):
         if len(live) == 2:
             break
         time.sleep(1)
-    time.sleep(5)
+    # no sleep against the host's speed: the trial asks for far more steps than it can finish
+    # before the node goes (it was 50 steps and a 5 s sleep, which a fast host finished first)
     cluster.remove_node(cluster.worker)
     t.join(300)
     res = out.get("res")

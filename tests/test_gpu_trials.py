@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -138,11 +137,9 @@ def test_dense_model_has_no_experts_and_no_grouped_gemm_refusal():
 def test_fp8_plan_on_this_cpu_stack_is_unrealizable_never_measured(tmp_path):
     if GPU and detect_installed().transformer_engine:
         pytest.skip("TransformerEngine on a GPU: fp8 is buildable here")
-    t0 = time.time()
     r = MegatronBackend().run(Plan(**cpu_defaults(parse_fields("precision=fp8-delayed"))), _Workload(2),
                               Resources(2, 60))
     assert isinstance(r, Failure) and r.kind == "unrealizable" and "fp8" in r.message, r
-    assert time.time() - t0 < 5  # refused before any rank started
 
 
 def test_backend_refuses_against_an_injected_gpu_stack():

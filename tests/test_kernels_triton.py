@@ -4,11 +4,10 @@ fp32 and fp16 only: the interpreter's bf16 `tl.dot` is wrong, so bf16 is left to
 (bench/kernels_gpu_sweep.py). Shapes are tiny: the interpreter runs programs one by one.
 """
 import os
+import sys
 from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere in this process
-
-import pytest  # noqa: E402
+import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -18,6 +17,30 @@ from kernels.fused_moe import align_by_expert, fused_moe, torch_reference  # noq
 from kernels.weave_kernel import plan_chunks, weave_moe  # noqa: E402
 
 TOL = {torch.float32: 1e-4, torch.float16: 2e-2}
+_JIT_MODULES = ("kernels._fused_moe_triton", "kernels._weave_triton")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _triton_interpreter_without_a_gpu():
+    """Without a GPU the kernels run in Triton's interpreter, which Triton picks when a kernel is
+    decorated: set TRITON_INTERPRET for this module's tests only, (re)importing the jit modules
+    under it, and leave neither the variable nor interpreted kernels behind."""
+    if torch.cuda.is_available():
+        yield
+        return
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    for m in _JIT_MODULES:
+        sys.modules.pop(m, None)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+        for m in _JIT_MODULES:
+            sys.modules.pop(m, None)
 SMALL = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 2, "num_warps": 4, "num_stages": 2}
 
 

@@ -163,7 +163,7 @@ def test_profile_then_calibrate_end_to_end(home, tmp_path, capsys):
         ours = {(r["m"], r["n"], r["k"]) for r in csv.DictReader(open(out / "gemm.csv")) if r["dtype"] == "bf16"}
         assert shipped <= ours
     # rerun: what was measured is resumed from partial/, not measured again
-    rc = main(["profile", "--cluster", "cpu-local", "--sweep", "tiny", "--executor", "local", "--budget-min", "0.5",
+    rc = main(["profile", "--cluster", "cpu-local", "--sweep", "tiny", "--executor", "local", "--budget-min", "0.2",
                "--out", str(out), "--no-progress"])
     text = capsys.readouterr().out
     assert rc == 0

@@ -18,8 +18,10 @@ from tuner.emit_sglang import launch_commands
 from tuner.serve_realize import realize
 from tuner.serve_space import ServeSpace, sample
 
-pytestmark = pytest.mark.skipif(not sglang_oracle.available(),
-                                reason="sglang not installed (pip install --no-deps sglang==0.5.23)")
+pytestmark = [pytest.mark.skipif(not sglang_oracle.available(),
+                                 reason="sglang not installed (pip install --no-deps sglang==0.5.23)"),
+              # one worker resolves everything of this file in one sglang process (pytest-xdist)
+              pytest.mark.xdist_group("sglang")]
 
 REWRITE_PLANS = ["tp=8,attn_dp=8,a2a=deepep,deepep_mode=normal", "tp=8,kv_cache_dtype=fp8_e4m3,mem_frac=0.8", "tp=8,ep=2,a2a=deepep",
                  "tp=8,attn_dp=4,chunked_prefill=16384", "tp=4,pp=2", "tp=2,max_running=64",

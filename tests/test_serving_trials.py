@@ -92,10 +92,8 @@ def test_sglang_fake_failures_are_classified_and_reaped(tmp_path, env, kind):
 
 
 def test_sglang_fake_hang_is_a_timeout(tmp_path):
-    t0 = time.monotonic()
     r = _sglang(tmp_path, FAKE_MODE="hang").run(ServePlan(), W, Resources(devices=1, timeout_s=3))
     assert isinstance(r, Failure) and r.kind == "timeout", r
-    assert time.monotonic() - t0 < 30
     _assert_reaped(tmp_path)
 
 

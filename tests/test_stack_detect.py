@@ -115,16 +115,34 @@ def test_gpu_plain_refuses_grouped_gemm_and_tp_sp():
     assert any("sequence parallel" in r.sentence for r in tp), tp
 
 
-@pytest.mark.parametrize("kind,plan", [("h100-sxm", Plan()), ("h100-sxm", Plan(tp=2)), ("h100-sxm", Plan(cp=2)),
-                                       ("b200", Plan(tp=2)), ("cpu-local", Plan())])
-def test_launch_env_is_the_emitted_env(kind, plan):
-    """One table for the emitted script and the trial: equal to tuner.emit's until emit imports it."""
-    from tuner.emit import env_vars
+# Expected values, each with its reason: CUDA_DEVICE_MAX_CONNECTIONS=1 is what Megatron-LM's
+# validate_args requires with TP or CP before Blackwell (b200 is exempt); NVLS only where NVLink
+# switches exist (the CPU "cluster" has none); record streams avoided everywhere.
+@pytest.mark.parametrize("kind,plan,want", [
+    ("h100-sxm", Plan(), {"NCCL_NVLS_ENABLE": "1", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}),
+    ("h100-sxm", Plan(tp=2), {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_NVLS_ENABLE": "1",
+                              "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}),
+    ("h100-sxm", Plan(cp=2), {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_NVLS_ENABLE": "1",
+                              "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}),
+    ("b200", Plan(tp=2), {"NCCL_NVLS_ENABLE": "1", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}),
+    ("cpu-local", Plan(), {"NCCL_NVLS_ENABLE": "0", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"})])
+def test_launch_env_values_and_the_emitted_script_exports_them(kind, plan, want):
+    from tuner.emit import megatron_script
     w = Workload(model=load_model("tiny-moe"), cluster=load_cluster(kind, 8 if kind != "cpu-local" else 2),
                  gbs=64, seq=256)
-    assert launch_env(plan, w.cluster) == env_vars(w, plan)
+    assert launch_env(plan, w.cluster) == want
+    script = megatron_script(w, plan, GPU_FULL)
+    for k, v in want.items():
+        assert f"{k}={v}" in script, (k, v)
+    if "CUDA_DEVICE_MAX_CONNECTIONS" not in want:
+        assert "CUDA_DEVICE_MAX_CONNECTIONS" not in script
 
 
-def test_fp8_recipes_are_the_emitted_flags():
-    from tuner.emit import FP8_RECIPE_FLAGS
-    assert FP8_RECIPES == FP8_RECIPE_FLAGS
+def test_fp8_recipes_are_megatrons_choices():
+    """Each plan precision maps to a format megatron-core's fp8_utils accepts (e4m3 | hybrid) and a
+    recipe of its Fp8Recipe enum; and to distinct pairs."""
+    enums = pytest.importorskip("megatron.core.enums")
+    recipes = {r.value for r in enums.Fp8Recipe}
+    for precision, (fmt, recipe) in FP8_RECIPES.items():
+        assert fmt in ("e4m3", "hybrid") and recipe in recipes, precision
+    assert len(set(FP8_RECIPES.values())) == len(FP8_RECIPES)

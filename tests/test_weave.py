@@ -130,7 +130,9 @@ def _synthetic_cases(truth):
     return cases
 
 
-def test_calibration_recovers_a_known_curve_set_and_tables_follow():
+def test_calibration_recovers_a_known_curve_set_and_tables_follow(monkeypatch, tmp_path):
+    # its grids, fitted curves and tables go to a home of its own, never the run's shared one
+    monkeypatch.setenv("MOETUNE_HOME", str(tmp_path))
     default = default_curves("h100-sxm")
     truth = _truth(default)
     cases = _synthetic_cases(truth)
