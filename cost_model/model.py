@@ -522,12 +522,15 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         u_f = col(terms.unit_fwd("moe")) if spec.is_moe else col(z)
         h_f = col(np.where(gr.full_iteration, 0.0, (k_attn + k_moe + gr.regions_moe) * ops.gap))
         moe_wall = seg * np.maximum(u_f, h_f + D2H_SYNC_S)
-        stage_time = (moe_wall + np.maximum(stage_compute - seg * u_f, floor - seg * h_f)) * smask
-        fwd_wall = moe_wall + np.maximum(stage_fwd - seg * u_f, fwd_floor - seg * h_f)
+
+        def wall(gpu, host):
+            return moe_wall + np.maximum(gpu - seg * u_f, host - seg * h_f)
     else:
         # CPU: one thread dispatches and executes every op synchronously: the dispatch time adds
-        stage_time = (stage_compute + floor) * smask
-        fwd_wall = stage_fwd + fwd_floor
+        def wall(gpu, host):
+            return gpu + host
+    stage_time = wall(stage_compute, floor) * smask
+    fwd_wall = wall(stage_fwd, fwd_floor)
     slow = np.argmax(stage_time, axis=1)
     rows = np.arange(pa.n)
     C = stage_time[rows, slow]
@@ -545,7 +548,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         fl, sc = floor[rows, slow], stage_compute[rows, slow]
         with_rc = fl / KERNEL_PASSES + stage_fwd[rows, slow] / np.maximum(sc, 1e-30) * np.maximum(0.0, C - fl)
         fl0, sc0 = floor_nr[rows, slow], stage_compute_nr[rows, slow]
-        c0 = np.maximum(sc0, fl0)
+        c0 = (wall(stage_compute_nr, floor_nr) * smask)[rows, slow]  # the same host timeline as C
         without_rc = fl0 / KERNEL_PASSES + stage_fwd[rows, slow] / np.maximum(sc0, 1e-30) * (c0 - fl0)
         fwd_win = np.maximum(with_rc, np.minimum(without_rc, C))
     else:
@@ -555,15 +558,19 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     # -- per step: pipeline, DP collectives, optimizer -------------------------------------------------
     pipe = pipeline(x, C)
     params = stage_params(x, st)
-    # the DP collectives and the optimizer of the stage holding the most parameters: every stage
-    # syncs its own gradients and the optimizer step waits for all of them (grad-norm clipping), so
-    # the slowest stage's, which a little more work elsewhere can change, would understate it
+    # every stage syncs its own gradients and runs its own optimizer step, and the step waits for
+    # all of them (grad-norm clipping). The optimizer is the slowest stage's (max over stages: one
+    # chosen stage let an MTP layer on the last stage move the choice to a cheaper one and shorten
+    # the step, tests/test_properties.py). The DP collectives are those of the stage holding the
+    # most parameters (the slowest stage's, which a little more work elsewhere can change, would
+    # understate them).
     big = np.argmax(params.dense + params.expert, axis=1)
     Pd, Pe = params.dense[rows, big], params.expert[rows, big]
     # the param all-gather hides under the forward's wall time, not its GPU seconds (the same reason
     # as bwd_wall): on a launch-bound stage extra forward work widens no window (issue 22 item 7)
     dpc = dp_collectives(x, Pd, Pe, fwd_win, bwd_wall)
-    opt_t = optimizer_step(x, Pd, Pe, st.layers[rows, big])
+    opt_t = np.max(np.stack([optimizer_step(x, params.dense[:, s], params.expert[:, s], st.layers[:, s])
+                             for s in range(params.dense.shape[1])], axis=1), axis=1)
 
     # -- step ---------------------------------------------------------------------------------------
     raw = m * C + pipe.bubble + pipe.p2p + dpc.grad + dpc.param_gather + opt_t
