@@ -9,13 +9,14 @@ from clusters import load_cluster
 from specs.errors import UsageError
 from specs.models import load_model
 from specs.serve_plan import ServePlan, ServeWorkload
+from tuner.commands.common import MAX_COUNT, count, number, tokens
 
 
 def add_serve_workload_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--isl", type=int, required=True, help="Input tokens per request.")
-    p.add_argument("--osl", type=int, required=True, help="Output tokens per request.")
-    p.add_argument("--concurrency", type=int, default=16, help="Requests in flight (closed loop; default 16).")
-    p.add_argument("--request-rate", type=float, default=0.0,
+    p.add_argument("--isl", type=tokens, required=True, help="Input tokens per request.")
+    p.add_argument("--osl", type=tokens, required=True, help="Output tokens per request.")
+    p.add_argument("--concurrency", type=count(1, MAX_COUNT), default=16, help="Requests in flight (closed loop; default 16).")
+    p.add_argument("--request-rate", type=number(0.0, 1e6), default=0.0,
                    help="Requests per second, Poisson arrivals (default 0: closed loop at --concurrency).")
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from specs.errors import UsageError
 from specs.fileio import write_atomic
-from tuner.commands.common import add_complete_arg, add_stack_arg
+from tuner.commands.common import add_complete_arg, add_stack_arg, batch, devices, tokens
 
 DESCRIPTION = ("Fit the cost model's calibration term to measured runs, report the model's error before "
                "and after as a table and a scatter plot, and install the fit for the cluster kind.")
@@ -42,9 +42,9 @@ def add_parser(subparsers):
     p.add_argument("--model", default=None, help="Model for rows that lack one, or to override theirs.")
     p.add_argument("--cluster", default=None,
                    help="Cluster kind: only rows of this kind are used, and rows lacking one get it.")
-    p.add_argument("--gpus", type=int, default=None, help="Number of devices for rows that lack one.")
-    p.add_argument("--gbs", type=int, default=None, help="Global batch size for rows that lack one.")
-    p.add_argument("--seq", type=int, default=None, help="Sequence length for rows that lack one.")
+    p.add_argument("--gpus", type=devices, default=None, help="Number of devices for rows that lack one.")
+    p.add_argument("--gbs", type=batch, default=None, help="Global batch size for rows that lack one.")
+    p.add_argument("--seq", type=tokens, default=None, help="Sequence length for rows that lack one.")
     p.add_argument("--time-column", default=None,
                    help="CSV column holding the measured step time (default: measured_step_time_s or "
                         "step_time_s); e.g. min_step_time_s for the least-interfered iteration on a shared host.")

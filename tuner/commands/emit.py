@@ -15,10 +15,12 @@ from tuner.commands.common import (
     add_plan_args,
     add_stack_arg,
     add_workload_args,
+    devices,
     plan_completion,
     plan_text,
     positive_int,
     require_realizable,
+    tokens,
     workload_from_args,
 )
 
@@ -41,7 +43,7 @@ def add_parser(subparsers):
     p.add_argument("--out", default=None, help="Path of the script to write; by default it is printed to stdout.")
     p.add_argument("--train-iters", type=positive_int, default=50,
                    help="Training iterations the script runs (default 50).")
-    p.add_argument("--nnodes", type=positive_int, default=None,
+    p.add_argument("--nnodes", type=devices, default=None,
                    help="For sglang, nodes per server (default: as many as the plan's instance needs).")
     p.add_argument("--pd", action="store_true",
                    help="For sglang, a prefill/decode-disaggregated deployment (the plan's pd ratio, 1:1 if none) "
@@ -49,8 +51,8 @@ def add_parser(subparsers):
     p.add_argument("--model-path", default=None,
                    help="For sglang, the model directory in the commands (default: a config-only directory "
                         "written from the model spec under the --out folder or ./<model>-config).")
-    p.add_argument("--isl", type=positive_int, default=None, help="Serving (vllm): input tokens per request.")
-    p.add_argument("--osl", type=positive_int, default=None, help="Serving (vllm): output tokens per request.")
+    p.add_argument("--isl", type=tokens, default=None, help="Serving (vllm): input tokens per request.")
+    p.add_argument("--osl", type=tokens, default=None, help="Serving (vllm): output tokens per request.")
     return p
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from specs.errors import UsageError
+from tuner.commands.common import minutes
 
 SUMMARY = "Measure this machine's performance tables for the cost model."
 DESCRIPTION = ("Measure this machine's performance tables for a cluster kind (GEMM, grouped expert MLP, "
@@ -28,7 +29,7 @@ DESCRIPTION = ("Measure this machine's performance tables for a cluster kind (GE
 def add_parser(subparsers):
     p = subparsers.add_parser("profile", help=SUMMARY, description=DESCRIPTION)
     p.add_argument("--cluster", required=True, help="Hardware kind (one of clusters/*.yaml) the tables are for.")
-    p.add_argument("--budget-min", type=float, default=None,
+    p.add_argument("--budget-min", type=minutes, default=None,
                    help="Wall-clock budget in minutes (default 10 on CPU kinds, 30 on GPU kinds).")
     p.add_argument("--out", default=None, help="Output directory (default $MOETUNE_HOME/tables/<kind>).")
     p.add_argument("--ray-address", default=None,

@@ -15,13 +15,17 @@ from __future__ import annotations
 import json
 
 from tuner.commands.common import (
+    MAX_COUNT,
     UsageError,
     add_plan_args,
     add_stack_arg,
     add_workload_args,
+    count,
+    gib,
     plan_completion,
     plan_text,
     positive_int,
+    seconds,
     unrealizable,
     workload_from_args,
 )
@@ -40,10 +44,10 @@ def add_parser(subparsers):
     add_stack_arg(p)
     add_plan_args(p, required=True)
     p.add_argument("--iters", type=positive_int, default=5, help="Timed training iterations (default 5).")
-    p.add_argument("--warmup", type=int, default=2, help="Untimed warm-up iterations before them (default 2).")
-    p.add_argument("--timeout", type=float, default=600.0,
+    p.add_argument("--warmup", type=count(0, MAX_COUNT), default=2, help="Untimed warm-up iterations before them (default 2).")
+    p.add_argument("--timeout", type=seconds, default=600.0,
                    help="Seconds after which the trial is killed and reported as a timeout (default 600).")
-    p.add_argument("--memory-cap-gib", type=float, default=None,
+    p.add_argument("--memory-cap-gib", type=gib, default=None,
                    help="Memory cap per rank in GiB; a rank above it fails as out of memory (default: none).")
     p.add_argument("--no-check", action="store_true",
                    help="Skip the realizability check and let megatron-core validate the plan itself.")

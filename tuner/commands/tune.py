@@ -34,7 +34,18 @@ import sys
 from pathlib import Path
 
 from specs.errors import UsageError
-from tuner.commands.common import add_complete_arg, add_cost_model_args, add_stack_arg, add_workload_args, workload_from_args
+from tuner.commands.common import (
+    MAX_COUNT,
+    add_complete_arg,
+    add_cost_model_args,
+    add_stack_arg,
+    add_workload_args,
+    count,
+    gib,
+    positive_int,
+    seconds,
+    workload_from_args,
+)
 
 DESCRIPTION = ("Find the fastest plan for a workload: screen the plan space with the cost model, "
                "pre-register the predictions, run real trials in a resumable Optuna study, and report "
@@ -59,7 +70,7 @@ def add_parser(subparsers):
                    help="Folder for the pre-registration, report and default storage (default: studies/<study>).")
     p.add_argument("--storage", default=None,
                    help="Optuna storage: an SQLAlchemy URL or journal:<path> (default: SQLite in the study folder).")
-    p.add_argument("--trials", type=int, default=8,
+    p.add_argument("--trials", type=count(0, MAX_COUNT), default=8,
                    help="Number of searched plans to try; the baseline runs on top of them (default 8).")
     p.add_argument("--baseline", default=None,
                    help="Baseline plan the winner must beat (default: the hand-tuning heuristic of tuner/baseline.py).")
@@ -74,20 +85,20 @@ def add_parser(subparsers):
     p.add_argument("--ray-no-auth", action="store_true",
                    help="Start or join Ray WITHOUT token authentication (insecure on shared machines; "
                         "also MOETUNE_RAY_AUTH=disabled). Default: a token kept in $MOETUNE_HOME/ray.")
-    p.add_argument("--trial-timeout", type=float, default=None,
+    p.add_argument("--trial-timeout", type=seconds, default=None,
                    help="Seconds after which a trial is killed and recorded as a timeout (default 300; "
                         "600 with --mode serve, where a CPU server takes minutes to start on a shared host).")
-    p.add_argument("--memory-cap-gib", type=float, default=None,
+    p.add_argument("--memory-cap-gib", type=gib, default=None,
                    help="Per-rank memory cap in GiB; a trial exceeding it is recorded as OOM (default: none).")
-    p.add_argument("--iters", type=int, default=3, help="Timed iterations per trial (default 3; with --mode serve, "
+    p.add_argument("--iters", type=positive_int, default=3, help="Timed iterations per trial (default 3; with --mode serve, "
                    "rounds of --concurrency requests).")
-    p.add_argument("--warmup", type=int, default=1, help="Warm-up iterations (serving: rounds) per trial, not timed (default 1).")
+    p.add_argument("--warmup", type=count(0, MAX_COUNT), default=1, help="Warm-up iterations (serving: rounds) per trial, not timed (default 1).")
     p.add_argument("--level", choices=("core", "full"), default="core",
                    help="Plan-space level to screen: core (the usual knobs) or full (every knob).")
-    p.add_argument("--screen-actors", type=int, default=4, help="Number of Ray actors that screen the space (default 4).")
-    p.add_argument("--preregister", type=int, default=None,
+    p.add_argument("--screen-actors", type=count(1, 1024), default=4, help="Number of Ray actors that screen the space (default 4).")
+    p.add_argument("--preregister", type=count(0, MAX_COUNT), default=None,
                    help="Number of plans to pre-register (default: min(trials, max(4, trials // 2 + 1))).")
-    p.add_argument("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_S,
+    p.add_argument("--heartbeat-interval", type=count(1, 3600), default=DEFAULT_HEARTBEAT_S,
                    help=f"Seconds between heartbeats of running trials; a trial silent for {GRACE_FACTOR} times "
                         f"this is failed and its plan retried once (default {DEFAULT_HEARTBEAT_S}).")
     p.add_argument("--no-progress", action="store_true", help="Do not draw progress bars.")
