@@ -24,6 +24,7 @@ import optuna
 import tuner.commands as commands_pkg
 from specs.errors import InputError
 from specs.home import moetune_home
+from tuner.commands.common import check_home
 
 DESCRIPTION = "Find the fastest realizable way to train a Mixture-of-Experts model with Megatron-core on a cluster."
 HELP_TEXT = "Show this help message and exit."
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the one place: libraries log, the CLI decides
     try:
+        check_home()  # every command may read or write user state there
         return int(args._run(args) or 0)
     except InputError as e:
         print(f"moetune {args.command}: error: {e}", file=sys.stderr)

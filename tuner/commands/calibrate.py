@@ -23,7 +23,15 @@ from pathlib import Path
 
 from specs.errors import UsageError
 from specs.fileio import write_atomic
-from tuner.commands.common import add_complete_arg, add_stack_arg, batch, devices, tokens
+from tuner.commands.common import (
+    add_complete_arg,
+    add_stack_arg,
+    batch,
+    check_home,
+    check_output_dir,
+    devices,
+    tokens,
+)
 
 DESCRIPTION = ("Fit the cost model's calibration term to measured runs, report the model's error before "
                "and after as a table and a scatter plot, and install the fit for the cluster kind.")
@@ -80,6 +88,10 @@ def run(args) -> int:
     from cost_model.calibration import user_calibration_path
     from tuner import calibrate_runs as runs
     from tuner import study as study_mod
+    if args.out:  # before any work: a folder that cannot be written is one line, nothing made
+        check_output_dir(args.out, "--out")
+    if not args.no_install:
+        check_home()
     try:
         if args.measurements:
             if not Path(args.measurements).is_file():

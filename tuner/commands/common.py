@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 
 from clusters import load_cluster
 from specs.errors import UsageError
@@ -13,7 +15,8 @@ from specs.workload import Workload
 
 __all__ = ["UsageError", "UnrealizablePlanError", "add_workload_args", "workload_from_args", "add_stack_arg",
            "add_plan_args", "add_canonical_arg", "add_complete_arg", "completed_plan", "plan_completion",
-           "unrealizable", "require_realizable", "plan_text", "positive_int", "count", "number", "devices", "batch", "tokens", "seconds",
+           "unrealizable", "require_realizable", "plan_text", "positive_int",
+           "check_output_dir", "check_output_file", "check_home", "count", "number", "devices", "batch", "tokens", "seconds",
            "minutes", "gib", "MAX_DEVICES", "MAX_BATCH", "MAX_TOKENS", "MAX_COUNT", "MAX_SECONDS", "MAX_GIB",
            "add_cost_model_args", "cost_model_inputs", "fmt_seconds", "fmt_gib", "fmt_flops"]
 
@@ -74,6 +77,56 @@ tokens = count(1, MAX_TOKENS)
 seconds = number(0.0, MAX_SECONDS, lo_open=True, what="a number of seconds")
 minutes = number(0.0, MAX_SECONDS / 60, lo_open=True, what="a number of minutes")
 gib = number(0.0, MAX_GIB, lo_open=True, what="a size in GiB")
+
+
+# ---- output paths ---------------------------------------------------------------------------
+# Checked before a command does any work, so that a path that cannot be written costs one line
+# (exit 2) and leaves nothing behind; nothing is created by the checks themselves.
+
+def _nearest_existing(p: Path) -> Path:
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_creatable_dir(d: Path, flag: str) -> None:
+    """`d` is a writable folder, or could be made as one (its nearest existing ancestor is a writable folder)."""
+    base = _nearest_existing(d)
+    if not base.is_dir():
+        raise UsageError(f"{flag} {d}: {base} is a file, not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {d}: {base} is not writable")
+
+
+def check_output_dir(path, flag: str) -> Path:
+    """A folder the command will write into (made if missing); UsageError if that cannot work."""
+    d = Path(path)
+    if not str(path).strip():
+        raise UsageError(f"{flag}: an empty path")
+    _check_creatable_dir(d, flag)
+    return d
+
+
+def check_output_file(path, flag: str) -> Path:
+    """A file the command will write (its folder made if missing); UsageError if that cannot work."""
+    f = Path(path)
+    if not str(path).strip():
+        raise UsageError(f"{flag}: an empty path")
+    if f.is_dir():
+        raise UsageError(f"{flag} {f}: is a folder, expected a file path")
+    if f.exists() and not os.access(f, os.W_OK):
+        raise UsageError(f"{flag} {f}: is not writable")
+    _check_creatable_dir(f.parent, flag)
+    return f
+
+
+def check_home() -> Path:
+    """$MOETUNE_HOME (user state: tables, calibrations, Ray token, logs) as a usable folder."""
+    from specs.home import moetune_home
+    home = moetune_home()
+    if home.exists() and not home.is_dir():
+        raise UsageError(f"MOETUNE_HOME {home}: is a file, not a folder")
+    return home
 
 
 def add_workload_args(p: argparse.ArgumentParser, *, gpus_required: bool = False, gbs_required: bool = True) -> None:

@@ -7,7 +7,7 @@ import sys
 import time
 
 from specs.errors import UsageError
-from tuner.commands.common import devices, number, positive_int
+from tuner.commands.common import MAX_COUNT, check_output_dir, count, devices, number
 
 
 def add_parser(subparsers):
@@ -26,10 +26,10 @@ def add_parser(subparsers):
                    help='Search envelope as a JSON/YAML file or inline "q=4..12;e=8,16,32;k=1,2;g=1,2,4,8;'
                         's=0.5..0.981;tpp=40..150;tp=1;cp=1;gbs=1024;seq=2048"; unset keys keep the published defaults.')
     p.add_argument("--stack", default="auto", help="Target stack profile: auto, gpu-full, gpu-te or gpu-plain.")
-    p.add_argument("--top", type=positive_int, default=10, help="Number of ranked runner-ups to report (default 10).")
+    p.add_argument("--top", type=count(0, MAX_COUNT), default=10, help="Number of ranked runner-ups to report (default 10).")
     p.add_argument("--exhaustive", action="store_true",
                    help="Score every geometry instead of skipping those whose loss bound cannot make the top list.")
-    p.add_argument("--frontier", type=positive_int, default=100,
+    p.add_argument("--frontier", type=count(0, MAX_COUNT), default=100,
                    help="Score at least this many lowest-loss geometries so the frontier plot shows them (default 100).")
     p.add_argument("--out", default=None,
                    help="Directory for design.json, frontier.png, the chosen model YAML and its launch script.")
@@ -79,6 +79,8 @@ def run(args) -> int:
         raise UsageError(f"--days must be positive, got {args.days:g}")
     if args.top < 0 or args.frontier < 0:
         raise UsageError("--top and --frontier must be zero or more")
+    if args.out:  # before the search: a folder that cannot be written is one line, nothing made
+        check_output_dir(args.out, "--out")
     law = load_law(args.law) if args.law else default_law()
     env = parse_envelope(args.envelope)
     bar = _Bar(not args.no_progress and not args.json)

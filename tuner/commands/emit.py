@@ -15,6 +15,7 @@ from tuner.commands.common import (
     add_plan_args,
     add_stack_arg,
     add_workload_args,
+    check_output_file,
     devices,
     plan_completion,
     plan_text,
@@ -57,6 +58,8 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    if args.out:  # before any work: a path that cannot be written is one line
+        check_output_file(args.out, "--out")
     if args.target == "sglang":
         return _run_sglang(args)
     if args.target == "vllm":

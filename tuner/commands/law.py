@@ -7,7 +7,7 @@ from pathlib import Path
 
 from specs.errors import UsageError
 from specs.fileio import write_atomic
-from tuner.commands.common import MAX_COUNT, count, number, positive_int
+from tuner.commands.common import MAX_COUNT, check_output_file, count, number, positive_int
 
 
 def add_parser(subparsers):
@@ -124,6 +124,12 @@ def run(args) -> int:
             raise UsageError(f"--{name} must be {'positive' if name == 'starts' else 'zero or more'}")
     if not 0 < args.rel_tol < 1:
         raise UsageError("--rel-tol must be in (0, 1)")
+    plot = args.plot or (str(Path(args.out).with_suffix("")) + ".parity.png" if args.out else None)
+    # before the fit (minutes) and before the plot is written: no half of the outputs left behind
+    if args.out:
+        check_output_file(args.out, "--out")
+    if plot:
+        check_output_file(plot, "--plot")
     runs = read_runs_csv(args.runs)
 
     def say(stage):
@@ -134,7 +140,6 @@ def run(args) -> int:
                      rel_tol=args.rel_tol, per_g=args.per_g, seed=args.seed, progress=say)
     rep.pop("_fit", None)
     rep["runs"] = str(args.runs)
-    plot = args.plot or (str(Path(args.out).with_suffix("")) + ".parity.png" if args.out else None)
     if plot:
         parity_png(runs, rep, plot)
         rep["parity_plot"] = plot

@@ -40,6 +40,7 @@ from tuner.commands.common import (
     add_cost_model_args,
     add_stack_arg,
     add_workload_args,
+    check_output_dir,
     count,
     gib,
     positive_int,
@@ -144,10 +145,18 @@ def _progress_to_stdout():
 
 
 def _options(args, study: str, backend: str, timeout_s: float):
+    """The run's options, with every path and the storage checked first (before Ray starts and
+    before anything is written): the study name is one folder name, the study folder can be
+    written, the storage parses and answers."""
+    from specs.inputs import safe_name
     from tuner.loop import TuneOptions
-    from tuner.study import default_study_dir
+    from tuner.study import check_storage, default_study_dir
+    safe_name(study, "--study", "study name", UsageError)
+    study_dir = check_output_dir(args.study_dir, "--study-dir") if args.study_dir else \
+        check_output_dir(default_study_dir(study), "study folder")
+    check_storage(args.storage, study_dir)
     return TuneOptions(
-        study=study, study_dir=Path(args.study_dir) if args.study_dir else default_study_dir(study),
+        study=study, study_dir=study_dir,
         storage=args.storage, trials=args.trials, baseline=args.baseline, complete=args.complete, backend=backend,
         precision=args.precision, ray_address=args.ray_address, dashboard=args.dashboard,
         ray_no_auth=args.ray_no_auth,
@@ -195,6 +204,9 @@ def _run_serve(args) -> int:
         cal = ServeCalibration.load(args.calibration) if args.calibration else load_default()
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
+    if args.baseline:  # a bad --baseline is one line before anything starts
+        from tuner.serve_tune import baseline_plan
+        baseline_plan(task, args.baseline)
     t0 = time.monotonic()
     with _progress_to_stdout():
         result = tune_serve(options, task, tables=tables, calibration=cal)
@@ -223,6 +235,10 @@ def run(args) -> int:
     workload = workload_from_args(args)
     profile = profile_for(workload.cluster, args.stack)
     tables, calibration = _cost_model_inputs(args, workload)
+    if args.baseline:  # a bad --baseline is one line before Ray starts, not after the screening
+        from tuner.baseline import given_baseline
+        given_baseline(args.baseline, workload, profile, args.precision, calibration, tables=tables,
+                       complete=args.complete)
     with _progress_to_stdout():
         result = tune(options, workload, profile, tables=tables, calibration=calibration)
     if result.verdict_line:
