@@ -100,6 +100,9 @@ def run(args) -> int:
             source = {"file": str(Path(args.measurements).resolve()), "sha256": runs.file_sha256(args.measurements),
                       "time_column": args.time_column or "measured_step_time_s|step_time_s"}
         else:
+            from specs.inputs import safe_name
+            safe_name(args.study, "--study", "study name", UsageError)
+            study_mod.check_storage(args.storage, args.study_dir or study_mod.default_study_dir(args.study))
             wl = {"model": args.model, "cluster": args.cluster, "gpus": args.gpus, "gbs": args.gbs, "seq": args.seq}
             rows = runs.load_study(args.study, args.storage, args.study_dir, wl)
             study_dir = Path(args.study_dir) if args.study_dir else study_mod.default_study_dir(args.study)

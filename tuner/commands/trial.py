@@ -21,6 +21,7 @@ from tuner.commands.common import (
     add_stack_arg,
     add_workload_args,
     count,
+    fmt_gib,
     gib,
     plan_completion,
     plan_text,
@@ -55,6 +56,34 @@ def add_parser(subparsers):
     return p
 
 
+# Share of the host's available memory a CPU trial's ranks may use together by default: the rest is
+# left to the launcher, Ray and the other users of the host (a trial over it is killed as OOM by
+# the rank watcher rather than by the kernel's OOM killer).
+CPU_MEMORY_SHARE = 0.8
+
+
+def host_memory_cap(workload, plan, cap_gib: float | None) -> float | None:
+    """The per-rank memory cap of a CPU trial (`cap_gib`, else CPU_MEMORY_SHARE of the host's
+    available memory over the ranks), after refusing a plan whose predicted peak per rank is above
+    it (UsageError with the numbers; nothing launched). None on GPUs (their memory is the plan's
+    realizability business)."""
+    if workload.cluster.is_gpu:
+        return cap_gib
+    import psutil
+
+    import cost_model
+    available = psutil.virtual_memory().available / 2**30
+    world = workload.world
+    cap = cap_gib if cap_gib is not None else CPU_MEMORY_SHARE * available / world
+    need = float(cost_model.predict(workload, plan).peak_memory_gib)
+    if need > cap:
+        src = "--memory-cap-gib" if cap_gib is not None else \
+            f"{CPU_MEMORY_SHARE:.0%} of the {fmt_gib(available)} this host has available, over {world} ranks"
+        raise UsageError(f"the plan needs {fmt_gib(need)} per rank by the cost model ({fmt_gib(need * world)} for "
+                         f"{world} ranks), above the cap of {fmt_gib(cap)} per rank ({src}); not launched")
+    return cap
+
+
 def run(args) -> int:
     from trials import get_backend
     from trials.base import Failure, Resources
@@ -71,9 +100,10 @@ def run(args) -> int:
     reasons = check(workload, plan, profile)
     if reasons and not args.no_check:
         raise unrealizable(reasons, profile, hint="--no-check hands it to megatron-core as given")
+    cap = host_memory_cap(workload, plan, args.memory_cap_gib)
     backend = get_backend("megatron", enforce_cpu_support=not args.no_check)
     result = backend.run(plan, workload, Resources(devices=workload.world, timeout_s=args.timeout,
-                                                   memory_cap_gib=args.memory_cap_gib),
+                                                   memory_cap_gib=cap),
                          iters=args.iters, warmup=args.warmup)
     ok = not isinstance(result, Failure)
     if args.json:
