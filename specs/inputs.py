@@ -66,8 +66,12 @@ def load_yaml(path, what: str = "YAML file", error: type[InputError] = SpecError
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        detail = "; ".join(ln for ln in lines if not ln.startswith("in ")) or "parse error"
+        problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
+        if problem:
+            detail = problem if mark is None or "line" in problem else \
+                f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+        else:
+            detail = (str(e).strip().splitlines() or ["parse error"])[0]
         raise error(f"malformed YAML in {path}: {detail}") from None
 
 

@@ -20,6 +20,12 @@ def add_serve_workload_args(p: argparse.ArgumentParser) -> None:
                    help="Requests per second, Poisson arrivals (default 0: closed loop at --concurrency).")
 
 
+def require_backend_runs_on(backend: str, cluster) -> None:
+    """Refuse (exit 2, before any start-up) a serving engine that cannot run on `cluster`."""
+    if backend == "sglang" and not cluster.is_gpu:
+        raise UsageError("--backend sglang needs GPUs: SGLang 0.5.23 has no CPU kernels on PyPI (use vllm)")
+
+
 def serve_workload_from_args(args) -> ServeWorkload:
     return ServeWorkload(isl=args.isl, osl=args.osl, concurrency=args.concurrency, request_rate=args.request_rate)
 

@@ -30,7 +30,7 @@ MAX_BATCH = 1 << 24  # sequences per global batch (DeepSeek-V3 trained at 15360,
 MAX_TOKENS = 1 << 24  # tokens of one sequence or request (16 Mi; the longest contexts are ~10^7)
 MAX_COUNT = 1_000_000  # iterations, trials, actors, requests in flight, ranked plans shown
 MAX_SECONDS = 7 * 24 * 3600.0  # timeouts, budgets: a week
-MAX_GIB = 1 << 20  # memory per rank: 1 PiB
+MAX_GIB = 1_000_000  # memory per rank, GiB (~1 PiB)
 
 
 def count(lo: int = 1, hi: int = MAX_COUNT, what: str = "a whole number"):
@@ -89,13 +89,14 @@ def _nearest_existing(p: Path) -> Path:
     return p
 
 
-def _check_creatable_dir(d: Path, flag: str) -> None:
-    """`d` is a writable folder, or could be made as one (its nearest existing ancestor is a writable folder)."""
+def _check_creatable_dir(d: Path, flag: str, shown: Path) -> None:
+    """`d` is a writable folder, or could be made as one (its nearest existing ancestor is a
+    writable folder); errors name `flag` and `shown` (the path the user gave)."""
     base = _nearest_existing(d)
     if not base.is_dir():
-        raise UsageError(f"{flag} {d}: {base} is a file, not a folder")
+        raise UsageError(f"{flag} {shown}: {base} is a file, not a folder")
     if not os.access(base, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {d}: {base} is not writable")
+        raise UsageError(f"{flag} {shown}: {base} is not writable")
 
 
 def check_output_dir(path, flag: str) -> Path:
@@ -103,7 +104,7 @@ def check_output_dir(path, flag: str) -> Path:
     d = Path(path)
     if not str(path).strip():
         raise UsageError(f"{flag}: an empty path")
-    _check_creatable_dir(d, flag)
+    _check_creatable_dir(d, flag, d)
     return d
 
 
@@ -116,7 +117,7 @@ def check_output_file(path, flag: str) -> Path:
         raise UsageError(f"{flag} {f}: is a folder, expected a file path")
     if f.exists() and not os.access(f, os.W_OK):
         raise UsageError(f"{flag} {f}: is not writable")
-    _check_creatable_dir(f.parent, flag)
+    _check_creatable_dir(f.parent, flag, f)
     return f
 
 
@@ -126,6 +127,9 @@ def check_home() -> Path:
     home = moetune_home()
     if home.exists() and not home.is_dir():
         raise UsageError(f"MOETUNE_HOME {home}: is a file, not a folder")
+    base = _nearest_existing(home)
+    if not base.is_dir():  # writability is checked by the commands that write there
+        raise UsageError(f"MOETUNE_HOME {home}: {base} is a file, not a folder")
     return home
 
 

@@ -13,7 +13,12 @@ import json
 from clusters import load_cluster
 from specs.errors import UsageError
 from specs.models import load_model
-from tuner.commands._serving import add_serve_workload_args, serve_plan_from_args, serve_workload_from_args
+from tuner.commands._serving import (
+    add_serve_workload_args,
+    require_backend_runs_on,
+    serve_plan_from_args,
+    serve_workload_from_args,
+)
 from tuner.commands.common import MAX_COUNT, count, devices, positive_int, seconds
 
 SUMMARY = "Serve one plan with a real inference server and print its measured throughput and latencies."
@@ -48,6 +53,7 @@ def run(args) -> int:
         raise UsageError("--warmup must be >= 0, --timeout positive and --concurrency >= 1")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
+    require_backend_runs_on(args.backend, cluster)
     workload = serve_workload_from_args(args)
     plan = serve_plan_from_args(args, cluster.num_devices)
     backend = get_backend(args.backend, model=model)

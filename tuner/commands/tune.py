@@ -33,7 +33,7 @@ import logging
 import sys
 from pathlib import Path
 
-from specs.errors import UsageError
+from specs.errors import InputError, UsageError
 from tuner.commands.common import (
     MAX_COUNT,
     add_complete_arg,
@@ -184,8 +184,8 @@ def _run_serve(args) -> int:
         raise UsageError(f"--concurrency must be a positive whole number, got {args.concurrency}")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
-    if backend == "sglang" and not cluster.is_gpu:
-        raise UsageError("--backend sglang needs GPUs: SGLang 0.5.23 has no CPU kernels on PyPI (use vllm)")
+    from tuner.commands._serving import require_backend_runs_on
+    require_backend_runs_on(backend, cluster)
     try:
         w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=args.concurrency or 8 * cluster.num_devices,
                           phase=args.phase, ttft_p90_s=args.ttft_slo or 0.0, tpot_p90_s=args.tpot_slo or 0.0)
@@ -237,8 +237,11 @@ def run(args) -> int:
     tables, calibration = _cost_model_inputs(args, workload)
     if args.baseline:  # a bad --baseline is one line before Ray starts, not after the screening
         from tuner.baseline import given_baseline
-        given_baseline(args.baseline, workload, profile, args.precision, calibration, tables=tables,
-                       complete=args.complete)
+        try:
+            given_baseline(args.baseline, workload, profile, args.precision, calibration, tables=tables,
+                           complete=args.complete)
+        except InputError as e:
+            raise UsageError(f"--baseline {args.baseline!r}: {e}") from None
     with _progress_to_stdout():
         result = tune(options, workload, profile, tables=tables, calibration=calibration)
     if result.verdict_line:
