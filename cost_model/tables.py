@@ -219,9 +219,11 @@ def read_rows(path: Path, family: str) -> list[dict]:
             try:
                 x = float(r[c])
             except (TypeError, ValueError):
-                raise TableError(f"{path}: line {line_no}: {c} must be a number, got {r[c]!r}") from None
+                raise TableError(f"{path}: not a {family} table (line {line_no}: {c} must be a number, "
+                                 f"got {r[c]!r})") from None
             if not (math.isfinite(x) and x > 0):
-                raise TableError(f"{path}: line {line_no}: {c} must be a finite number > 0, got {r[c]!r}")
+                raise TableError(f"{path}: not a {family} table (line {line_no}: {c} must be a finite number > 0, "
+                                 f"got {r[c]!r})")
     return with_optional_axes(family, rows)
 
 

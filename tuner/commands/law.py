@@ -32,7 +32,7 @@ def add_parser(subparsers):
     f.add_argument("--starts", type=positive_int, default=16, help="Random starts of the point fit (default 16).")
     f.add_argument("--bootstrap", type=count(0, MAX_COUNT), default=200,
                    help="Wild-bootstrap refits for the BCa intervals; 0 skips them (default 200, the paper used 500).")
-    f.add_argument("--restarts", type=positive_int, default=40,
+    f.add_argument("--restarts", type=count(0, MAX_COUNT), default=40,
                    help="Fresh restarts of the identifiability scan; 0 skips it (default 40, the paper used 400).")
     f.add_argument("--rel-tol", type=number(0.0, 1.0, lo_open=True), default=0.05,
                    help="Relative precision a coefficient must be pinned to, to count as identified (default 0.05).")

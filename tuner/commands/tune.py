@@ -71,7 +71,7 @@ def add_parser(subparsers):
                    help="Folder for the pre-registration, report and default storage (default: studies/<study>).")
     p.add_argument("--storage", default=None,
                    help="Optuna storage: an SQLAlchemy URL or journal:<path> (default: SQLite in the study folder).")
-    p.add_argument("--trials", type=count(0, MAX_COUNT), default=8,
+    p.add_argument("--trials", type=positive_int, default=8,
                    help="Number of searched plans to try; the baseline runs on top of them (default 8).")
     p.add_argument("--baseline", default=None,
                    help="Baseline plan the winner must beat (default: the hand-tuning heuristic of tuner/baseline.py).")
