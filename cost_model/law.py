@@ -201,7 +201,7 @@ def load_law(path) -> Law:
     """A law JSON: `moetune law fit --out` output, or the shipped default whose coefficients are
     {value, status, source} entries. Raises `RunsError` on a missing or malformed file."""
     path = Path(path)
-    text = read_text(path, "law JSON", RunsError)
+    text = read_text(path, "law file", RunsError)
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:

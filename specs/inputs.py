@@ -29,9 +29,9 @@ def read_text(path, what: str = "file", error: type[InputError] = SpecError) -> 
     try:
         data = p.read_bytes()
     except FileNotFoundError:
-        raise error(f"{p}: no such {what}") from None
+        raise error(f"{p}: cannot read {what} (no such file)") from None
     except OSError as e:
-        raise error(f"{p}: cannot read the {what} ({e.strerror or e})") from None
+        raise error(f"{p}: cannot read {what} ({e.strerror or e})") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
