@@ -53,7 +53,7 @@ def clean_rows(rows: list[dict], keys=TIME_KEYS) -> list[dict]:
         if str(r.get("status", "ok")).strip() not in ("ok", "COMPLETE", ""):
             continue
         t = _measured(r, keys)
-        if t is None or not (t > 0) or not r.get("plan"):
+        if t is None or not (0 < t < float("inf")) or not r.get("plan"):  # NaN and inf are no times
             continue
         out.append(dict(r, measured_step_time_s=t))
     return out
