@@ -422,7 +422,7 @@ def test_orphan_trial_folders_are_swept(tmp_path):
     does, and leaves alone the folders of launchers still running and folders it did not make."""
     import psutil
 
-    from trials.megatron.backend import OWNER_FILE, TRIAL_DIR_PREFIX, sweep_orphan_trial_dirs
+    from trials.processes import OWNER_FILE, TRIAL_DIR_PREFIX, sweep_orphan_trial_dirs
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     me = psutil.Process()

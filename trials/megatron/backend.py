@@ -34,10 +34,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import statistics
-import tempfile
 import threading
 from pathlib import Path
 
@@ -45,7 +43,7 @@ from specs.plan import Plan
 from specs.stack import Installed, detect_installed, launch_env
 from trials.base import Failure, Measurement, Resources, TrialBackend
 from trials.megatron.spec_choice import layer_spec_choice, ranks_fit
-from trials.processes import RankGroup
+from trials.processes import RankGroup, trial_tempdir
 from trials.rank_watch import watch_local
 
 # glibc tunables for CPU ranks (module docstring): 32 MiB is glibc's largest dynamic mmap
@@ -146,32 +144,6 @@ def worker_spec(plan: str, model: dict, gbs: int, seq: int, *, iters: int, warmu
             "mode": mode, "pg_timeout_s": max(60.0, float(timeout_s)), **(extra or {})}
 
 
-TRIAL_DIR_PREFIX = "moetune-trial-"
-OWNER_FILE = "owner"  # "<pid> <process start time>" of the launcher that made the folder
-
-
-def sweep_orphan_trial_dirs(root: str | Path | None = None) -> list[Path]:
-    """Remove this user's temporary trial folders whose launcher is gone: a launcher killed with
-    SIGKILL (or with its Ray worker) cannot clean up after itself, so the next launch does. A folder
-    without an owner file, or whose owner still runs, is left alone. Returns the folders removed."""
-    import psutil
-    removed = []
-    for d in Path(root or tempfile.gettempdir()).glob(f"{TRIAL_DIR_PREFIX}*"):
-        try:
-            if d.stat().st_uid != os.getuid():
-                continue
-            pid, started = (d / OWNER_FILE).read_text().split()
-            alive = abs(psutil.Process(int(pid)).create_time() - float(started)) < 1.0  # not a reused pid
-        except psutil.NoSuchProcess:
-            alive = False
-        except (OSError, ValueError, psutil.Error):
-            continue
-        if not alive:
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(d)
-    return removed
-
-
 @contextlib.contextmanager
 def _sigterm_raises():
     """SIGTERM raises SystemExit while a trial runs in the main thread (where the default action
@@ -197,21 +169,16 @@ def launch(plan: str, model: dict, gbs: int, seq: int, world: int, *, timeout_s:
     """Run the workers; return {"ok": True, "ranks": [...], "dir": ...} or
     {"ok": False, "kind", "message", "dir"}. memory_cap_gib: host RSS cap per rank (CPU trials);
     extra: more worker spec keys; env: extra environment variables for every rank."""
-    if out_dir is None:
-        sweep_orphan_trial_dirs()
-    tmp = tempfile.TemporaryDirectory(prefix=TRIAL_DIR_PREFIX) if out_dir is None else None
+    tmp = trial_tempdir(owned=not keep_dir) if out_dir is None else None  # a kept folder is never swept
     d = Path(out_dir or tmp.name)
     try:
         d.mkdir(parents=True, exist_ok=True)
-        if tmp is not None and not keep_dir:  # a kept folder is the caller's: never swept
-            import psutil
-            me = psutil.Process()
-            (d / OWNER_FILE).write_text(f"{me.pid} {me.create_time()}\n")
         spec = worker_spec(plan, model, gbs, seq, iters=iters, warmup=warmup, mode=mode, timeout_s=timeout_s,
                            extra=extra)
         (d / "spec.json").write_text(json.dumps(dict(spec, out_dir=str(d))))
         with _sigterm_raises(), \
-                RankGroup("trials.megatron.worker", d / "spec.json", world, d, master_port, env=env) as group:
+                RankGroup("trials.megatron.worker", d / "spec.json", world, d, master_port, env=env,
+                          die_with_parent=True) as group:  # a launcher killed with -9 takes its ranks along
             result = watch_local(group.procs, d, world, timeout_s, memory_cap_gib)
         result["dir"] = str(d)
         return result
