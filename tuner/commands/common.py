@@ -16,7 +16,8 @@ from specs.workload import Workload
 __all__ = ["UsageError", "UnrealizablePlanError", "add_workload_args", "workload_from_args", "add_stack_arg",
            "add_plan_args", "add_canonical_arg", "add_complete_arg", "completed_plan", "plan_completion",
            "unrealizable", "require_realizable", "plan_text", "positive_int",
-           "check_output_dir", "check_output_file", "check_home", "count", "number", "devices", "batch", "tokens", "seconds",
+           "check_output_dir", "check_output_file", "check_home",
+           "CPU_MEMORY_SHARE", "host_available_gib", "default_cpu_memory_cap", "count", "number", "devices", "batch", "tokens", "seconds",
            "minutes", "gib", "MAX_DEVICES", "MAX_BATCH", "MAX_TOKENS", "MAX_COUNT", "MAX_SECONDS", "MAX_GIB",
            "add_cost_model_args", "cost_model_inputs", "fmt_seconds", "fmt_gib", "fmt_flops"]
 
@@ -119,6 +120,22 @@ def check_output_file(path, flag: str) -> Path:
         raise UsageError(f"{flag} {f}: is not writable")
     _check_creatable_dir(f.parent, flag, f)
     return f
+
+
+# Share of the host's available memory a CPU trial's ranks may use together by default: the rest is
+# left to the launcher, Ray and the other users of the host (a trial over it is killed as OOM by
+# the rank watcher rather than by the kernel's OOM killer).
+CPU_MEMORY_SHARE = 0.8
+
+
+def host_available_gib() -> float:
+    import psutil
+    return psutil.virtual_memory().available / 2**30
+
+
+def default_cpu_memory_cap(world: int) -> float:
+    """The per-rank memory cap of a CPU trial when --memory-cap-gib is not given."""
+    return CPU_MEMORY_SHARE * host_available_gib() / max(int(world), 1)
 
 
 def check_home() -> Path:

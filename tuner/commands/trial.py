@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 from tuner.commands.common import (
+    CPU_MEMORY_SHARE,
     MAX_COUNT,
     UsageError,
     add_plan_args,
@@ -23,6 +24,7 @@ from tuner.commands.common import (
     count,
     fmt_gib,
     gib,
+    host_available_gib,
     plan_completion,
     plan_text,
     positive_int,
@@ -49,17 +51,13 @@ def add_parser(subparsers):
     p.add_argument("--timeout", type=seconds, default=600.0,
                    help="Seconds after which the trial is killed and reported as a timeout (default 600).")
     p.add_argument("--memory-cap-gib", type=gib, default=None,
-                   help="Memory cap per rank in GiB; a rank above it fails as out of memory (default: none).")
+                   help="Memory cap per rank in GiB; a rank above it fails as out of memory, and a plan predicted "
+                        "above it is not launched (default: none on GPUs; on CPU 80%% of the host's available "
+                        "memory over the ranks).")
     p.add_argument("--no-check", action="store_true",
                    help="Skip the realizability check and let megatron-core validate the plan itself.")
     p.add_argument("--json", action="store_true", help="Print the measurement or failure as one JSON object.")
     return p
-
-
-# Share of the host's available memory a CPU trial's ranks may use together by default: the rest is
-# left to the launcher, Ray and the other users of the host (a trial over it is killed as OOM by
-# the rank watcher rather than by the kernel's OOM killer).
-CPU_MEMORY_SHARE = 0.8
 
 
 def host_memory_cap(workload, plan, cap_gib: float | None) -> float | None:
@@ -69,10 +67,8 @@ def host_memory_cap(workload, plan, cap_gib: float | None) -> float | None:
     realizability business)."""
     if workload.cluster.is_gpu:
         return cap_gib
-    import psutil
-
     import cost_model
-    available = psutil.virtual_memory().available / 2**30
+    available = host_available_gib()
     world = workload.world
     cap = cap_gib if cap_gib is not None else CPU_MEMORY_SHARE * available / world
     need = float(cost_model.predict(workload, plan).peak_memory_gib)

@@ -42,6 +42,7 @@ from tuner.commands.common import (
     add_workload_args,
     check_output_dir,
     count,
+    default_cpu_memory_cap,
     gib,
     positive_int,
     seconds,
@@ -90,7 +91,8 @@ def add_parser(subparsers):
                    help="Seconds after which a trial is killed and recorded as a timeout (default 300; "
                         "600 with --mode serve, where a CPU server takes minutes to start on a shared host).")
     p.add_argument("--memory-cap-gib", type=gib, default=None,
-                   help="Per-rank memory cap in GiB; a trial exceeding it is recorded as OOM (default: none).")
+                   help="Per-rank memory cap in GiB; a trial exceeding it is recorded as OOM (default: none on "
+                        "GPUs; on CPU 80%% of the host's available memory over the ranks).")
     p.add_argument("--iters", type=positive_int, default=3, help="Timed iterations per trial (default 3; with --mode serve, "
                    "rounds of --concurrency requests).")
     p.add_argument("--warmup", type=count(0, MAX_COUNT), default=1, help="Warm-up iterations (serving: rounds) per trial, not timed (default 1).")
@@ -235,6 +237,9 @@ def run(args) -> int:
     workload = workload_from_args(args)
     profile = profile_for(workload.cluster, args.stack)
     tables, calibration = _cost_model_inputs(args, workload)
+    if options.memory_cap_gib is None and not workload.cluster.is_gpu:  # CPU trials: a cap by default
+        import dataclasses
+        options = dataclasses.replace(options, memory_cap_gib=default_cpu_memory_cap(workload.world))
     if args.baseline:  # a bad --baseline is one line before Ray starts, not after the screening
         from tuner.baseline import given_baseline
         try:
