@@ -8,12 +8,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from specs.errors import SpecError
+from specs.inputs import as_bool, as_float, as_int, as_str, load_yaml, safe_name
 from specs.plan import PRECISIONS
 
 CLUSTER_DIR = Path(__file__).parent
@@ -71,72 +71,89 @@ def _value(entry):
     return entry, ""
 
 
-def load_cluster(kind: str, gpus: int | None = None) -> ClusterSpec:
+# The fields of a cluster YAML and their checks (kind, device_name: names; the rest: numbers and flags).
+_WHOLE = {"devices_per_node": 1, "sm_count": 1, "scaleup_domain": 1}  # field -> least value
+_POSITIVE = ("hbm_gib", "hbm_tbps")  # physical sizes and rates that cannot be 0
+_NON_NEGATIVE = ("nvlink_gbps", "scaleout_gbps", "pcie_gbps")  # 0 = that fabric is absent
+_FLAGS = ("is_gpu", "fp8", "mxfp8", "detect_host")
+_REQUIRED = ("kind", "device_name", "devices_per_node", "sm_count", "peak_tflops", "hbm_gib", "hbm_tbps",
+             "scaleup_domain", "nvlink_gbps", "scaleout_gbps")
+
+
+def _cluster_path(kind: str) -> Path:
+    """A cluster YAML file given by path, or the catalog entry of a kind name."""
     path = Path(kind)
-    if not (path.suffix in (".yaml", ".yml") and path.exists()):
-        path = CLUSTER_DIR / f"{kind}.yaml"
-    if not path.exists():
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        return path
+    if kind not in kind_names():  # only catalog names: "../x" must not reach a YAML elsewhere
         near = difflib.get_close_matches(kind, kind_names(), n=1, cutoff=0.5)
         hint = f"did you mean {near[0]!r}? " if near else ""
-        raise SpecError(f"unknown cluster {kind!r}: {hint}choose one of {', '.join(kind_names())}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SpecError(f"malformed YAML in {path}: {str(e).splitlines()[0]}") from None
+        raise SpecError(f"unknown cluster {kind!r}: {hint}choose one of {', '.join(kind_names())} or give a .yaml file")
+    return CLUSTER_DIR / f"{kind}.yaml"
+
+
+def _checked(values: dict, where: str) -> dict:
+    """The cluster fields type- and range-checked: one SpecError naming the file and the field."""
+    missing = [k for k in _REQUIRED if k not in values]
+    if missing:
+        raise SpecError(f"{where}: cluster file is missing field(s) {', '.join(missing)}")
+    known = set(_REQUIRED) | set(_FLAGS) | {"pcie_gbps"}
+    unknown = sorted(str(k) for k in set(values) - known)
+    if unknown:
+        raise SpecError(f"{where}: unknown cluster field(s) {', '.join(unknown)}")
+    out = dict(values)
+    out["kind"] = safe_name(values["kind"], "kind", where)
+    out["device_name"] = as_str(values["device_name"], "device_name", where)
+    for k, lo in _WHOLE.items():
+        out[k] = as_int(values[k], k, where, lo=lo)
+    for k in _POSITIVE:
+        out[k] = as_float(values[k], k, where, lo=0.0, lo_open=True)
+    for k in _NON_NEGATIVE:
+        if k in values:
+            out[k] = as_float(values[k], k, where, lo=0.0)
+    for k in _FLAGS:
+        if k in values:
+            out[k] = as_bool(values[k], k, where)
+    peaks = values["peak_tflops"]
+    if not isinstance(peaks, dict) or not peaks:
+        raise SpecError(f"{where}: peak_tflops must map dtypes to TFLOPS (e.g. bf16: 989), got {peaks!r}")
+    out["peak_tflops"] = {as_str(dt, "peak_tflops dtype", where):
+                          as_float(v, f"peak_tflops.{dt}", where, lo=0.0, lo_open=True) for dt, v in peaks.items()}
+    return out
+
+
+def load_cluster(kind: str, gpus: int | None = None) -> ClusterSpec:
+    """The cluster of `gpus` devices (None: one node) of a catalog kind or a cluster YAML file.
+    Every field is checked (types, finite and positive where physical); a bad file or name is one
+    SpecError naming the file and the field."""
+    path = _cluster_path(kind)
+    raw = load_yaml(path, "cluster YAML")
     if not isinstance(raw, dict):
-        raise SpecError(f"malformed cluster file {path}: expected a mapping")
+        raise SpecError(f"{path}: a cluster file must be a mapping of field: value, got {type(raw).__name__}")
     values, sources = {}, {}
     for k, v in raw.items():
-        if k == "peak_tflops":
+        if k == "peak_tflops" and isinstance(v, dict):
             values[k], sources[k] = {}, {}
             for dt, e in v.items():
                 values[k][dt], sources[k][dt] = _value(e)
         else:
             values[k], sources[k] = _value(v)
+    values = _checked(values, str(path))
     _check_table_source(path, values)
     if kind == "cpu-local" or values.get("detect_host"):
         values = _detect_host(values)
     values.pop("detect_host", None)
-    per_node = int(values["devices_per_node"])
-    n = per_node if gpus is None else int(gpus)
-    if n <= 0:
+    per_node = values["devices_per_node"]
+    n = per_node if gpus is None else gpus
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n <= 0:
         raise SpecError(f"--gpus must be a positive number of devices, got {gpus}")
     if n > per_node and n % per_node:
         raise SpecError(f"--gpus {n} is not a whole number of {values['kind']} nodes "
                         f"({per_node} devices each)")
-    values["num_devices"] = n
+    values["num_devices"] = n = int(n)
     if n < per_node:
         values["devices_per_node"] = n
-    try:
-        return ClusterSpec(sources=sources, **values)
-    except TypeError as e:
-        raise SpecError(f"bad cluster file {path}: {e}") from None
-
-
-# The numbers the shipped tables of a kind are built from (cost_model/build_default_tables.py reads
-# them from clusters/<kind>.yaml); hbm_gib is not one: the memory model reads it from the YAML.
-TABLE_SOURCE_FIELDS = ("peak_tflops", "hbm_tbps", "sm_count", "nvlink_gbps", "scaleout_gbps", "pcie_gbps")
-
-
-def _check_table_source(path: Path, values: dict) -> None:
-    """A cluster file that names a catalog kind but changes a number that kind's tables were built
-    from would be priced with the catalog's tables, silently: refuse it, saying how to give it its
-    own tables."""
-    kind = values.get("kind")
-    shipped = CLUSTER_DIR / f"{kind}.yaml"
-    if not shipped.exists() or path.resolve() == shipped.resolve():
-        return
-    raw = yaml.safe_load(shipped.read_text())
-    base = {k: ({dt: _value(e)[0] for dt, e in v.items()} if k == "peak_tflops" else _value(v)[0])
-            for k, v in raw.items()}
-    diff = [f"{k} {values.get(k)} (tables: {base.get(k)})" for k in TABLE_SOURCE_FIELDS
-            if values.get(k) != base.get(k)]
-    if diff:
-        raise SpecError(f"{path}: kind {kind!r} but {'; '.join(diff)}: the shipped {kind} tables come from "
-                        f"clusters/{kind}.yaml, so these numbers would be ignored. Give the file its own `kind:` "
-                        f"and build its tables: python -m cost_model.build_default_tables --kinds {path} "
-                        "--out $MOETUNE_HOME/tables (or measure them on that machine: moetune profile --cluster "
-                        f"{path})")
+    return ClusterSpec(sources=sources, **values)
 
 
 def _detect_host(values: dict) -> dict:
@@ -166,3 +183,29 @@ def precision_recipe(precision: str, cluster) -> str:
             return "fp8-blockwise" if is_hopper(cluster) else "fp8-tensorwise"
         raise SpecError(f"--precision fp8: {cluster.device_name} has no fp8 support")
     raise SpecError(f"unknown --precision {precision!r}: use bf16, fp8 or one of {', '.join(PRECISIONS)}")
+
+
+# The numbers the shipped tables of a kind are built from (cost_model/build_default_tables.py reads
+# them from clusters/<kind>.yaml); hbm_gib is not one: the memory model reads it from the YAML.
+TABLE_SOURCE_FIELDS = ("peak_tflops", "hbm_tbps", "sm_count", "nvlink_gbps", "scaleout_gbps", "pcie_gbps")
+
+
+def _check_table_source(path: Path, values: dict) -> None:
+    """A cluster file that names a catalog kind but changes a number that kind's tables were built
+    from would be priced with the catalog's tables, silently: refuse it, saying how to give it its
+    own tables."""
+    kind = values.get("kind")
+    shipped = CLUSTER_DIR / f"{kind}.yaml"
+    if not shipped.exists() or path.resolve() == shipped.resolve():
+        return
+    raw = load_yaml(shipped, "cluster YAML")
+    base = {k: ({dt: _value(e)[0] for dt, e in v.items()} if k == "peak_tflops" else _value(v)[0])
+            for k, v in raw.items()}
+    diff = [f"{k} {values.get(k)} (tables: {base.get(k)})" for k in TABLE_SOURCE_FIELDS
+            if values.get(k) != base.get(k)]
+    if diff:
+        raise SpecError(f"{path}: kind {kind!r} but {'; '.join(diff)}: the shipped {kind} tables come from "
+                        f"clusters/{kind}.yaml, so these numbers would be ignored. Give the file its own `kind:` "
+                        f"and build its tables: python -m cost_model.build_default_tables --kinds {path} "
+                        "--out $MOETUNE_HOME/tables (or measure them on that machine: moetune profile --cluster "
+                        f"{path})")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from specs.errors import InputError
+from specs.inputs import read_text
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,7 @@ class Calibration:
     def load(cls, path: str | Path) -> "Calibration":
         """Read a calibration JSON written by `save`. Raises `CalibrationError` naming `path` when the
         file is missing, unreadable, not JSON, or lacks a positive finite `scale`."""
-        try:
-            text = Path(path).read_text()
-        except FileNotFoundError:
-            raise CalibrationError(f"{path}: no such calibration file") from None
-        except OSError as e:
-            raise CalibrationError(f"{path}: cannot read the calibration file ({e.strerror or e})") from None
+        text = read_text(path, "calibration file", CalibrationError)
         try:
             d = json.loads(text)
             if not isinstance(d, dict):

@@ -38,6 +38,7 @@ from scipy.optimize import minimize
 from scipy.stats import norm
 
 from specs.errors import InputError
+from specs.inputs import read_text
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +118,7 @@ def read_runs_csv(path) -> Runs:
     """Read and validate a runs CSV: columns n_tot, n_act, s, g, d, loss (optional e, k, layers,
     d_model). Raises `RunsError` naming the file row (header = line 1) and the problem."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise RunsError(f"cannot read runs file {path}: {e.strerror or e}") from None
+    text = read_text(path, "runs CSV", RunsError)
     reader = csv.DictReader(text.splitlines())
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
@@ -203,10 +201,9 @@ def load_law(path) -> Law:
     """A law JSON: `moetune law fit --out` output, or the shipped default whose coefficients are
     {value, status, source} entries. Raises `RunsError` on a missing or malformed file."""
     path = Path(path)
+    text = read_text(path, "law file", RunsError)
     try:
-        raw = json.loads(path.read_text())
-    except OSError as e:
-        raise RunsError(f"cannot read law file {path}: {e.strerror or e}") from None
+        raw = json.loads(text)
     except json.JSONDecodeError as e:
         raise RunsError(f"law file {path} is not valid JSON: {e.msg} (line {e.lineno})") from None
     coefs = raw.get("coefficients") if isinstance(raw, dict) else None

@@ -45,6 +45,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,9 +211,19 @@ def read_rows(path: Path, family: str) -> list[dict]:
     need -= set(OPTIONAL_AXES.get(family, {}))
     if rows and not need <= set(rows[0]):
         raise TableError(f"{path}: missing columns {sorted(need - set(rows[0]))}")
-    for r in rows:
+    numeric = [c for c in (*axes, *values) if c in (rows[0] if rows else {})]
+    for line_no, r in enumerate(rows, start=2):  # line 1 is the header
         if not r.get("source"):
-            raise TableError(f"{path}: a row has no source: {r}")
+            raise TableError(f"{path}: line {line_no} has no source")
+        for c in numeric:  # axes and values are interpolated in log space: finite and > 0
+            try:
+                x = float(r[c])
+            except (TypeError, ValueError):
+                raise TableError(f"{path}: not a {family} table (line {line_no}: {c} must be a number, "
+                                 f"got {r[c]!r})") from None
+            if not (math.isfinite(x) and x > 0):
+                raise TableError(f"{path}: not a {family} table (line {line_no}: {c} must be a finite number > 0, "
+                                 f"got {r[c]!r})")
     return with_optional_axes(family, rows)
 
 
@@ -243,11 +254,17 @@ def digest_of(directory: Path) -> tuple[str, dict[str, str]]:
     return h.hexdigest(), files
 
 
+def row_counts(directory: Path) -> dict[str, int]:
+    """Data rows of each CSV (lines after the header): meta.json keeps them so that a file cut
+    short after it was written is refused on load, not silently read as a smaller grid."""
+    return {p.name: max(0, len(p.read_bytes().splitlines()) - 1) for p in sorted(directory.glob("*.csv"))}
+
+
 def write_meta(directory: Path, kind: str, generator: str, notes: list[str],
                sources: dict[str, str] | None = None) -> str:
     digest, files = digest_of(directory)
     meta = {"kind": kind, "format": FORMAT_VERSION, "generator": generator, "notes": notes,
-            "sources": sources or {}, "files": files, "digest": digest}
+            "sources": sources or {}, "files": files, "rows": row_counts(directory), "digest": digest}
     (directory / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return digest
 
@@ -285,6 +302,12 @@ class Tables:
         except (OSError, ValueError) as e:
             raise TableError(f"{meta_path}: not a table meta.json ({e})") from None
         digest, files = digest_of(directory)
+        recorded = meta.get("rows") if isinstance(meta.get("rows"), dict) else {}
+        for name, n in row_counts(directory).items():
+            want = recorded.get(name)
+            if isinstance(want, int) and n < want:  # a truncated copy, or a write cut short
+                raise TableError(f"{directory / name}: has {n} rows, its meta.json records {want} "
+                                 "(cut short? re-run `moetune profile` or restore the file)")
         if meta.get("digest") not in (None, digest):
             meta = dict(meta, stale_digest=meta["digest"])  # edited by hand: quote the real hash
         meta["digest"] = digest

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 from specs.errors import SpecError
+from specs.inputs import as_bool, as_float, as_int, as_str, safe_name
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,10 @@ class ModelSpec:
             problems.append(f"moe_layers has {len(self.moe_layers)} entries for {self.num_layers} layers")
         if self.num_query_groups and self.num_attention_heads % self.num_query_groups:
             problems.append("num_attention_heads must be a multiple of num_query_groups")
+        if not self.mla and not self.kv_channels and self.num_attention_heads > 0 \
+                and self.hidden_size % self.num_attention_heads:
+            problems.append(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                            f"{self.num_attention_heads} (give kv_channels, the per-head size)")
         if self.normalization not in ("RMSNorm", "LayerNorm"):
             problems.append("normalization must be RMSNorm or LayerNorm")
         if self.activation not in ("swiglu", "quick-geglu"):
@@ -143,28 +148,63 @@ def moe_layer_pattern(num_layers: int, num_experts: int, *, first_k_dense: int =
     return tuple(i >= first_k_dense and (i % freq == 0) for i in range(num_layers))
 
 
-def from_dict(d: dict, name: str | None = None) -> ModelSpec:
+# float fields that must be > 0 (the rest: any finite number >= 0, glu_linear_offset any finite number)
+_POSITIVE_FLOATS = ("norm_epsilon", "rotary_base", "rope_scaling_factor", "moe_router_topk_scaling_factor")
+
+
+def _typed(d: dict, where: str) -> dict:
+    """`d` with every value checked against its ModelSpec field type: whole numbers >= 0 for int
+    fields, finite numbers for float fields, true/false for flags, strings for names; one SpecError
+    naming `where`, the field and what was expected otherwise."""
+    types = {f.name: f.type for f in dataclasses.fields(ModelSpec)}
+    out = {}
+    for k, v in d.items():
+        t = types[k]
+        if k == "name":
+            out[k] = safe_name(v, "name", where)
+        elif t == "int":
+            out[k] = as_int(v, k, where, lo=0)
+        elif t == "float":
+            out[k] = as_float(v, k, where, lo=None if k == "glu_linear_offset" else 0.0,
+                              lo_open=k in _POSITIVE_FLOATS)
+        elif t == "bool":
+            out[k] = as_bool(v, k, where)
+        elif t == "str":
+            out[k] = as_str(v, k, where)
+        else:
+            out[k] = v
+    return out
+
+
+def from_dict(d: dict, name: str | None = None, where: str = "model spec") -> ModelSpec:
     """Build a spec from a YAML-style dict. MoE layers: `moe_layers` (explicit 0/1 list) or
-    `first_k_dense` + `moe_layer_freq`."""
+    `first_k_dense` + `moe_layer_freq`. Every value is type- and range-checked (`_typed`); errors
+    are one SpecError naming `where` (the file) and the field."""
     if not isinstance(d, dict):
-        raise SpecError("model spec must be a mapping of field: value")
+        raise SpecError(f"{where}: a model spec must be a mapping of field: value, got {type(d).__name__}")
     d = dict(d)
     explicit = d.pop("moe_layers", None)
-    first_k = d.pop("first_k_dense", 0)
-    freq = d.pop("moe_layer_freq", 1)
+    first_k = as_int(d.pop("first_k_dense", 0), "first_k_dense", where, lo=0)
+    freq = as_int(d.pop("moe_layer_freq", 1), "moe_layer_freq", where, lo=1)
+    if explicit is not None:
+        if not isinstance(explicit, (list, tuple)):
+            raise SpecError(f"{where}: moe_layers must be a list of 0/1, got {explicit!r}")
+        if not all(isinstance(x, bool) or x in (0, 1) for x in explicit):
+            raise SpecError(f"{where}: moe_layers must be a list of 0/1 (or true/false), got {explicit!r}")
     known = {f.name for f in dataclasses.fields(ModelSpec)}
-    unknown = sorted(set(d) - known)
+    unknown = sorted(str(k) for k in set(d) - known)
     if unknown:
-        raise SpecError(f"unknown model field(s): {', '.join(unknown)}")
+        raise SpecError(f"{where}: unknown model field(s): {', '.join(unknown)}")
     if name is not None:
         d["name"] = name
     for req in ("name", "num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
         if req not in d:
-            raise SpecError(f"model spec is missing required field {req!r}")
+            raise SpecError(f"{where}: model spec is missing required field {req!r}")
+    d = _typed(d, where)
     d.setdefault("ffn_hidden_size", 4 * d["hidden_size"])
     try:
-        d["moe_layers"] = moe_layer_pattern(int(d["num_layers"]), int(d.get("num_experts", 0)),
+        d["moe_layers"] = moe_layer_pattern(d["num_layers"], d.get("num_experts", 0),
                                             first_k_dense=first_k, freq=freq, explicit=explicit)
         return ModelSpec(**d)
-    except TypeError as e:  # wrong value types from a hand-written YAML
-        raise SpecError(f"bad model spec: {e}") from None
+    except SpecError as e:
+        raise SpecError(f"{where}: {e}") from None

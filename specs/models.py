@@ -7,10 +7,9 @@ import difflib
 import os
 from pathlib import Path
 
-import yaml
-
 from specs.errors import SpecError
 from specs.hf_config import load_hf_config
+from specs.inputs import load_yaml
 from specs.model_spec import ModelSpec, from_dict
 
 PRESET_DIR = Path(__file__).parent / "presets" / "models"
@@ -69,9 +68,8 @@ def load_model(ref: str) -> ModelSpec:
         return load_hf_config(path)
     if path.suffix in (".yaml", ".yml") and path.exists():
         return _load_yaml(path, name=None)
-    preset = PRESET_DIR / f"{ref}.yaml"
-    if preset.exists():
-        return _load_yaml(preset, name=ref)
+    if ref in preset_names():  # only a listed preset: "../x" must not reach a file beside them
+        return _load_yaml(PRESET_DIR / f"{ref}.yaml", name=ref)
     if is_hub_id(ref):
         same = [n for n in preset_names() if hf_id(_load_yaml(PRESET_DIR / f"{n}.yaml", name=n)).lower() == ref.lower()]
         alt = f"--model {same[0]} (the preset of that checkpoint)" if same else "a preset (`moetune list models`)"
@@ -86,14 +84,10 @@ def load_model(ref: str) -> ModelSpec:
 
 
 def _load_yaml(path: Path, name: str | None) -> ModelSpec:
-    try:
-        d = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        first = str(e).splitlines()[0] if str(e) else "parse error"
-        raise SpecError(f"malformed YAML in {path}: {first}") from None
+    d = load_yaml(path, "model YAML")
     if isinstance(d, dict) and "name" not in d and name is None:
         d["name"] = path.stem
-    return from_dict(d, name=name)
+    return from_dict(d, name=name, where=str(path))
 
 
 def hf_id(model: ModelSpec) -> str:

@@ -147,6 +147,9 @@ def parse_fields(text: str) -> dict:
     return parse_key_values(text, _FIELDS, _ALIASES, "plan")
 
 
+MAX_PLAN_CHARS = 4096  # a canonical plan string is a few hundred characters
+
+
 def parse_key_values(text: str, fields: dict, aliases: dict, what: str) -> dict:
     """Parse `k=v,k=v` into the typed values of a frozen dataclass's `fields` (name -> Field, with
     string annotations: int, float, bool, tuple[...], str); `aliases` maps other spellings to field
@@ -156,6 +159,13 @@ def parse_key_values(text: str, fields: dict, aliases: dict, what: str) -> dict:
     text = text.strip()
     if not text:
         return out
+    if len(text) > MAX_PLAN_CHARS:  # never echo a 100 kB string back on one line
+        raise PlanSyntaxError(f"{what} string is {len(text):,} characters long (at most {MAX_PLAN_CHARS:,})")
+    if not (text.isascii() and text.isprintable()):  # "tp=２" must not read as tp=2
+        bad = next(c for c in text if not (c.isascii() and c.isprintable()))
+        raise PlanSyntaxError(f"{what} string has a character that is not printable ASCII: {bad!r}")
+    if not text.replace(",", "").strip():
+        raise PlanSyntaxError(f"{what} string {text!r} has no key=value item")
     for part in text.split(","):
         part = part.strip()
         if not part:

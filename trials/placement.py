@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from pathlib import Path
 
-from trials.processes import RankGroup, free_port
+from trials.processes import RankGroup, free_port, trial_tempdir
 from trials.rank_watch import NodeLost, reports, rss_gib, tail_of, watch
 
 logger = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ class NodeLauncher:
 
     def start(self, module: str, spec: dict, ranks: list[int], world: int, master_addr: str,
               master_port: int, env: dict | None) -> None:
-        self.tmp = tempfile.TemporaryDirectory(prefix="moetune-trial-")
+        self.tmp = trial_tempdir()
         d = Path(self.tmp.name)
         (d / "spec.json").write_text(json.dumps(dict(spec, out_dir=str(d))))
         self.ranks = list(ranks)

@@ -9,13 +9,54 @@ failing or hanging run never leaves processes or ports behind.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+TRIAL_DIR_PREFIX = "moetune-trial-"
+OWNER_FILE = "owner"  # "<pid> <process start time>" of the launcher that made the folder
+
+
+def sweep_orphan_trial_dirs(root: str | Path | None = None) -> list[Path]:
+    """Remove this user's temporary trial folders whose launcher is gone: a launcher killed with
+    SIGKILL (or with its Ray worker) cannot clean up after itself, so the next launch does. A folder
+    without an owner file, or whose owner still runs, is left alone. Returns the folders removed."""
+    import psutil
+    removed = []
+    for d in Path(root or tempfile.gettempdir()).glob(f"{TRIAL_DIR_PREFIX}*"):
+        try:
+            if d.stat().st_uid != os.getuid():
+                continue
+            pid, started = (d / OWNER_FILE).read_text().split()
+            alive = abs(psutil.Process(int(pid)).create_time() - float(started)) < 1.0  # not a reused pid
+        except psutil.NoSuchProcess:
+            alive = False
+        except (OSError, ValueError, psutil.Error):
+            continue
+        if not alive:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+def trial_tempdir(owned: bool = True) -> tempfile.TemporaryDirectory:
+    """A new temporary `moetune-trial-*` folder (after sweeping the orphans of dead launchers).
+    `owned`: it names this process as its owner, so that it is swept if this process is killed
+    before it removes the folder itself (a folder the caller keeps must not be owned)."""
+    sweep_orphan_trial_dirs()
+    tmp = tempfile.TemporaryDirectory(prefix=TRIAL_DIR_PREFIX)
+    if owned:
+        import psutil
+        me = psutil.Process()
+        (Path(tmp.name) / OWNER_FILE).write_text(f"{me.pid} {me.create_time()}\n")
+    return tmp
 
 
 def free_port() -> int:

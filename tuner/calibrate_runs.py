@@ -19,17 +19,20 @@ from __future__ import annotations
 import csv
 import datetime
 import hashlib
+import io
 import json
 from pathlib import Path
 
 import numpy as np
 
+from specs.errors import InputError
+from specs.inputs import read_text
 from tuner import study as study_mod
 
 TIME_KEYS = ("measured_step_time_s", "step_time_s")
 
 
-class CalibrateError(ValueError):
+class CalibrateError(InputError):
     pass
 
 
@@ -50,7 +53,7 @@ def clean_rows(rows: list[dict], keys=TIME_KEYS) -> list[dict]:
         if str(r.get("status", "ok")).strip() not in ("ok", "COMPLETE", ""):
             continue
         t = _measured(r, keys)
-        if t is None or not (t > 0) or not r.get("plan"):
+        if t is None or not (0 < t < float("inf")) or not r.get("plan"):  # NaN and inf are no times
             continue
         out.append(dict(r, measured_step_time_s=t))
     return out
@@ -58,8 +61,11 @@ def clean_rows(rows: list[dict], keys=TIME_KEYS) -> list[dict]:
 
 def load_csv(path: str | Path, time_column: str | None = None) -> list[dict]:
     keys = (time_column,) if time_column else TIME_KEYS
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    text = read_text(path, "measurements CSV", CalibrateError)
+    try:
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as e:
+        raise CalibrateError(f"{path}: not a CSV file ({e})") from None
     if rows and "plan" not in rows[0]:
         raise CalibrateError(f"{path}: no 'plan' column (have {', '.join(rows[0])})")
     if rows and not any(k in rows[0] for k in keys):

@@ -138,6 +138,70 @@ def redact_url(url: str | None) -> str:
         return url.split("://", 1)[0] + "://***"
 
 
+STORAGE_CONNECT_TIMEOUT_S = 5
+
+
+def check_storage(url: str | None, study_dir: str | Path) -> None:
+    """Refuse a storage that cannot work, before anything starts (Ray, screening, the
+    pre-registration) and without creating anything: UsageError (one line, the password never
+    shown) for a malformed URL, a missing database driver, a server that does not answer within
+    STORAGE_CONNECT_TIMEOUT_S, or a journal / SQLite file whose folder cannot be written.
+    None (SQLite in `study_dir`) is checked with the study folder by the caller."""
+    from specs.errors import UsageError
+    if not url:
+        return
+    shown = redact_url(url)
+    if url.startswith("journal:"):
+        _check_storage_file(url[len("journal:"):], shown)
+        return
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+    try:
+        u = make_url(url)
+    except (ArgumentError, ValueError):
+        raise UsageError(f"--storage {shown}: not a storage URL (an SQLAlchemy URL such as "
+                         "sqlite:///study.db or postgresql+psycopg://user@host/db, or journal:<path>)") from None
+    if u.get_backend_name() == "sqlite":
+        if u.database and u.database != ":memory:":
+            _check_storage_file(u.database, shown)
+        return
+    try:
+        args = {"connect_timeout": STORAGE_CONNECT_TIMEOUT_S} if u.get_backend_name() in ("postgresql", "mysql") else {}
+        engine = create_engine(u, connect_args=args)
+    except Exception as e:  # noqa: BLE001 - a missing driver, an unknown dialect: the user's to fix
+        raise UsageError(f"--storage {shown}: cannot be used ({type(e).__name__}: {_scrub(e, u)})") from None
+    try:
+        with engine.connect():
+            pass
+    except Exception as e:  # noqa: BLE001 - refused, unreachable, bad credentials
+        raise UsageError(f"--storage {shown}: cannot connect ({_scrub(getattr(e, 'orig', None) or e, u)})") from None
+    finally:
+        engine.dispose()
+
+
+def _scrub(e: BaseException, u) -> str:
+    """The first line of an error, with the URL's password (if any) masked."""
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    return line.replace(u.password, "***") if u.password else line
+
+
+def _check_storage_file(path: str, shown: str) -> None:
+    from specs.errors import UsageError
+    p = Path(path)
+    if not path.strip():
+        raise UsageError(f"--storage {shown}: no file named")
+    if p.is_dir():
+        raise UsageError(f"--storage {shown}: {p} is a folder, expected a file")
+    d = p.parent
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    if not d.is_dir():
+        raise UsageError(f"--storage {shown}: {d} is a file, not a folder")
+    if not os.access(d if not p.exists() else p, os.W_OK):
+        raise UsageError(f"--storage {shown}: {p if p.exists() else d} is not writable")
+
+
 def open_study(name: str, storage):
     """Create the study `name` in `storage`, or load it if it exists (resumption)."""
     return optuna.create_study(study_name=name, storage=storage, direction="maximize",

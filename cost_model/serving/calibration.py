@@ -13,6 +13,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cost_model.calibration import CalibrationError
+from specs.inputs import as_float, read_text
+
 DEFAULT_PATH = Path(__file__).resolve().parent / "calibration_default.json"
 LABEL = "serving runtime overhead (multiplicative on step time)"
 
@@ -35,8 +38,20 @@ class ServeCalibration:
 
     @classmethod
     def load(cls, path: Path) -> "ServeCalibration":
-        d = json.loads(Path(path).read_text())
-        return cls(scale=float(d["scale"]), label=d.get("label", LABEL), provenance=d.get("provenance", {}))
+        """Read a serving calibration JSON; a CalibrationError naming the file when it is not one."""
+        text = read_text(path, "serving calibration file", CalibrationError)
+        try:
+            d = json.loads(text)
+            if not isinstance(d, dict) or "scale" not in d:
+                raise ValueError("expected a JSON object with a 'scale'")
+            scale = as_float(d["scale"], "scale", str(path), lo=0.0, lo_open=True, error=CalibrationError)
+            if not isinstance(d.get("provenance", {}), dict):
+                raise ValueError("'provenance' is not an object")
+        except ValueError as e:
+            if isinstance(e, CalibrationError):
+                raise
+            raise CalibrationError(f"{path}: not a serving calibration file ({e})") from None
+        return cls(scale=scale, label=str(d.get("label", LABEL)), provenance=d.get("provenance", {}))
 
 
 def load_default() -> ServeCalibration:

@@ -9,9 +9,19 @@ callables (interpolated on a grid of the step model), so a run of thousands of s
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
+
+
+def _step_seconds(x, what: str) -> float:
+    """A step time the clock can advance by: finite and >= 0. A NaN would freeze the clock (arrivals
+    compare false against it) and the loop would never end; refuse it instead."""
+    dt = float(x)
+    if not (math.isfinite(dt) and dt >= 0):
+        raise ValueError(f"serving simulator: the {what} step model gave {dt} s (expected a finite time >= 0)")
+    return dt
 
 
 def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_tokens: float,
@@ -71,7 +81,7 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
                     batch.append(waiting.popleft())
                 else:
                     break  # a partially prefilled request stays at the head
-            dt = float(prefill_t(toks, prefix_sum / max(toks, 1)))
+            dt = _step_seconds(prefill_t(toks, prefix_sum / max(toks, 1)), "prefill")
             t += dt
             steps += 1
             in_tok += toks
@@ -88,7 +98,7 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
             continue
         if run_ctx:
             ctx = np.array([r[0] for r in run_ctx], float)
-            dt = float(decode_t(len(run_ctx), float(ctx.mean())))
+            dt = _step_seconds(decode_t(len(run_ctx), float(ctx.mean())), "decode")
             t += dt
             steps += 1
             out_tok += len(run_ctx)

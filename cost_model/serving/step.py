@@ -9,6 +9,7 @@ synchronise them), so a step's tokens per instance are rank tokens x attn_dp.
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from cost_model.flops import param_counts
 from cost_model.ops import TableOps
 from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNELS_PER_LAYER, SCHED_OVERHEAD_S
 from cost_model.serving.memory import kv_bytes_per_token
+from specs.errors import InputError
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "ep_dispatch_combine_bandwidth.csv"
 
@@ -56,6 +58,11 @@ class StepModel:
     """Step-time functions of one model on one cluster (fixed precision) for plan columns `c`."""
 
     def __init__(self, spec, cluster, tables, c, *, fp8: bool, imbalance: float = 1.0, routing_skew: float = 0.0):
+        # the boundary of the serving model: a NaN here would become a NaN clock in the simulator
+        if not (math.isfinite(routing_skew) and routing_skew >= 0):
+            raise InputError(f"routing skew must be a finite number >= 0, got {routing_skew}")
+        if not (math.isfinite(imbalance) and imbalance >= 1):
+            raise InputError(f"routing imbalance must be a finite number >= 1, got {imbalance}")
         self.s, self.cl, self.c = spec, cluster, c
         self.fp8 = fp8
         self.ops = TableOps(tables, cluster, np.full(len(c), fp8))

@@ -31,17 +31,19 @@ median step with the defaults, 0.477/0.482/0.479 s with the tunables; minor faul
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import statistics
-import tempfile
+import threading
 from pathlib import Path
 
 from specs.plan import Plan
 from specs.stack import Installed, detect_installed, launch_env
 from trials.base import Failure, Measurement, Resources, TrialBackend
 from trials.megatron.spec_choice import layer_spec_choice, ranks_fit
-from trials.processes import RankGroup
+from trials.processes import RankGroup, trial_tempdir
 from trials.rank_watch import watch_local
 
 # glibc tunables for CPU ranks (module docstring): 32 MiB is glibc's largest dynamic mmap
@@ -142,6 +144,24 @@ def worker_spec(plan: str, model: dict, gbs: int, seq: int, *, iters: int, warmu
             "mode": mode, "pg_timeout_s": max(60.0, float(timeout_s)), **(extra or {})}
 
 
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises SystemExit while a trial runs in the main thread (where the default action
+    would end the process without its `finally` clauses: the temporary folder would stay)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def launch(plan: str, model: dict, gbs: int, seq: int, world: int, *, timeout_s: float = 600.0,
            memory_cap_gib: float | None = None, master_port: int | None = None, iters: int = 5,
            warmup: int = 2, mode: str = "train", out_dir: str | None = None,
@@ -149,14 +169,16 @@ def launch(plan: str, model: dict, gbs: int, seq: int, world: int, *, timeout_s:
     """Run the workers; return {"ok": True, "ranks": [...], "dir": ...} or
     {"ok": False, "kind", "message", "dir"}. memory_cap_gib: host RSS cap per rank (CPU trials);
     extra: more worker spec keys; env: extra environment variables for every rank."""
-    tmp = tempfile.TemporaryDirectory(prefix="moetune-trial-") if out_dir is None else None
+    tmp = trial_tempdir(owned=not keep_dir) if out_dir is None else None  # a kept folder is never swept
     d = Path(out_dir or tmp.name)
-    d.mkdir(parents=True, exist_ok=True)
-    spec = worker_spec(plan, model, gbs, seq, iters=iters, warmup=warmup, mode=mode, timeout_s=timeout_s,
-                       extra=extra)
-    (d / "spec.json").write_text(json.dumps(dict(spec, out_dir=str(d))))
     try:
-        with RankGroup("trials.megatron.worker", d / "spec.json", world, d, master_port, env=env) as group:
+        d.mkdir(parents=True, exist_ok=True)
+        spec = worker_spec(plan, model, gbs, seq, iters=iters, warmup=warmup, mode=mode, timeout_s=timeout_s,
+                           extra=extra)
+        (d / "spec.json").write_text(json.dumps(dict(spec, out_dir=str(d))))
+        with _sigterm_raises(), \
+                RankGroup("trials.megatron.worker", d / "spec.json", world, d, master_port, env=env,
+                          die_with_parent=True) as group:  # a launcher killed with -9 takes its ranks along
             result = watch_local(group.procs, d, world, timeout_s, memory_cap_gib)
         result["dir"] = str(d)
         return result

@@ -37,7 +37,6 @@ import os
 import sys
 import time
 import traceback
-from datetime import timedelta
 
 import torch
 
@@ -165,8 +164,9 @@ class TrialWorker:
         self.patched = cpu_compat.apply()
         import torch.distributed as dist
         self.dist = dist
-        dist.init_process_group("nccl" if self.on_gpu else "gloo", rank=self.rank, world_size=self.world,
-                                timeout=timedelta(seconds=float(spec.get("pg_timeout_s", 600))))
+        from trials.rendezvous import init_process_group  # rank 0's store listens on MASTER_ADDR only
+        init_process_group("nccl" if self.on_gpu else "gloo", self.rank, self.world,
+                           float(spec.get("pg_timeout_s", 600)))
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
 
         from specs.model_spec import from_dict

@@ -159,7 +159,6 @@ def _iters(nbytes: float, on_gpu: bool) -> int:
 
 
 def worker(spec_path: str) -> int:
-    from datetime import timedelta
 
     import torch
     import torch.distributed as dist
@@ -175,8 +174,8 @@ def worker(spec_path: str) -> int:
         from trials.profile.common import pin_to_core
         pin_to_core(rank)
         dev = torch.device("cpu")
-    dist.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+    from trials.rendezvous import init_process_group  # rank 0's store listens on MASTER_ADDR only
+    init_process_group("nccl" if on_gpu else "gloo", rank, world, 120.0)
     groups = {}
     for p in spec["points"]:  # same order on every rank
         key = (p["group"], p["layout"])

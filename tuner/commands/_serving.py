@@ -6,15 +6,22 @@ import argparse
 
 from specs.errors import UsageError
 from specs.serve_plan import ServePlan
+from tuner.commands.common import MAX_COUNT, count, number, tokens
 
 
 def add_serve_workload_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--isl", type=int, required=True, help="Input tokens per request.")
-    p.add_argument("--osl", type=int, required=True, help="Output tokens per request.")
-    p.add_argument("--concurrency", type=int, default=None,
+    p.add_argument("--isl", type=tokens, required=True, help="Input tokens per request.")
+    p.add_argument("--osl", type=tokens, required=True, help="Output tokens per request.")
+    p.add_argument("--concurrency", type=count(1, MAX_COUNT), default=None,
                    help="Requests in flight (closed loop; default 8 per device, tuner.predict_serve.default_concurrency).")
-    p.add_argument("--request-rate", type=float, default=0.0,
+    p.add_argument("--request-rate", type=number(0.0, 1e6), default=0.0,
                    help="Requests per second, Poisson arrivals (default 0: closed loop at --concurrency).")
+
+
+def require_backend_runs_on(backend: str, cluster) -> None:
+    """Refuse (exit 2, before any start-up) a serving engine that cannot run on `cluster`."""
+    if backend == "sglang" and not cluster.is_gpu:
+        raise UsageError("--backend sglang needs GPUs: SGLang 0.5.23 has no CPU kernels on PyPI (use vllm)")
 
 
 def serve_plan_from_args(args, devices: int) -> ServePlan:

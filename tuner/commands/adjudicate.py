@@ -31,11 +31,13 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    from specs.inputs import safe_name
     from tuner import prereg
     from tuner import study as study_mod
     from tuner.report import adjudicate
-
+    safe_name(args.study, "study", "study name", UsageError)
     d = Path(args.study_dir) if args.study_dir else study_mod.default_study_dir(args.study)
+    study_mod.check_storage(args.storage, d)
     try:
         doc = prereg.load(d)
     except prereg.PreregistrationError as e:

@@ -23,7 +23,15 @@ from pathlib import Path
 
 from specs.errors import UsageError
 from specs.fileio import write_atomic
-from tuner.commands.common import add_complete_arg, add_stack_arg
+from tuner.commands.common import (
+    add_complete_arg,
+    add_stack_arg,
+    batch,
+    check_home,
+    check_output_dir,
+    devices,
+    tokens,
+)
 
 DESCRIPTION = ("Fit the cost model's calibration term to measured runs, report the model's error before "
                "and after as a table and a scatter plot, and install the fit for the cluster kind.")
@@ -42,9 +50,9 @@ def add_parser(subparsers):
     p.add_argument("--model", default=None, help="Model for rows that lack one, or to override theirs.")
     p.add_argument("--cluster", default=None,
                    help="Cluster kind: only rows of this kind are used, and rows lacking one get it.")
-    p.add_argument("--gpus", type=int, default=None, help="Number of devices for rows that lack one.")
-    p.add_argument("--gbs", type=int, default=None, help="Global batch size for rows that lack one.")
-    p.add_argument("--seq", type=int, default=None, help="Sequence length for rows that lack one.")
+    p.add_argument("--gpus", type=devices, default=None, help="Number of devices for rows that lack one.")
+    p.add_argument("--gbs", type=batch, default=None, help="Global batch size for rows that lack one.")
+    p.add_argument("--seq", type=tokens, default=None, help="Sequence length for rows that lack one.")
     p.add_argument("--time-column", default=None,
                    help="CSV column holding the measured step time (default: measured_step_time_s or "
                         "step_time_s); e.g. min_step_time_s for the least-interfered iteration on a shared host.")
@@ -80,6 +88,10 @@ def run(args) -> int:
     from cost_model.calibration import user_calibration_path
     from tuner import calibrate_runs as runs
     from tuner import study as study_mod
+    if args.out:  # before any work: a folder that cannot be written is one line, nothing made
+        check_output_dir(args.out, "--out")
+    if not args.no_install:
+        check_home()
     try:
         if args.measurements:
             if not Path(args.measurements).is_file():
@@ -88,6 +100,9 @@ def run(args) -> int:
             source = {"file": str(Path(args.measurements).resolve()), "sha256": runs.file_sha256(args.measurements),
                       "time_column": args.time_column or "measured_step_time_s|step_time_s"}
         else:
+            from specs.inputs import safe_name
+            safe_name(args.study, "--study", "study name", UsageError)
+            study_mod.check_storage(args.storage, args.study_dir or study_mod.default_study_dir(args.study))
             wl = {"model": args.model, "cluster": args.cluster, "gpus": args.gpus, "gbs": args.gbs, "seq": args.seq}
             rows = runs.load_study(args.study, args.storage, args.study_dir, wl)
             study_dir = Path(args.study_dir) if args.study_dir else study_mod.default_study_dir(args.study)

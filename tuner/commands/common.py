@@ -4,6 +4,9 @@ takes a plan treats it the same way."""
 from __future__ import annotations
 
 import argparse
+import math
+import os
+from pathlib import Path
 
 from clusters import load_cluster
 from specs.errors import UsageError
@@ -13,18 +16,138 @@ from specs.workload import Workload
 __all__ = ["UsageError", "UnrealizablePlanError", "add_workload_args", "workload_from_args", "add_stack_arg",
            "add_plan_args", "add_canonical_arg", "add_complete_arg", "completed_plan", "plan_completion",
            "unrealizable", "require_realizable", "plan_text", "positive_int",
+           "check_output_dir", "check_output_file", "check_home",
+           "CPU_MEMORY_SHARE", "host_available_gib", "default_cpu_memory_cap", "count", "number", "devices", "batch", "tokens", "seconds",
+           "minutes", "gib", "MAX_DEVICES", "MAX_BATCH", "MAX_TOKENS", "MAX_COUNT", "MAX_SECONDS", "MAX_GIB",
            "add_cost_model_args", "cost_model_inputs", "fmt_seconds", "fmt_gib", "fmt_flops"]
 
 
-def positive_int(text: str) -> int:
-    """argparse type for sizes and counts: a whole number > 0 (the parser prints one line, exit 2)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {v}")
-    return v
+# ---- numeric flags ---------------------------------------------------------------------------
+# Every numeric flag of every command is parsed by one of the types below: finite numbers only (no
+# nan, no inf), whole numbers where a count is meant, and an upper bound wherever a physical one
+# exists. The bounds are far above any real deployment, so they only refuse typos and nonsense:
+MAX_DEVICES = 1_000_000  # the largest training clusters announced by 2025 hold ~10^5 GPUs
+MAX_BATCH = 1 << 24  # sequences per global batch (DeepSeek-V3 trained at 15360, arXiv 2412.19437)
+MAX_TOKENS = 1 << 24  # tokens of one sequence or request (16 Mi; the longest contexts are ~10^7)
+MAX_COUNT = 1_000_000  # iterations, trials, actors, requests in flight, ranked plans shown
+MAX_SECONDS = 7 * 24 * 3600.0  # timeouts, budgets: a week
+MAX_GIB = 1_000_000  # memory per rank, GiB (~1 PiB)
+
+
+def count(lo: int = 1, hi: int = MAX_COUNT, what: str = "a whole number"):
+    """argparse type: a whole number in [lo, hi] (the parser prints one line, exit 2)."""
+    rng = f"a positive {what[2:] if what.startswith('a ') else what} up to {hi:,}" if lo == 1 \
+        else f"{what} from {lo:,} to {hi:,}"
+
+    def parse(text: str) -> int:
+        try:
+            v = int(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {rng}, got {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be {rng}, got {v:,}")
+        return v
+    parse.__name__ = "whole number"  # argparse names the type in "invalid <name> value" messages
+    return parse
+
+
+def number(lo: float = 0.0, hi: float = float("inf"), *, lo_open: bool = False, hi_open: bool = False,
+           what: str = "a number"):
+    """argparse type: a finite number in [lo, hi] (`lo_open` / `hi_open`: the bound itself excluded)."""
+    lo_s = f"{'>' if lo_open else '>='} {lo:g}"
+    hi_s = "" if hi == float("inf") else f" and {'<' if hi_open else '<='} {hi:g}"
+
+    def parse(text: str) -> float:
+        try:
+            v = float(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} {lo_s}{hi_s}, got {text!r}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"expected a finite number {lo_s}{hi_s}, got {text!r}")
+        if (v <= lo if lo_open else v < lo) or (v >= hi if hi_open else v > hi):
+            raise argparse.ArgumentTypeError(f"must be {lo_s}{hi_s}, got {v:g}")
+        return v
+    parse.__name__ = "number"
+    return parse
+
+
+positive_int = count(1, MAX_COUNT)  # sizes and counts with no tighter bound
+devices = count(1, MAX_DEVICES)
+batch = count(1, MAX_BATCH)
+tokens = count(1, MAX_TOKENS)
+seconds = number(0.0, MAX_SECONDS, lo_open=True, what="a number of seconds")
+minutes = number(0.0, MAX_SECONDS / 60, lo_open=True, what="a number of minutes")
+gib = number(0.0, MAX_GIB, lo_open=True, what="a size in GiB")
+
+
+# ---- output paths ---------------------------------------------------------------------------
+# Checked before a command does any work, so that a path that cannot be written costs one line
+# (exit 2) and leaves nothing behind; nothing is created by the checks themselves.
+
+def _nearest_existing(p: Path) -> Path:
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_creatable_dir(d: Path, flag: str, shown: Path) -> None:
+    """`d` is a writable folder, or could be made as one (its nearest existing ancestor is a
+    writable folder); errors name `flag` and `shown` (the path the user gave)."""
+    base = _nearest_existing(d)
+    if not base.is_dir():
+        raise UsageError(f"{flag} {shown}: {base} is a file, not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {shown}: {base} is not writable")
+
+
+def check_output_dir(path, flag: str) -> Path:
+    """A folder the command will write into (made if missing); UsageError if that cannot work."""
+    d = Path(path)
+    if not str(path).strip():
+        raise UsageError(f"{flag}: an empty path")
+    _check_creatable_dir(d, flag, d)
+    return d
+
+
+def check_output_file(path, flag: str) -> Path:
+    """A file the command will write (its folder made if missing); UsageError if that cannot work."""
+    f = Path(path)
+    if not str(path).strip():
+        raise UsageError(f"{flag}: an empty path")
+    if f.is_dir():
+        raise UsageError(f"{flag} {f}: is a folder, expected a file path")
+    if f.exists() and not os.access(f, os.W_OK):
+        raise UsageError(f"{flag} {f}: is not writable")
+    _check_creatable_dir(f.parent, flag, f)
+    return f
+
+
+# Share of the host's available memory a CPU trial's ranks may use together by default: the rest is
+# left to the launcher, Ray and the other users of the host (a trial over it is killed as OOM by
+# the rank watcher rather than by the kernel's OOM killer).
+CPU_MEMORY_SHARE = 0.8
+
+
+def host_available_gib() -> float:
+    import psutil
+    return psutil.virtual_memory().available / 2**30
+
+
+def default_cpu_memory_cap(world: int) -> float:
+    """The per-rank memory cap of a CPU trial when --memory-cap-gib is not given."""
+    return CPU_MEMORY_SHARE * host_available_gib() / max(int(world), 1)
+
+
+def check_home() -> Path:
+    """$MOETUNE_HOME (user state: tables, calibrations, Ray token, logs) as a usable folder."""
+    from specs.home import moetune_home
+    home = moetune_home()
+    if home.exists() and not home.is_dir():
+        raise UsageError(f"MOETUNE_HOME {home}: is a file, not a folder")
+    base = _nearest_existing(home)
+    if not base.is_dir():  # writability is checked by the commands that write there
+        raise UsageError(f"MOETUNE_HOME {home}: {base} is a file, not a folder")
+    return home
 
 
 def add_workload_args(p: argparse.ArgumentParser, *, gpus_required: bool = False, gbs_required: bool = True) -> None:
@@ -33,10 +156,10 @@ def add_workload_args(p: argparse.ArgumentParser, *, gpus_required: bool = False
                    help="Model to train: a preset name, a model YAML file or a Hugging Face config.json.")
     p.add_argument("--cluster", required=True,
                    help="Hardware kind (one of clusters/*.yaml) or a cluster YAML file.")
-    p.add_argument("--gpus", type=positive_int, default=None, required=gpus_required,
+    p.add_argument("--gpus", type=devices, default=None, required=gpus_required,
                    help="Number of devices; by default one node of the cluster.")
-    p.add_argument("--gbs", type=positive_int, required=gbs_required, help="Global batch size in sequences.")
-    p.add_argument("--seq", type=positive_int, default=None,
+    p.add_argument("--gbs", type=batch, required=gbs_required, help="Global batch size in sequences.")
+    p.add_argument("--seq", type=tokens, default=None,
                    help="Sequence length in tokens; by default the model's own.")
     p.add_argument("--precision", default="bf16",
                    help="Training precision: bf16, fp8 (the best fp8 recipe the hardware has) or one recipe "

@@ -7,6 +7,7 @@ import sys
 import time
 
 from specs.errors import UsageError
+from tuner.commands.common import MAX_COUNT, check_output_dir, count, devices, number
 
 
 def add_parser(subparsers):
@@ -16,8 +17,8 @@ def add_parser(subparsers):
                     "is lowest when trained for the tokens its best realizable layout delivers in the window "
                     "(deliverable model FLOPs, not model FLOPs).")
     p.add_argument("--cluster", required=True, help="Hardware kind (clusters/*.yaml) or a cluster YAML file.")
-    p.add_argument("--gpus", type=int, required=True, help="Number of devices in the cluster.")
-    p.add_argument("--days", type=float, required=True, help="Training window in days of wall clock.")
+    p.add_argument("--gpus", type=devices, required=True, help="Number of devices in the cluster.")
+    p.add_argument("--days", type=number(0.0, 36500.0, lo_open=True), required=True, help="Training window in days of wall clock.")
     p.add_argument("--law", default=None,
                    help="Law JSON written by `moetune law fit --out`; default: the shipped law with the "
                         "paper's eta and beta and labelled placeholder coefficients.")
@@ -25,10 +26,10 @@ def add_parser(subparsers):
                    help='Search envelope as a JSON/YAML file or inline "q=4..12;e=8,16,32;k=1,2;g=1,2,4,8;'
                         's=0.5..0.981;tpp=40..150;tp=1;cp=1;gbs=1024;seq=2048"; unset keys keep the published defaults.')
     p.add_argument("--stack", default="auto", help="Target stack profile: auto, gpu-full, gpu-te or gpu-plain.")
-    p.add_argument("--top", type=int, default=10, help="Number of ranked runner-ups to report (default 10).")
+    p.add_argument("--top", type=count(0, MAX_COUNT), default=10, help="Number of ranked runner-ups to report (default 10).")
     p.add_argument("--exhaustive", action="store_true",
                    help="Score every geometry instead of skipping those whose loss bound cannot make the top list.")
-    p.add_argument("--frontier", type=int, default=100,
+    p.add_argument("--frontier", type=count(0, MAX_COUNT), default=100,
                    help="Score at least this many lowest-loss geometries so the frontier plot shows them (default 100).")
     p.add_argument("--out", default=None,
                    help="Directory for design.json, frontier.png, the chosen model YAML and its launch script.")
@@ -78,6 +79,8 @@ def run(args) -> int:
         raise UsageError(f"--days must be positive, got {args.days:g}")
     if args.top < 0 or args.frontier < 0:
         raise UsageError("--top and --frontier must be zero or more")
+    if args.out:  # before the search: a folder that cannot be written is one line, nothing made
+        check_output_dir(args.out, "--out")
     law = load_law(args.law) if args.law else default_law()
     env = parse_envelope(args.envelope)
     bar = _Bar(not args.no_progress and not args.json)

@@ -14,16 +14,21 @@ import sys
 
 from specs.fileio import write_atomic
 from tuner.commands.common import (
+    MAX_COUNT,
     UsageError,
     add_cost_model_args,
     add_plan_args,
     add_stack_arg,
     add_workload_args,
+    check_output_file,
     cost_model_inputs,
+    count,
+    devices,
     plan_completion,
     plan_text,
     positive_int,
     require_realizable,
+    tokens,
     workload_from_args,
 )
 from tuner.serve_precision import add_weight_dtype_arg
@@ -57,9 +62,9 @@ def add_parser(subparsers):
     p.add_argument("--train-iters", type=positive_int, default=50,
                    help="Megatron: training iterations the script runs (default 50).")
     g = p.add_argument_group("serving (sglang, vllm)")
-    g.add_argument("--isl", type=positive_int, default=None, help="Input tokens per request (required).")
-    g.add_argument("--osl", type=positive_int, default=None, help="Output tokens per request (required).")
-    g.add_argument("--concurrency", type=positive_int, default=None,
+    g.add_argument("--isl", type=tokens, default=None, help="Input tokens per request (required).")
+    g.add_argument("--osl", type=tokens, default=None, help="Output tokens per request (required).")
+    g.add_argument("--concurrency", type=count(1, MAX_COUNT), default=None,
                    help="Requests in flight over the deployment, as priced and as the benchmark command sends "
                         "them (default 8 per GPU).")
     add_weight_dtype_arg(g)
@@ -69,7 +74,7 @@ def add_parser(subparsers):
     g.add_argument("--benchmark", action="store_true",
                    help="Random weights (--load-format dummy): a speed benchmark needing only the config. "
                         "A model with no Hugging Face id then gets a config-only directory beside --out.")
-    g.add_argument("--nnodes", type=positive_int, default=None,
+    g.add_argument("--nnodes", type=devices, default=None,
                    help="SGLang: nodes per server (default: as many as the plan's instance needs).")
     g.add_argument("--pd", action="store_true",
                    help="SGLang: a prefill/decode-disaggregated deployment (the plan's pd ratio, 1:1 if none) "
@@ -78,6 +83,8 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    if args.out:  # before any work: a path that cannot be written is one line
+        check_output_file(args.out, "--out")
     if args.target in ("sglang", "vllm"):
         return _run_serving(args)
     if args.gbs is None:

@@ -11,33 +11,17 @@ import argparse
 import json
 
 from specs.errors import UsageError
+from tuner.commands.common import count, devices, number
 
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {v}")
-    return v
-
-
-def _skew(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1.0, got {text!r}") from None
-    if not v >= 1.0:
-        raise argparse.ArgumentTypeError(f"skew must be >= 1.0 (1.0 is uniform routing), got {v}")
-    return v
+# skew: tokens of the busiest expert over the mean; 1.0 is uniform routing
+_skew = number(1.0, 1e6, what="a routing skew (1.0 is uniform)")
 
 
 def _layer_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--model", required=required, help="Model preset name, model YAML or HF config.json whose routed experts are priced.")
     p.add_argument("--cluster", required=True, help="Hardware kind from clusters/*.yaml (its SM count and curves are used).")
-    p.add_argument("--ep", type=_positive_int, required=required, help="Expert-parallel size; it must divide the number of experts.")
-    p.add_argument("--tokens", type=_positive_int, required=required, help="Tokens held by each GPU before dispatch.")
+    p.add_argument("--ep", type=devices, required=required, help="Expert-parallel size; it must divide the number of experts.")
+    p.add_argument("--tokens", type=count(1, 1 << 30), required=required, help="Tokens held by each GPU before dispatch.")
     p.add_argument("--skew", type=_skew, default=1.0,
                    help="Routing skew of the most loaded GPU, the ratio of its received token-expert pairs to the "
                         "balanced share (1.0 is uniform routing).")
@@ -61,15 +45,15 @@ def add_parser(subparsers):
                                    "$MOETUNE_HOME/kernels/<kind>/, refit the curves and regenerate the tables.")
     t.add_argument("--cluster", required=True, help="Hardware kind being measured (clusters/*.yaml).")
     t.add_argument("--model", default="deepseek-v2-lite", help="Model whose layer shape is measured (default deepseek-v2-lite).")
-    t.add_argument("--ep", type=_positive_int, default=None,
+    t.add_argument("--ep", type=devices, default=None,
                    help="Expert-parallel size of the measured cases (default 1 on a GPU, whose kernel measures one "
                         "GPU, and 4 with --stand-in).")
-    t.add_argument("--tokens", type=_positive_int, nargs="+", default=[2048, 8192],
+    t.add_argument("--tokens", type=count(1, 1 << 30), nargs="+", default=[2048, 8192],
                    help="Tokens per GPU of the measured cases (default 2048 8192).")
     t.add_argument("--skew", type=_skew, nargs="+", default=[1.0], help="Routing skews of the measured cases (default 1.0).")
     t.add_argument("--stand-in", action="store_true",
                    help="Use the CPU stand-in timer that follows the default curves (for machines without a GPU).")
-    t.add_argument("--workers", type=_positive_int, default=None, help="Actors to start (default: one per visible GPU).")
+    t.add_argument("--workers", type=count(1, 4096), default=None, help="Actors to start (default: one per visible GPU).")
     t.add_argument("--json", action="store_true", help="Print the job report as JSON.")
     tb = sub.add_parser("tables", help="List the installed curves and tables and where they came from.",
                         description="List, per hardware kind, the curves in use (shipped defaults or a fit) and the "

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from specs.errors import UsageError
 from specs.fileio import write_atomic
+from tuner.commands.common import MAX_COUNT, check_output_file, count, number, positive_int
 
 
 def add_parser(subparsers):
@@ -28,14 +29,14 @@ def add_parser(subparsers):
     f.add_argument("--plot", default=None,
                    help="Write the parity plot (predicted against observed loss) to this PNG; "
                         "default: next to --out as <name>.parity.png when --out is given.")
-    f.add_argument("--starts", type=int, default=16, help="Random starts of the point fit (default 16).")
-    f.add_argument("--bootstrap", type=int, default=200,
+    f.add_argument("--starts", type=positive_int, default=16, help="Random starts of the point fit (default 16).")
+    f.add_argument("--bootstrap", type=count(0, MAX_COUNT), default=200,
                    help="Wild-bootstrap refits for the BCa intervals; 0 skips them (default 200, the paper used 500).")
-    f.add_argument("--restarts", type=int, default=40,
+    f.add_argument("--restarts", type=count(0, MAX_COUNT), default=40,
                    help="Fresh restarts of the identifiability scan; 0 skips it (default 40, the paper used 400).")
-    f.add_argument("--rel-tol", type=float, default=0.05,
+    f.add_argument("--rel-tol", type=number(0.0, 1.0, lo_open=True), default=0.05,
                    help="Relative precision a coefficient must be pinned to, to count as identified (default 0.05).")
-    f.add_argument("--seed", type=int, default=0, help="Random seed of the starts and the bootstrap (default 0).")
+    f.add_argument("--seed", type=count(0, 2**32 - 1), default=0, help="Random seed of the starts and the bootstrap (default 0).")
     return p
 
 
@@ -123,6 +124,12 @@ def run(args) -> int:
             raise UsageError(f"--{name} must be {'positive' if name == 'starts' else 'zero or more'}")
     if not 0 < args.rel_tol < 1:
         raise UsageError("--rel-tol must be in (0, 1)")
+    plot = args.plot or (str(Path(args.out).with_suffix("")) + ".parity.png" if args.out else None)
+    # before the fit (minutes) and before the plot is written: no half of the outputs left behind
+    if args.out:
+        check_output_file(args.out, "--out")
+    if plot:
+        check_output_file(plot, "--plot")
     runs = read_runs_csv(args.runs)
 
     def say(stage):
@@ -133,7 +140,6 @@ def run(args) -> int:
                      rel_tol=args.rel_tol, per_g=args.per_g, seed=args.seed, progress=say)
     rep.pop("_fit", None)
     rep["runs"] = str(args.runs)
-    plot = args.plot or (str(Path(args.out).with_suffix("")) + ".parity.png" if args.out else None)
     if plot:
         parity_png(runs, rep, plot)
         rep["parity_plot"] = plot

@@ -9,11 +9,13 @@ import time
 
 from specs.errors import UsageError
 from tuner.commands.common import (
+    MAX_COUNT,
     add_canonical_arg,
     add_cost_model_args,
     add_stack_arg,
     add_workload_args,
     cost_model_inputs,
+    count,
     fmt_gib,
     fmt_seconds,
     plan_text,
@@ -40,7 +42,7 @@ def add_parser(subparsers):
     p.add_argument("--level", choices=["full", "core"], default="full",
                    help="Which space: full (every option of every tier) or core (schedule flags at their best values).")
     p.add_argument("--shard", default="0/1", help="Enumerate only shard i of n, written i/n (default 0/1: all of it).")
-    p.add_argument("--examples", type=int, default=5,
+    p.add_argument("--examples", type=count(0, MAX_COUNT), default=5,
                    help="How many realizable plans to show as examples (default 5; 0 for none).")
     p.add_argument("--rank", action="store_true",
                    help="Also rank the realizable plans by predicted tokens/s per GPU (memory-infeasible ones excluded).")

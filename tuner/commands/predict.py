@@ -13,6 +13,7 @@ from tuner.commands.common import (
     fmt_flops,
     fmt_gib,
     fmt_seconds,
+    number,
     plan_completion,
     plan_text,
     unrealizable,
@@ -51,12 +52,12 @@ def add_parser(subparsers):
     p.add_argument("--force", action="store_true",
                    help="Print indicative numbers even for a plan the stack cannot run (labelled as such).")
     p.add_argument("--json", action="store_true", help="Print the prediction as one JSON object.")
-    p.add_argument("--hbm-reserve", type=float, default=0.1,
+    p.add_argument("--hbm-reserve", type=number(0.0, 1.0, hi_open=True), default=0.1,
                    help="Fraction of device memory kept free when judging whether the plan fits (default 0.1).")
     p.add_argument("--what-if", dest="what_if", choices=["megakernel"], default=None,
                    help="Also price a kernel the pinned stacks do not have: megakernel = Weave's fused "
                         "dispatch + experts + combine kernel with a per-layer (c, K) SM split (a what-if, never a plan to run).")
-    p.add_argument("--imbalance", type=float, default=1.0,
+    p.add_argument("--imbalance", type=number(1.0, 1e6), default=1.0,
                    help="Routing imbalance factor: tokens of the busiest expert over the mean (default 1.0, balanced).")
     return p
 

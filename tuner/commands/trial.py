@@ -15,13 +15,20 @@ from __future__ import annotations
 import json
 
 from tuner.commands.common import (
+    CPU_MEMORY_SHARE,
+    MAX_COUNT,
     UsageError,
     add_plan_args,
     add_stack_arg,
     add_workload_args,
+    count,
+    fmt_gib,
+    gib,
+    host_available_gib,
     plan_completion,
     plan_text,
     positive_int,
+    seconds,
     unrealizable,
     workload_from_args,
 )
@@ -40,15 +47,37 @@ def add_parser(subparsers):
     add_stack_arg(p)
     add_plan_args(p, required=True)
     p.add_argument("--iters", type=positive_int, default=5, help="Timed training iterations (default 5).")
-    p.add_argument("--warmup", type=int, default=2, help="Untimed warm-up iterations before them (default 2).")
-    p.add_argument("--timeout", type=float, default=600.0,
+    p.add_argument("--warmup", type=count(0, MAX_COUNT), default=2, help="Untimed warm-up iterations before them (default 2).")
+    p.add_argument("--timeout", type=seconds, default=600.0,
                    help="Seconds after which the trial is killed and reported as a timeout (default 600).")
-    p.add_argument("--memory-cap-gib", type=float, default=None,
-                   help="Memory cap per rank in GiB; a rank above it fails as out of memory (default: none).")
+    p.add_argument("--memory-cap-gib", type=gib, default=None,
+                   help="Memory cap per rank in GiB; a rank above it fails as out of memory, and a plan predicted "
+                        "above it is not launched (default: none on GPUs; on CPU 80%% of the host's available "
+                        "memory over the ranks).")
     p.add_argument("--no-check", action="store_true",
                    help="Skip the realizability check and let megatron-core validate the plan itself.")
     p.add_argument("--json", action="store_true", help="Print the measurement or failure as one JSON object.")
     return p
+
+
+def host_memory_cap(workload, plan, cap_gib: float | None) -> float | None:
+    """The per-rank memory cap of a CPU trial (`cap_gib`, else CPU_MEMORY_SHARE of the host's
+    available memory over the ranks), after refusing a plan whose predicted peak per rank is above
+    it (UsageError with the numbers; nothing launched). None on GPUs (their memory is the plan's
+    realizability business)."""
+    if workload.cluster.is_gpu:
+        return cap_gib
+    import cost_model
+    available = host_available_gib()
+    world = workload.world
+    cap = cap_gib if cap_gib is not None else CPU_MEMORY_SHARE * available / world
+    need = float(cost_model.predict(workload, plan).peak_memory_gib)
+    if need > cap:
+        src = "--memory-cap-gib" if cap_gib is not None else \
+            f"{CPU_MEMORY_SHARE:.0%} of the {fmt_gib(available)} this host has available, over {world} ranks"
+        raise UsageError(f"the plan needs {fmt_gib(need)} per rank by the cost model ({fmt_gib(need * world)} for "
+                         f"{world} ranks), above the cap of {fmt_gib(cap)} per rank ({src}); not launched")
+    return cap
 
 
 def run(args) -> int:
@@ -67,9 +96,10 @@ def run(args) -> int:
     reasons = check(workload, plan, profile)
     if reasons and not args.no_check:
         raise unrealizable(reasons, profile, hint="--no-check hands it to megatron-core as given")
+    cap = host_memory_cap(workload, plan, args.memory_cap_gib)
     backend = get_backend("megatron", enforce_cpu_support=not args.no_check)
     result = backend.run(plan, workload, Resources(devices=workload.world, timeout_s=args.timeout,
-                                                   memory_cap_gib=args.memory_cap_gib),
+                                                   memory_cap_gib=cap),
                          iters=args.iters, warmup=args.warmup)
     ok = not isinstance(result, Failure)
     if args.json:

@@ -34,8 +34,21 @@ import logging
 import sys
 from pathlib import Path
 
-from specs.errors import UsageError
-from tuner.commands.common import add_complete_arg, add_cost_model_args, add_stack_arg, add_workload_args, workload_from_args
+from specs.errors import InputError, UsageError
+from tuner.commands.common import (
+    MAX_COUNT,
+    add_complete_arg,
+    add_cost_model_args,
+    add_stack_arg,
+    add_workload_args,
+    check_output_dir,
+    count,
+    default_cpu_memory_cap,
+    gib,
+    positive_int,
+    seconds,
+    workload_from_args,
+)
 
 DESCRIPTION = ("Find the fastest plan for a workload: screen the plan space with the cost model, "
                "pre-register the predictions, run real trials in a resumable Optuna study, and report "
@@ -60,7 +73,7 @@ def add_parser(subparsers):
                    help="Folder for the pre-registration, report and default storage (default: studies/<study>).")
     p.add_argument("--storage", default=None,
                    help="Optuna storage: an SQLAlchemy URL or journal:<path> (default: SQLite in the study folder).")
-    p.add_argument("--trials", type=int, default=8,
+    p.add_argument("--trials", type=positive_int, default=8,
                    help="Number of searched plans to try; the baseline runs on top of them (default 8).")
     p.add_argument("--baseline", default=None,
                    help="Baseline plan the winner must beat (default: the hand-tuning heuristic of tuner/baseline.py).")
@@ -75,20 +88,21 @@ def add_parser(subparsers):
     p.add_argument("--ray-no-auth", action="store_true",
                    help="Start or join Ray WITHOUT token authentication (insecure on shared machines; "
                         "also MOETUNE_RAY_AUTH=disabled). Default: a token kept in $MOETUNE_HOME/ray.")
-    p.add_argument("--trial-timeout", type=float, default=None,
+    p.add_argument("--trial-timeout", type=seconds, default=None,
                    help="Seconds after which a trial is killed and recorded as a timeout (default 300; "
                         "600 with --mode serve, where a CPU server takes minutes to start on a shared host).")
-    p.add_argument("--memory-cap-gib", type=float, default=None,
-                   help="Per-rank memory cap in GiB; a trial exceeding it is recorded as OOM (default: none).")
-    p.add_argument("--iters", type=int, default=3, help="Timed iterations per trial (default 3; with --mode serve, "
+    p.add_argument("--memory-cap-gib", type=gib, default=None,
+                   help="Per-rank memory cap in GiB; a trial exceeding it is recorded as OOM (default: none on "
+                        "GPUs; on CPU 80%% of the host's available memory over the ranks).")
+    p.add_argument("--iters", type=positive_int, default=3, help="Timed iterations per trial (default 3; with --mode serve, "
                    "rounds of --concurrency requests).")
-    p.add_argument("--warmup", type=int, default=1, help="Warm-up iterations (serving: rounds) per trial, not timed (default 1).")
+    p.add_argument("--warmup", type=count(0, MAX_COUNT), default=1, help="Warm-up iterations (serving: rounds) per trial, not timed (default 1).")
     p.add_argument("--level", choices=("core", "full"), default="core",
                    help="Plan-space level to screen: core (the usual knobs) or full (every knob).")
-    p.add_argument("--screen-actors", type=int, default=4, help="Number of Ray actors that screen the space (default 4).")
-    p.add_argument("--preregister", type=int, default=None,
+    p.add_argument("--screen-actors", type=count(1, 1024), default=4, help="Number of Ray actors that screen the space (default 4).")
+    p.add_argument("--preregister", type=count(0, MAX_COUNT), default=None,
                    help="Number of plans to pre-register (default: min(trials, max(4, trials // 2 + 1))).")
-    p.add_argument("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_S,
+    p.add_argument("--heartbeat-interval", type=count(1, 3600), default=DEFAULT_HEARTBEAT_S,
                    help=f"Seconds between heartbeats of running trials; a trial silent for {GRACE_FACTOR} times "
                         f"this is failed and its plan retried once (default {DEFAULT_HEARTBEAT_S}).")
     p.add_argument("--no-progress", action="store_true", help="Do not draw progress bars.")
@@ -134,10 +148,18 @@ def _progress_to_stdout():
 
 
 def _options(args, study: str, backend: str, timeout_s: float):
+    """The run's options, with every path and the storage checked first (before Ray starts and
+    before anything is written): the study name is one folder name, the study folder can be
+    written, the storage parses and answers."""
+    from specs.inputs import safe_name
     from tuner.loop import TuneOptions
-    from tuner.study import default_study_dir
+    from tuner.study import check_storage, default_study_dir
+    safe_name(study, "--study", "study name", UsageError)
+    study_dir = check_output_dir(args.study_dir, "--study-dir") if args.study_dir else \
+        check_output_dir(default_study_dir(study), "study folder")
+    check_storage(args.storage, study_dir)
     return TuneOptions(
-        study=study, study_dir=Path(args.study_dir) if args.study_dir else default_study_dir(study),
+        study=study, study_dir=study_dir,
         storage=args.storage, trials=args.trials, baseline=args.baseline, complete=args.complete, backend=backend,
         precision=args.precision, ray_address=args.ray_address, dashboard=args.dashboard,
         ray_no_auth=args.ray_no_auth,
@@ -161,8 +183,8 @@ def _run_serve(args) -> int:
         raise UsageError(f"--mode serve runs serving trials: --backend vllm or sglang, not {backend}")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
-    if backend == "sglang" and not cluster.is_gpu:
-        raise UsageError("--backend sglang needs GPUs: SGLang 0.5.23 has no CPU kernels on PyPI (use vllm)")
+    from tuner.commands._serving import require_backend_runs_on
+    require_backend_runs_on(backend, cluster)
     w = serve_workload_from_args(args, cluster.num_devices)
     try:
         task = make_task(model, cluster, w, backend, args.precision)
@@ -180,6 +202,9 @@ def _run_serve(args) -> int:
         cal = ServeCalibration.load(args.calibration) if args.calibration else load_default()
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
+    if args.baseline:  # a bad --baseline is one line before anything starts
+        from tuner.serve_tune import baseline_plan
+        baseline_plan(task, args.baseline)
     t0 = time.monotonic()
     with _progress_to_stdout():
         result = tune_serve(options, task, tables=tables, calibration=cal)
@@ -211,6 +236,16 @@ def run(args) -> int:
     workload = workload_from_args(args)
     profile = profile_for(workload.cluster, args.stack)
     tables, calibration = _cost_model_inputs(args, workload)
+    if options.memory_cap_gib is None and not workload.cluster.is_gpu:  # CPU trials: a cap by default
+        import dataclasses
+        options = dataclasses.replace(options, memory_cap_gib=default_cpu_memory_cap(workload.world))
+    if args.baseline:  # a bad --baseline is one line before Ray starts, not after the screening
+        from tuner.baseline import given_baseline
+        try:
+            given_baseline(args.baseline, workload, profile, args.precision, calibration, tables=tables,
+                           complete=args.complete)
+        except InputError as e:
+            raise UsageError(f"--baseline {args.baseline!r}: {e}") from None
     with _progress_to_stdout():
         result = tune(options, workload, profile, tables=tables, calibration=calibration)
     if result.verdict_line:
