@@ -201,7 +201,9 @@ def _check_table_source(path: Path, values: dict) -> None:
     raw = load_yaml(shipped, "cluster YAML")
     base = {k: ({dt: _value(e)[0] for dt, e in v.items()} if k == "peak_tflops" else _value(v)[0])
             for k, v in raw.items()}
-    diff = [f"{k} {values.get(k)} (tables: {base.get(k)})" for k in TABLE_SOURCE_FIELDS
+    def show(v):
+        return f"{v:g}" if isinstance(v, float) else str(v)
+    diff = [f"{k} {show(values.get(k))} (tables: {show(base.get(k))})" for k in TABLE_SOURCE_FIELDS
             if values.get(k) != base.get(k)]
     if diff:
         raise SpecError(f"{path}: kind {kind!r} but {'; '.join(diff)}: the shipped {kind} tables come from "

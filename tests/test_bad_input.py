@@ -215,7 +215,7 @@ CASES = [
     ("tune-study-newline", [*TUNE, "--study", "a\nb"], "--study"),
     ("adjudicate-study-traversal", ["adjudicate", "../../escape"], "study"),
     ("emit-sglang-model-name-traversal", ["emit", "sglang", "--model", "{in}/escape-name.yaml",
-                                          "--cluster", "cpu-local", "--plan", "tp=1"], "name"),
+                                          "--cluster", "cpu-local", "--plan", "tp=1", "--isl", "128", "--osl", "32"], "name"),
     # plan strings
     ("plan-fullwidth-digit", ["predict", *TRAIN, "--plan", "tp=\uff12"], "ASCII"),
     ("plan-only-commas", ["trial", *TRAIN, "--plan", ",,,"], "key=value"),
