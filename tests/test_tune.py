@@ -43,7 +43,7 @@ def _pool():
 
 def test_sampler_follows_model_first_then_measurements():
     from tuner.sampler import GuidedSampler
-    s = GuidedSampler(_pool(), beta=0.0)
+    s = GuidedSampler(_pool())
     assert s.propose() == P("mbs=4")
     # mbs=4 turns out 3x slower than predicted, mbs=2 as predicted: the global scale rises, and the
     # neighbour of mbs=4 that differs only in ep is pulled down by the local residual.

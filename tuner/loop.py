@@ -273,7 +273,7 @@ class TrialLoop:
         for r in study_mod.trial_rows(self.study):
             raw = r.get("predicted_raw_step_time_s")
             if r["state"] == "COMPLETE":
-                self.sampler.observe(r["plan"], r["measured_step_time_s"], raw)
+                self.sampler.observe(r["plan"], r["measured_step_time_s"], raw, r.get("measured_parts_s"))
             elif r["state"] == "FAIL" and study_mod.is_real_failure(r):
                 self.sampler.observe(r["plan"], None, raw)
         if self.sampler.measured:
@@ -380,7 +380,10 @@ class TrialLoop:
         """Record a trial's result, feed it to the sampler and refit the calibration."""
         import optuna
         self.heartbeat.discard(run.trial.number)
+        parts = result.get("component_times_s") if result.get("ok") else None
         try:
+            if parts:  # the trial's own split of its step by calibration class (trials/base.py)
+                run.trial.set_user_attr("measured_parts_s", parts)
             study_mod.record(self.study, run.trial, result)
         except optuna.exceptions.UpdateFinishedTrialError:
             # Its heartbeat went stale while it ran (the database was unreachable for longer than
@@ -390,16 +393,17 @@ class TrialLoop:
         if self.metrics is not None:
             self.metrics.trial(result, run.trial.user_attrs.get("predicted_step_time_s"))
         self.sampler.observe(run.plan, result["step_time_s"] if result.get("ok") else None,
-                             self.sampler.rows.get(run.plan))
+                             self.sampler.rows.get(run.plan), parts)
         if self.sampler.measured:
             self.calibration, self.cal_report = self.sampler.refit()
-        if self.sampler.cal is not None:
+        if self.sampler.cal_report is not None:
             self.study.set_user_attr("calibration", prereg_mod.calibration_dict(self.sampler.cal) | {"provenance": {}})
         what = (f"{result['tokens_per_s_per_gpu']:.1f} tok/s/GPU" if result.get("ok")
                 else f"FAIL {result.get('kind')}")
         self._bar.update(1)
-        logger.info("trial #%d [%s] %s  (calibration scale %.3g)", run.trial.number, run.roles, what,
-                    self.sampler.scale)
+        cal = self.sampler.cal
+        logger.info("trial #%d [%s] %s  (calibration %s)", run.trial.number, run.roles, what,
+                    " ".join(f"{c} {f:.3g}" for c, f in cal.factors.items()) if cal.factors else f"scale {cal.scale:.3g}")
 
     def abandon(self) -> None:
         """Mark running trials interrupted (their plans stay eligible once) and cancel their tasks."""
@@ -428,13 +432,17 @@ class TrialLoop:
         raw = self.sampler.rows.get(plan, raw)
         self.sampler.add(plan, raw)
         mean, sigma = self.sampler.estimate(plan)
-        pred_step = self.sampler.scale * raw
+        pred_step = self.sampler.predicted(plan)
+        lo, hi = self.sampler.interval(plan)
+        cal = self.sampler.cal
         return {"roles": self.roles_of(plan), "predicted_step_time_s": pred_step,
                 "predicted_raw_step_time_s": raw,
                 "predicted_tokens_per_s_per_gpu": self.mode.tokens_per_s_per_gpu(pred_step),
                 **extra,
-                "calibration_scale": self.sampler.scale,
-                "calibration_id": self.sampler.cal.id if self.sampler.cal else self.prereg["hashes"]["calibration_id"],
+                "calibration_scale": cal.scale, "calibration_factors": dict(cal.factors),
+                "predicted_step_time_low_s": lo if math.isfinite(lo) else None,
+                "predicted_step_time_high_s": hi if math.isfinite(hi) else None,
+                "calibration_id": cal.id if self.sampler.cal_report is not None else self.prereg["hashes"]["calibration_id"],
                 "sampler_mean_step_time_s": mean, "sampler_sigma": sigma}
 
 
@@ -455,6 +463,12 @@ class TrainMode:
         pred = cost_model.predict(self.workload, Plan.parse(plan), tables=self.tables, calibration=self.calibration)
         peak = float(pred.peak_memory_gib)
         return pred.extra["raw_step_time_s"], {"predicted_peak_memory_gib": peak if math.isfinite(peak) else -1.0}
+
+    def class_parts(self, plans: list[str]) -> list[dict]:
+        """Each plan's raw step time per calibration class (what the per-component fit weighs)."""
+        import cost_model
+        from specs.plan import Plan
+        return cost_model.raw_class_parts(self.workload, [Plan.parse(p) for p in plans], tables=self.tables)
 
     def tokens_per_s_per_gpu(self, step_s: float) -> float:
         return self.workload.tokens_per_step / (step_s * self.workload.world)
@@ -501,7 +515,7 @@ def preregister(options: TuneOptions, workload, profile, pool: list, total: int,
                   "predicted_tokens_per_s_per_gpu": bpred.tokens_per_s_per_gpu,
                   "predicted_peak_memory_gib": bpred.peak_memory_gib},
         baseline_source=bsrc, tables_digest=tables.digest, calibration=calibration,
-        trials_budget=options.trials, sampler="guided-ucb",
+        trials_budget=options.trials, sampler="guided-ei",
         space={"level": options.level, "realizable_plans": total, "screened_kept": len(pool)})
     try:
         prereg_mod.write(options.study_dir, doc)
@@ -583,8 +597,10 @@ def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> Tun
                                 wall_s=time.monotonic() - t0, **report_args)
             return TuneResult(path, None)
 
-        loop = TrialLoop(study, storage, workload=workload, prereg=prereg, sampler=GuidedSampler(pool),
-                         options=options, tables=tables, calibration=calibration)
+        mode = TrainMode(workload, tables, calibration)
+        sampler = GuidedSampler(pool, parts=mode.class_parts, calibration=calibration)
+        loop = TrialLoop(study, storage, workload=workload, prereg=prereg, sampler=sampler,
+                         options=options, tables=tables, calibration=calibration, mode=mode)
         loop.screen_rate = (total, screen_s)
         loop.run()
         rows = study_mod.trial_rows(study)

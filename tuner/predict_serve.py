@@ -60,10 +60,10 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     tables = load_tables(args.tables or tables_dir_for(cluster.kind))
     cal = None
     if args.calibration:
-        from cost_model.serving.calibration import ServeCalibration
+        from cost_model.calibration import Calibration, CalibrationError
         try:
-            cal = ServeCalibration.load(args.calibration)
-        except (OSError, ValueError, KeyError) as e:
+            cal = Calibration.load(args.calibration)
+        except CalibrationError as e:
             raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
     pred = predict_serve(model, cluster, priced, w, precision=args.precision, tables=tables, calibration=cal,
                          imbalance=args.imbalance, routing_skew=args.routing_skew, extra_reasons=reasons)

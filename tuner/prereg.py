@@ -39,10 +39,8 @@ def canonical_hash(doc: dict) -> str:
 
 
 def calibration_dict(cal) -> dict:
-    """A calibration as a dict: training's `Calibration.to_dict()`, or the serving model's
-    `ServeCalibration` dataclass fields."""
-    import dataclasses
-    return cal.to_dict() if hasattr(cal, "to_dict") else dataclasses.asdict(cal)
+    """A calibration (`cost_model.calibration.Calibration`, training's or serving's) as a dict."""
+    return cal.to_dict()
 
 
 def code_version() -> dict:

@@ -298,9 +298,9 @@ def _serve_rank_inputs(args, cluster):
         except (OSError, ValueError, KeyError) as e:
             raise UsageError(f"--tables {args.tables}: cannot be read: {e}") from None
     if args.calibration:
-        from cost_model.serving.calibration import ServeCalibration
+        from cost_model.calibration import Calibration, CalibrationError
         try:
-            kw["calibration"] = ServeCalibration.load(args.calibration)
-        except (OSError, ValueError, KeyError) as e:
+            kw["calibration"] = Calibration.load(args.calibration)
+        except CalibrationError as e:
             raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
     return w, kw

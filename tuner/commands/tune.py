@@ -178,11 +178,11 @@ def _run_serve(args) -> int:
         tables = load_tables(args.tables or tables_dir_for(cluster.kind))
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--tables {args.tables or '(default)'}: cannot be read: {e}") from None
-    from cost_model.serving import ServeCalibration
+    from cost_model.calibration import Calibration, CalibrationError
     from cost_model.serving.calibration import load_default
     try:
-        cal = ServeCalibration.load(args.calibration) if args.calibration else load_default()
-    except (OSError, ValueError, KeyError) as e:
+        cal = Calibration.load(args.calibration) if args.calibration else load_default()
+    except CalibrationError as e:
         raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
     t0 = time.monotonic()
     with _progress_to_stdout():

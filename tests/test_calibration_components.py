@@ -1,0 +1,135 @@
+"""Per-component calibration (issue 27): the calibration file kinds, and the synthetic check of the
+mechanism: a trial backend test double whose measured times are the cost model's own components
+with EP communication x2. After a handful of trials the per-component fit recovers the factor and
+the ranking changes to what the inflated model ranks first; the one-scale calibration does neither."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+import cost_model
+from clusters import load_cluster
+from cost_model.calibration import DEFAULT_GPU_CALIBRATION, IDENTITY, PER_COMPONENT, TRAIN_CLASSES, Calibration, CalibrationError, fit_calibration
+from specs.models import load_model
+from specs.plan import Plan
+from specs.workload import Workload
+from trials.base import Measurement, TrialBackend
+from tuner.sampler import GuidedSampler
+
+INFLATED, FACTOR = "ep_comm", 2.0
+TRIALS = 6
+
+
+def _workload():
+    # Qwen3-30B-A3B on 16 H100: the raw model ranks an EP 8 plan first and its EP-1 twin fourth;
+    # with EP communication twice as slow, the EP-1 plan is the fastest.
+    return Workload(model=load_model("qwen3-30b-a3b"), cluster=load_cluster("h100-sxm", 16), gbs=256, seq=4096)
+
+
+def _pool(w):
+    plans = [Plan(tp=tp, pp=pp, ep=ep, mbs=mbs) for tp, pp, ep, mbs in
+             itertools.product([1, 2, 4, 8], [1, 2, 4], [1, 2, 4, 8, 16], [1, 2, 4])]
+    out = cost_model.predict_arrays(w, plans, calibration=IDENTITY)
+    keep = [i for i in range(len(plans)) if out["fits"][i] and np.isfinite(out["raw_step_time_s"][i])]
+    return [{"plan": plans[i].canonical(), "raw_step_time_s": float(out["raw_step_time_s"][i])} for i in keep]
+
+
+class InflatedModelBackend(TrialBackend):
+    """Test double: a plan's 'measured' step is the cost model's own class split with one class
+    multiplied; it reports the split (as a profiled trial does) unless `split` is False."""
+
+    def __init__(self, split: bool = True):
+        self.split = split
+
+    def run(self, plan, workload, resources=None, *, iters: int = 5, warmup: int = 2):
+        parts = cost_model.raw_class_parts(workload, [plan])[0]
+        meas = {c: v * (FACTOR if c == INFLATED else 1.0) for c, v in parts.items()}
+        t = sum(meas.values())
+        return Measurement(plan=plan.canonical(), step_time_s=t, step_time_spread_s=0.0, step_times_s=(t,),
+                           tokens_per_s_per_gpu=workload.tokens_per_step / (t * workload.world),
+                           peak_memory_gib=(0.0,), backend="inflated-model",
+                           component_times_s=meas if self.split else {})
+
+
+def _run_study(w, sampler, backend, n=TRIALS):
+    """The tuner's ask / run / tell / refit cycle (tuner.loop.TrialLoop without Ray)."""
+    for _ in range(n):
+        plan = sampler.propose()
+        r = backend.run(Plan.parse(plan), w).to_dict()
+        sampler.observe(plan, r["step_time_s"], sampler.rows[plan], r.get("component_times_s"))
+        sampler.refit()
+    return sampler
+
+
+def _truth(w, pool):
+    parts = cost_model.raw_class_parts(w, [Plan.parse(r["plan"]) for r in pool])
+    raw = {r["plan"]: sum(p.values()) for r, p in zip(pool, parts)}
+    inflated = {r["plan"]: sum(p.values()) + (FACTOR - 1) * p[INFLATED] for r, p in zip(pool, parts)}
+    return min(raw, key=raw.get), min(inflated, key=inflated.get)
+
+
+@pytest.fixture(scope="module")
+def case():
+    w = _workload()
+    pool = _pool(w)
+    raw_best, inflated_best = _truth(w, pool)
+    assert raw_best != inflated_best  # the case is a real test of reordering
+    return w, pool, raw_best, inflated_best
+
+
+def _predicted_best(sampler):
+    return min(sampler.rows, key=sampler.predicted)
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["per-class-split", "step-total-only"])
+def test_per_component_fit_recovers_the_inflated_class_and_reorders(case, split):
+    w, pool, raw_best, inflated_best = case
+
+    def parts(plans):
+        return cost_model.raw_class_parts(w, [Plan.parse(p) for p in plans])
+    s = _run_study(w, GuidedSampler(pool, parts=parts), InflatedModelBackend(split=split))
+    assert s.cal.kind == PER_COMPONENT and set(s.cal.factors) == set(TRAIN_CLASSES)
+    if split:  # with the trials' own split the factor is identified directly
+        assert s.cal.factors[INFLATED] == pytest.approx(FACTOR, rel=0.10)
+    assert _predicted_best(s) == inflated_best
+
+
+def test_one_scale_calibration_cannot_reorder(case):
+    w, pool, raw_best, inflated_best = case
+    s = _run_study(w, GuidedSampler(pool), InflatedModelBackend())
+    assert s.cal.kind == "one-scale" and not s.cal.factors
+    assert abs(s.cal.scale - FACTOR) > 0.10 * FACTOR  # one scale does not recover the EP factor
+    assert _predicted_best(s) == raw_best != inflated_best  # and keeps the raw model's order
+
+
+def test_calibration_files_say_which_kind(tmp_path):
+    old = Calibration.load(DEFAULT_GPU_CALIBRATION)  # the shipped one-scale file (no 'kind' field)
+    assert old.kind == "one-scale" and old.id == json.loads(DEFAULT_GPU_CALIBRATION.read_text())["id"]
+    rows = [({"gemm": 1.0 + i, INFLATED: 0.5}, 1.0 + i + 1.0, str(i), {"gemm": 1.0 + i, INFLATED: 1.0})
+            for i in range(4)]
+    cal, rep = fit_calibration(rows, classes=TRAIN_CLASSES, provenance={"tables_digest": "x"})
+    p = tmp_path / "c.json"
+    cal.save(p)
+    d = json.loads(p.read_text())
+    assert d["kind"] == PER_COMPONENT and d["factors"][INFLATED] == pytest.approx(2.0, rel=0.05)
+    back = Calibration.load(p)
+    assert back == cal and back.id == cal.id != old.id
+    lo, hi = back.interval({"gemm": 1.0, INFLATED: 1.0})
+    assert lo < back.apply({"gemm": 1.0, INFLATED: 1.0}) < hi
+    d["factors"][INFLATED] = -1
+    p.write_text(json.dumps(d))
+    with pytest.raises(CalibrationError, match="factor of 'ep_comm'"):
+        Calibration.load(p)
+
+
+def test_per_component_calibration_applies_to_the_breakdown(case):
+    w, pool, *_ = case
+    plan = Plan.parse(pool[0]["plan"])
+    cal = Calibration(factors={INFLATED: 3.0})
+    pred = cost_model.predict(w, plan, calibration=cal)
+    parts = cost_model.raw_class_parts(w, [plan])[0]
+    assert pred.step_time_s == pytest.approx(sum(parts.values()) + 2.0 * parts[INFLATED], rel=1e-9)
+    assert sum(pred.breakdown_s.values()) == pytest.approx(pred.step_time_s, rel=1e-9)
