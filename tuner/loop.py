@@ -33,6 +33,7 @@ from tuner import study as study_mod
 
 logger = logging.getLogger(__name__)
 
+REMEASURED = "adjudication_measurements"  # study user attribute: the protocol's re-measurements
 MAX_CLAIMS_PER_ROUND = 50  # claims lost in a row before waiting for a running trial instead
 WAIT_S = 10.0  # longest wait for a trial result before re-checking timeouts and stale trials
 
@@ -61,6 +62,8 @@ class TuneOptions:
         progress: show progress bars.
         heartbeat_interval_s: seconds between heartbeats of running trials; a trial silent for
             3 x that is failed and retried once (tuner/study.py).
+        adjudicate_rounds: rounds of the final A B A B ... re-measurement of the baseline and the
+            winner, fixed in the pre-registration's adjudication protocol (tuner/verdict.py).
     """
     study: str
     study_dir: Path
@@ -82,6 +85,7 @@ class TuneOptions:
     preregister: int | None = None
     progress: bool = True
     heartbeat_interval_s: int = study_mod.DEFAULT_HEARTBEAT_S
+    adjudicate_rounds: int = 3  # rounds of the final interleaved re-measurement (tuner/verdict.py)
 
     def __post_init__(self) -> None:
         checks = (
@@ -95,6 +99,7 @@ class TuneOptions:
             (self.preregister is None or self.preregister >= 1,
              f"--preregister must be >= 1, got {self.preregister}"),
             (self.heartbeat_interval_s >= 1, f"--heartbeat-interval must be >= 1 s, got {self.heartbeat_interval_s}"),
+            (self.adjudicate_rounds >= 2, f"--adjudicate-rounds must be >= 2, got {self.adjudicate_rounds}"),
         )
         for ok, message in checks:
             if not ok:
@@ -405,6 +410,46 @@ class TrialLoop:
         logger.info("trial #%d [%s] %s  (calibration %s)", run.trial.number, run.roles, what,
                     " ".join(f"{c} {f:.3g}" for c, f in cal.factors.items()) if cal.factors else f"scale {cal.scale:.3g}")
 
+    def remeasure(self) -> list[dict]:
+        """The end-of-study re-measurement of the pre-registered protocol (tuner/verdict.py): the
+        baseline and the winner, interleaved round by round, one at a time; each measurement is
+        stored in the study (user attribute REMEASURED) as it finishes, so a resumed study goes on
+        where it stopped. Returns every re-measurement; [] when the protocol has nothing to run
+        (no protocol, no baseline or winner measured, or the winner is the baseline)."""
+        import ray
+
+        from tuner import verdict as verdict_mod
+        from tuner.report import contenders
+        proto = self.prereg.get("adjudication")
+        base, best = contenders(study_mod.trial_rows(self.study), self.prereg)
+        if not proto or base is None or best is None or best["plan"] == base["plan"]:
+            return []
+        done = list(self.study.user_attrs.get(REMEASURED, []))
+        verdict_mod.verify_measurements(proto, done, base["plan"], best["plan"])
+        o = self.options
+        for r, role in verdict_mod.schedule(proto)[len(done):]:
+            plan = base["plan"] if role == "baseline" else best["plan"]
+            ref = self._remote.remote(o.backend, plan, self.workload, o.iters, o.warmup, o.trial_timeout_s,
+                                      o.memory_cap_gib, self._layout)
+            try:
+                res = ray.get(ref, timeout=self.hard_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                ray.cancel(ref, force=True)
+                res = {"ok": False, "kind": "timeout", "message": f"no answer after {self.hard_timeout_s:.0f} s"}
+            except Exception as e:  # noqa: BLE001 - a dead task is a crashed measurement
+                res = {"ok": False, "kind": "crash", "message": f"ray task failed: {e}"}
+            m = {"round": r, "role": role, "plan": plan, "ok": bool(res.get("ok")), "finished_unix": time.time()}
+            if res.get("ok"):
+                m.update(step_time_s=float(res["step_time_s"]), step_times_s=[float(x) for x in res["step_times_s"]],
+                         tokens_per_s_per_gpu=float(res["tokens_per_s_per_gpu"]))
+            else:
+                m.update(kind=res.get("kind", "crash"), message=str(res.get("message", ""))[-500:])
+            done.append(m)
+            self.study.set_user_attr(REMEASURED, done)
+            logger.info("adjudication round %d %s: %s", r + 1, role,
+                        f"{m['tokens_per_s_per_gpu']:.1f} tok/s/GPU" if m["ok"] else f"FAIL {m['kind']}")
+        return done
+
     def abandon(self) -> None:
         """Mark running trials interrupted (their plans stay eligible once) and cancel their tasks."""
         import ray
@@ -496,6 +541,7 @@ def preregister(options: TuneOptions, workload, profile, pool: list, total: int,
     (another tuner's, if it registered first)."""
     from tuner.baseline import given_baseline, hand_tuned_baseline
     from tuner.screen import select_candidates
+    from tuner.verdict import protocol as verdict_protocol
     if options.baseline:
         bplan, bpred = given_baseline(options.baseline, workload, profile, options.precision, calibration,
                                       tables=tables, complete=options.complete)
@@ -516,6 +562,7 @@ def preregister(options: TuneOptions, workload, profile, pool: list, total: int,
                   "predicted_peak_memory_gib": bpred.peak_memory_gib},
         baseline_source=bsrc, tables_digest=tables.digest, calibration=calibration,
         trials_budget=options.trials, sampler="guided-ei",
+        adjudication=verdict_protocol(rounds=options.adjudicate_rounds),
         space={"level": options.level, "realizable_plans": total, "screened_kept": len(pool)})
     try:
         prereg_mod.write(options.study_dir, doc)
@@ -603,10 +650,12 @@ def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> Tun
                          options=options, tables=tables, calibration=calibration, mode=mode)
         loop.screen_rate = (total, screen_s)
         loop.run()
+        remeasured = loop.remeasure()
         rows = study_mod.trial_rows(study)
         path = write_report(study_dir, rows=rows, backend=options.backend, calibration=loop.calibration,
-                            cal_report=loop.cal_report, wall_s=time.monotonic() - t0, **report_args)
-        return TuneResult(path, adjudicate(rows, prereg)["line"])
+                            cal_report=loop.cal_report, wall_s=time.monotonic() - t0, remeasured=remeasured,
+                            **report_args)
+        return TuneResult(path, adjudicate(rows, prereg, remeasured)["line"])
     finally:
         if started:
             ray.shutdown()

@@ -87,6 +87,9 @@ def add_parser(subparsers):
     p.add_argument("--screen-actors", type=int, default=4, help="Number of Ray actors that screen the space (default 4).")
     p.add_argument("--preregister", type=int, default=None,
                    help="Number of plans to pre-register (default: min(trials, max(4, trials // 2 + 1))).")
+    p.add_argument("--adjudicate-rounds", type=int, default=None,
+                   help="Rounds of the final interleaved re-measurement of the baseline and the winner "
+                        "(pre-registered; default 3; training studies).")
     p.add_argument("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_S,
                    help=f"Seconds between heartbeats of running trials; a trial silent for {GRACE_FACTOR} times "
                         f"this is failed and its plan retried once (default {DEFAULT_HEARTBEAT_S}).")
@@ -142,7 +145,8 @@ def _options(args, study: str, backend: str, timeout_s: float):
         ray_no_auth=args.ray_no_auth,
         trial_timeout_s=timeout_s, memory_cap_gib=args.memory_cap_gib, iters=args.iters,
         warmup=args.warmup, level=args.level, screen_actors=args.screen_actors, preregister=args.preregister,
-        progress=not args.no_progress, heartbeat_interval_s=args.heartbeat_interval)
+        progress=not args.no_progress, heartbeat_interval_s=args.heartbeat_interval,
+        **({} if args.adjudicate_rounds is None else {"adjudicate_rounds": args.adjudicate_rounds}))
 
 
 def _run_serve(args) -> int:
