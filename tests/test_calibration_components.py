@@ -188,3 +188,17 @@ def test_cpu_megatron_trial_records_its_step_by_class():
     assert sum(parts.values()) == pytest.approx(r.step_time_s, rel=1e-9)
     assert set(parts) <= set(TRAIN_CLASSES)
     assert parts["ep_comm"] > 0 and parts["attention"] > 0 and parts["grouped_gemm"] > 0
+
+
+def test_plans_rank_marks_plans_indistinguishable_from_the_leader(capsys):
+    """`plans --rank --json`: each ranked plan carries its 90% step-time interval (the shipped GPU
+    calibration's leave-one-out errors) and whether it overlaps the leader's; the leader overlaps
+    itself, and a plan whose interval starts above the leader's end is distinguishable."""
+    from tuner.cli import main
+    assert main(["plans", "--model", "qwen3-30b-a3b", "--cluster", "h100-sxm", "--gpus", "16", "--gbs", "256",
+                 "--seq", "4096", "--rank", "--top", "40", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["ranked"]["plans"]
+    lead = rows[0]["step_time_interval_s"]
+    assert lead[0] < rows[0]["step_time_s"] < lead[1] and rows[0]["indistinguishable"]
+    for r in rows:
+        assert r["indistinguishable"] == (r["step_time_interval_s"][0] <= lead[1])

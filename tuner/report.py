@@ -196,10 +196,7 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
               f"Pre-registration sha256 {prereg['sha256']} (verify with `moetune adjudicate "
               f"{prereg['study']} --study-dir {d}`).", ""]
     if cal_report:
-        L += ["## Calibration after the trials", "",
-              f"Fitted scale {cal_report['scale']:.4g} on {len(cal_report['rows'])} measured plans; "
-              f"max |rel err| {cal_report['max_abs_rel_err']:.1%}, leave-one-out max "
-              f"{cal_report['loo_max_abs_rel_err']:.1%}.", ""]
+        L += ["## Calibration after the trials", ""] + calibration_lines(cal_report)
     if measured:
         L += ["## Measured vs predicted", "", "![measured vs predicted](measured_vs_predicted.png)", "",
               "| # | roles | plan (non-default fields) | pred step s | meas step s | pred tok/s/GPU | meas tok/s/GPU |",
@@ -243,6 +240,23 @@ def _short(plan: str) -> str:
              if getattr(p, f) != getattr(dflt, f) and f not in ("dist_opt", "overlap_grad_reduce",
                                                                  "overlap_param_gather", "grouped_gemm")]
     return ",".join(parts) or "defaults"
+
+
+def calibration_lines(cal_report: dict) -> list[str]:
+    """The last refit (`cost_model.calibration.fit_calibration`'s report) as markdown: the one
+    scale, or the per-component factors with their 90% intervals, and the errors."""
+    n = len(cal_report["rows"])
+    err = (f"max |rel err| {cal_report['max_abs_rel_err']:.1%}, leave-one-out max "
+           f"{cal_report['loo_max_abs_rel_err']:.1%}.")
+    if not cal_report.get("factors"):
+        return [f"Fitted scale {cal_report['scale']:.4g} on {n} measured plans; " + err, ""]
+    split = sum(1 for r in cal_report["rows"] if r.get("measured_parts_s"))
+    L = [f"Per-component factors fitted on {n} measured plans ({split} with their own per-class split, the rest "
+         f"on the step total; prior log f ~ N(0, 0.5^2)); " + err, "",
+         "| class | factor | 90% interval |", "|---|---|---|"]
+    for c, (f, lo, hi) in cal_report["factor_intervals"].items():
+        L.append(f"| {c} | {f:.3g} | {lo:.3g} .. {hi:.3g} |")
+    return L + [""]
 
 
 def _remeasure_table(prereg: dict, remeasured: list[dict] | None) -> list[str]:

@@ -12,8 +12,11 @@ profiled op's self CPU time goes to:
   rank waiting in recv counts here, not as pipeline_bubble);
 - outside any scope, by op name: matrix products -> gemm, the rest -> elementwise;
 - the step's wall time not inside any op (Python and launch work between ops) -> host_launch.
-The profiler's own scope overhead (the self time of the moetune:: scopes) is left out. The result
-is each class's share of the step; the backend multiplies the shares by the measured median step.
+The profiler slows the step it records, most where ops are many and small (an optimizer's
+elementwise updates): its cost, the profiled step's wall time less the timed steps' median, is
+taken off the ops evenly per recorded event, and the moetune:: scopes' own time is left out. The
+result is each class's share of the unprofiled step; the backend multiplies the shares by the
+measured median step.
 """
 from __future__ import annotations
 
@@ -27,8 +30,10 @@ PREFIX = "moetune::"
 MOE = PREFIX + "moe"
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
             "aten::_grouped_mm")
-COMM_MARKS = ("c10d::", "gloo:", "nccl:", "record_param_comms", "all_to_all", "allreduce", "all_reduce",
-              "allgather", "all_gather", "reduce_scatter", "_reduce_scatter", "recv", "send", "broadcast")
+# lower-case marks of a collective: the c10d ops, and the autograd Functions that wrap them (their
+# self time is the wait for the peers: Megatron's _AllToAll, the *ParallelRegion mappings)
+COMM_MARKS = ("c10d::", "gloo:", "nccl:", "record_param_comms", "all_to_all", "alltoall", "allreduce", "all_reduce",
+              "allgather", "all_gather", "reduce_scatter", "parallelregion", "recv_", "send_")
 BACKWARD = "autograd::engine::evaluate_function:"
 
 
@@ -66,8 +71,9 @@ def _is_comm(name: str) -> bool:
     return any(k in n for k in COMM_MARKS)
 
 
-def split_events(events, wall_us: float) -> dict:
-    """{class: share of the step} from a profiled step's FunctionEvents and its wall time (us)."""
+def split_events(events, wall_us: float, step_us: float | None = None) -> dict:
+    """{class: share of the step} from a profiled step's FunctionEvents, its wall time (us) and the
+    unprofiled step time (us; None: the profiled wall, no overhead correction)."""
     scope_of: dict = {}  # id(event) -> (class or None, inside moe)
     fwd_scope: dict = {}  # (thread, sequence_nr) of a forward op -> its scope
 
@@ -87,16 +93,17 @@ def split_events(events, wall_us: float) -> dict:
         return cls, moe
 
     events = sorted(events, key=lambda e: e.time_range.start)  # forward ops before their backward
+    step_us = wall_us if step_us is None else min(step_us, wall_us)
+    per_event = max(0.0, wall_us - step_us) / max(1, len(events))  # the profiler's cost of one event
     shares: dict = {}
-    in_ops, overhead = 0.0, 0.0
+    in_ops = 0.0
     for e in events:
         cls, moe = scope(e)
         if not e.name.startswith(BACKWARD) and e.sequence_nr is not None and e.sequence_nr >= 0:
             fwd_scope.setdefault((e.thread, e.sequence_nr), (cls, moe))
-        t = float(e.self_cpu_time_total)
         if e.name.startswith(PREFIX):
-            overhead += t
             continue
+        t = max(0.0, float(e.self_cpu_time_total) - per_event)
         if _is_comm(e.name):
             c = "ep_comm" if moe else "other_comm"
         elif cls is not None:
@@ -105,7 +112,7 @@ def split_events(events, wall_us: float) -> dict:
             c = "gemm" if e.name in GEMM_OPS else "elementwise"
         shares[c] = shares.get(c, 0.0) + t
         in_ops += t
-    wall = max(wall_us - overhead, in_ops, 1e-9)
+    wall = max(step_us, in_ops, 1e-9)
     shares["host_launch"] = shares.get("host_launch", 0.0) + (wall - in_ops)
     return {c: v / wall for c, v in shares.items()}
 

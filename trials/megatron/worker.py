@@ -297,9 +297,9 @@ class TrialWorker:
         prof.export_chrome_trace(os.path.join(trace_dir, f"trace_rank{self.rank}.json"))
         self.dist.barrier()
 
-    def _component_step(self, batch) -> dict:
+    def _component_step(self, batch, step_s: float) -> dict:
         """One more, untimed step under torch.profiler: this rank's share of the step per
-        calibration class (trials/megatron/components.py)."""
+        calibration class (trials/megatron/components.py); `step_s` is the timed steps' median."""
         from torch.profiler import ProfilerActivity, profile
 
         from trials.megatron.components import labelled, split_events
@@ -308,7 +308,7 @@ class TrialWorker:
             t0 = time.perf_counter()
             self.step(batch)
             wall_us = (time.perf_counter() - t0) * 1e6
-        shares = split_events(prof.events(), wall_us)
+        shares = split_events(prof.events(), wall_us, step_s * 1e6)
         self.dist.barrier()
         return shares
 
@@ -354,7 +354,7 @@ class TrialWorker:
             self._trace_step(batches[-1], trace_dir)
         # on CPU, one more untimed profiled step splits the step by calibration class (the
         # per-component calibration fits it); MOETUNE_TRIAL_COMPONENTS=0 skips it
-        shares = (self._component_step(batches[-1])
+        shares = (self._component_step(batches[-1], sorted(times)[len(times) // 2])
                   if not self.on_gpu and os.environ.get("MOETUNE_TRIAL_COMPONENTS", "1") != "0" else None)
         # losses live on the last pipeline stage: gather them to every rank.
         obj = [None] * self.world
