@@ -320,12 +320,16 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
             continue
         th_i, _ = fit(allidx[allidx != i])
         loo.append(float(P[i] @ np.exp(th_i) / meas[i] - 1.0))
-    # covariance of log f (Gauss-Newton at the optimum), with the residual variance of the rows
+    # covariance of log f (Gauss-Newton at the optimum): the rows' information at their residual
+    # variance, plus the prior's precision 1 / prior_sd^2 (a class no row informs keeps the prior's sd)
     J = res.jac
     n_obs = max(1, len(res.fun) - (K if prior_w else 0))
     s2 = max(OBS_SD ** 2 if len(pairs) < 3 else 0.0, float(np.sum(res.fun[:n_obs] ** 2)) / max(1, n_obs - 1))
+    prec = J[:n_obs].T @ J[:n_obs] / max(s2, 1e-300)
+    if prior_w:
+        prec = prec + np.eye(K) / prior_sd ** 2
     try:
-        cov = np.linalg.pinv(J.T @ J) * s2
+        cov = np.linalg.pinv(prec)
     except np.linalg.LinAlgError:
         cov = np.full((K, K), np.nan)
     loo_log = [math.log1p(e) for e in loo if np.isfinite(e) and e > -1]
