@@ -425,7 +425,10 @@ class TrialLoop:
         if not proto or base is None or best is None or best["plan"] == base["plan"]:
             return []
         done = list(self.study.user_attrs.get(REMEASURED, []))
-        verdict_mod.verify_measurements(proto, done, base["plan"], best["plan"])
+        try:
+            verdict_mod.verify_measurements(proto, done, base["plan"], best["plan"])
+        except verdict_mod.ProtocolError as e:  # e.g. a later trial of another tuner changed the winner
+            raise UsageError(f"adjudication: the study's re-measurements break its protocol: {e}") from None
         o = self.options
         for r, role in verdict_mod.schedule(proto)[len(done):]:
             plan = base["plan"] if role == "baseline" else best["plan"]
