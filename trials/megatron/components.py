@@ -10,6 +10,8 @@ profiled op's self CPU time goes to:
 - a collective (c10d / gloo op): ep_comm inside an MoE layer (the dispatcher's all-to-all or
   all-gather, forward or backward), other_comm elsewhere (TP, DP, pipeline send/recv; a pipeline
   rank waiting in recv counts here, not as pipeline_bubble);
+- the ops of Megatron's vocabulary-parallel cross entropy (FUNCTION_CLASS) -> gemm, as the model
+  prices the LM head and its loss together (lm_head_ce);
 - outside any scope, by op name: matrix products -> gemm, the rest -> elementwise;
 - the step's wall time not inside any op (Python and launch work between ops) -> host_launch.
 The profiler slows the step it records, most where ops are many and small (an optimizer's
@@ -26,6 +28,9 @@ MODULE_CLASS = {"DotProductAttention": "attention", "TEDotProductAttention": "at
                 "SequentialMLP": "grouped_gemm", "GroupedMLP": "grouped_gemm", "TEGroupedMLP": "grouped_gemm",
                 "TopKRouter": "elementwise", "SharedExpertMLP": "gemm"}
 MOE_MODULES = ("MoELayer",)
+# autograd Functions whose ops (and backward) are one class: the vocabulary-parallel cross entropy
+# is priced with the LM head GEMM (the model's lm_head_ce term, class gemm)
+FUNCTION_CLASS = {"_VocabParallelCrossEntropy": "gemm"}
 PREFIX = "moetune::"
 MOE = PREFIX + "moe"
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
@@ -87,6 +92,8 @@ def split_events(events, wall_us: float, step_us: float | None = None) -> dict:
             moe = True
         elif e.name.startswith(PREFIX):
             cls = e.name[len(PREFIX):]
+        elif e.name in FUNCTION_CLASS:
+            cls = FUNCTION_CLASS[e.name]
         elif e.name.startswith(BACKWARD):
             cls, moe = fwd_scope.get((getattr(e, "fwd_thread", None), e.sequence_nr), (cls, moe))
         scope_of[k] = (cls, moe)
