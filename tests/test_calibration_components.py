@@ -202,3 +202,21 @@ def test_plans_rank_marks_plans_indistinguishable_from_the_leader(capsys):
     assert lead[0] < rows[0]["step_time_s"] < lead[1] and rows[0]["indistinguishable"]
     for r in rows:
         assert r["indistinguishable"] == (r["step_time_interval_s"][0] <= lead[1])
+
+
+def test_serving_sampler_stays_one_scale_with_its_own_fit():
+    """The serving study's sampler (tuner/serve_tune.py: ServePlan parser, serving fit, the shipped
+    scale to start from): one-scale predictions scale x raw, refitted by the serving fit."""
+    from specs.serve_plan import ServePlan
+    from tuner.serve_tune import fit
+    pool = [{"plan": ServePlan(tp=tp, chunked_prefill=c).canonical(), "raw_step_time_s": 0.001 * tp * c / 2048}
+            for tp in (1, 2) for c in (2048, 4096)]
+    s = GuidedSampler(pool, parse=ServePlan.parse, fit=fit, scale=1.5)
+    first = s.propose()
+    assert s.predicted(first) == pytest.approx(1.5 * 0.001) and s.cal.kind == "one-scale"
+    s.observe(first, 0.0025, s.rows[first])
+    s.observe(pool[1]["plan"], 0.005, s.rows[pool[1]["plan"]])
+    cal, rep = s.refit()
+    assert cal.label.startswith("serving") and cal.scale == pytest.approx(2.5, rel=1e-3)
+    nxt = s.propose()
+    assert nxt not in (first, pool[1]["plan"]) and s.predicted(nxt) == pytest.approx(2.5 * s.rows[nxt], rel=1e-3)
