@@ -19,8 +19,19 @@ def test_rounds_are_interleaved_within_a_level():
             pid = name if k == 0 else f"{name}{ROUND_SEP}{k}"
             todo.append(("gemm", {"id": pid, "level": lvl, "_round": k}))
     order = [p["id"] for _, p in _ordered(todo)]
-    # level 0 twice (a b, then a b again), then level 1: never two samples of a point back to back
+    # level 0 twice (a b, then a b again), then level 1
     assert order == ["a", "b", f"a{ROUND_SEP}1", f"b{ROUND_SEP}1", "c", f"c{ROUND_SEP}1"]
+
+
+def test_rounds_come_in_blocks_so_a_short_budget_still_measures_twice():
+    from trials.profile.driver import ROUND_BLOCK, ROUND_SEP, _ordered
+    n = 3 * ROUND_BLOCK
+    todo = [("gemm", {"id": f"p{i}" + (f"{ROUND_SEP}1" if k else ""), "level": 0, "_round": k})
+            for k in range(2) for i in range(n)]
+    order = [p["id"] for _, p in _ordered(todo)]
+    first_block = [f"p{i}" for i in range(ROUND_BLOCK)]
+    assert order[:2 * ROUND_BLOCK] == first_block + [f"{x}{ROUND_SEP}1" for x in first_block]
+    assert sorted(order) == sorted(p["id"] for _, p in todo)
 
 
 def test_table_rows_carry_samples_and_spread_and_noisy_points_are_listed(tmp_path):

@@ -15,8 +15,9 @@ range the cost model can look up; a key with no measured row (e.g. fp8 where thi
 run fp8) keeps its shipped rows, and the notes say so.
 
 Rounds: every per-device point is measured `rounds` times (default 2), interleaved: within each
-coarse-to-fine level, all of the level's points once, then all of them again, so host drift
-between two samples of a point is the drift of a whole pass, not of back-to-back calls. A table
+coarse-to-fine level, blocks of ROUND_BLOCK points are measured once, then again, so two samples
+of a point are a block apart (not back-to-back calls) and a budget that ends mid-level leaves
+what it reached measured in every round. A table
 row holds the median over its rounds, `samples` and `spread` ((max - min) / median of the rounds);
 points whose spread exceeds SPREAD_WARN are listed in the report ("noisy") and logged. A point
 measured in one round only (the budget ran out) has samples 1 and no spread.
@@ -52,6 +53,7 @@ RUNNER_FAMILIES = {"dispatch_gap": ("dispatch_gap",), "stack_floor": ("dispatch_
 MERGED_FAMILIES = ("gemm", "grouped_gemm", "attention")  # merged into the shipped grid per key
 ROUNDS = 2  # samples of each per-device point, interleaved (see the module docstring)
 ROUND_SEP = "#r"  # point id of round k > 0: "<id>#r<k>"
+ROUND_BLOCK = 8  # points measured once before they are measured again (see _ordered)
 SPREAD_WARN = 0.10  # a point whose rounds differ by more than this (relative) is reported noisy
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = {
@@ -236,18 +238,31 @@ def _make_actors(ray, ctx: Ctx, devices: int, address: str | None):
 
 
 def _ordered(todo: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
-    """Coarse-to-fine; within a level, round by round (the level's points once, then again);
-    round-robin over runners within a level's round."""
-    by = {}
+    """Coarse-to-fine; within a level, round-robin over runners, in blocks of ROUND_BLOCK points:
+    a block once, then the same block again for each further round, then the next block. Two
+    samples of a point are a block apart (interleaved, never back to back), and a budget that ends
+    mid-level leaves the points it reached measured in every round."""
+    by: dict = {}
+    rounds: dict = {}
     for r, p in todo:
-        by.setdefault((p.get("level", 0), p.get("_round", 0), r), []).append((r, p))
+        base = p["id"].split(ROUND_SEP)[0]
+        key = (p.get("level", 0), r)
+        if base not in rounds.setdefault(key, {}):
+            by.setdefault(key, []).append(base)
+        rounds[key].setdefault(base, {})[p.get("_round", 0)] = (r, p)
     out = []
-    for lvl in sorted({k[:2] for k in by}):
-        queues = [by[k] for k in sorted(by) if k[:2] == lvl]
+    for lvl in sorted({k[0] for k in by}):
+        keys = [k for k in sorted(by) if k[0] == lvl]
+        queues = [list(by[k]) for k in keys]
+        seq = []  # (key, base) round-robin over runners
         while any(queues):
-            for q in queues:
+            for k, q in zip(keys, queues):
                 if q:
-                    out.append(q.pop(0))
+                    seq.append((k, q.pop(0)))
+        for i in range(0, len(seq), ROUND_BLOCK):
+            block = seq[i:i + ROUND_BLOCK]
+            for k_round in sorted({n for k, b in block for n in rounds[k][b]}):
+                out += [rounds[k][b][k_round] for k, b in block if k_round in rounds[k][b]]
     return out
 
 
