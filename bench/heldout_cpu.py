@@ -167,10 +167,14 @@ def study_calibration(study: str, rows: list[dict]):
     """The calibration the study's loop fits on its measured trials (`rows`), refitted with the
     current model."""
     from tuner.calibrate_runs import calibrate
-    cal, rep = calibrate(rows, source={"study": study})
+    cal, rep = calibrate(rows, source={"study": study}, per_component=True)
     m = rep["metrics"]
-    print(f"study {study}: {m['n']} measured trials, scale {cal.scale:.4f}, in-sample MAPE before "
-          f"{m['mape_before']:.1%} after {m['mape_after']:.1%}")
+    print(f"study {study}: {m['n']} measured trials ({sum(1 for r in rows if r.get('measured_parts_s'))} with their "
+          f"per-class split), per-component fit; in-sample MAPE before {m['mape_before']:.1%} after "
+          f"{m['mape_after']:.1%}, leave-one-out {m['mape_loo']:.1%}")
+    print("factors (90% interval):")
+    for c, (f, lo, hi) in cal.factor_intervals().items():
+        print(f"  {c:16s} {f:8.3g}  [{lo:.3g} .. {hi:.3g}]")
     return cal
 
 
@@ -194,12 +198,12 @@ def report(model, cluster, entries, out: Path, cal=None, refs=()) -> int:
         if cal is None:
             cal = cost_model.resolve_calibration(w, tables=tables)
         pred = cost_model.predict(w, plan, tables=tables, calibration=cal)
-        cal_id, tables_dir = f"{cal.id} (scale {cal.scale:.4f})", tables.directory
+        cal_id, tables_dir = f"{cal.id} ({cal.kind})", tables.directory
         # the median over every timed step of every pass (a burst of load hits a few steps of one
         # pass; the median of 2-3 pass medians would be their mean); the spread stays per pass
         m = statistics.median(_steps(runs))
         table.append(dict(plan_short=e["plan"], gbs=e["gbs"], seq=e["seq"], predicted_s=pred.step_time_s,
-                          raw_predicted_s=pred.step_time_s / cal.scale, measured_s=m, measured_min_s=min(ts),
+                          raw_predicted_s=pred.extra["raw_step_time_s"], measured_s=m, measured_min_s=min(ts),
                           measured_max_s=max(ts), passes=len(ts), rel_err=pred.step_time_s / m - 1.0,
                           plan=plan.canonical()))
     if not table:

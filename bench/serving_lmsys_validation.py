@@ -22,7 +22,7 @@ from pathlib import Path
 
 from clusters import load_cluster
 from cost_model.serving import predict_serve
-from cost_model.serving.calibration import ServeCalibration, load_default
+from cost_model.serving.calibration import IDENTITY, load_default
 from specs.models import load_model
 from specs.serve_plan import ServePlan, ServeWorkload
 
@@ -46,7 +46,7 @@ def main() -> int:
     for name, gpus, text, w, pub, metric in CASES:
         cl = load_cluster("h100-sxm", gpus)
         p = ServePlan.parse(text)
-        raw, cal = (predict_serve(m, cl, p, w, precision="fp8", calibration=c) for c in (ServeCalibration(), load_default()))
+        raw, cal = (predict_serve(m, cl, p, w, precision="fp8", calibration=c) for c in (IDENTITY, load_default()))
         key = f"{metric}_tokens_per_s_per_gpu"
         lat = f"TTFT {cal.ttft_p90_s:.2f} s" if metric == "input" else f"TPOT {cal.tpot_p90_s * 1e3:.0f} ms"
         lines.append(f"| {name} | {text} | {pub:.0f} | {getattr(raw, key):.0f} | {getattr(cal, key):.0f} | {lat} | "

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 import cost_model.serving.step as step
-from cost_model.serving.calibration import ServeCalibration
+from cost_model.calibration import Calibration
 from cost_model.serving.fit_calibration import DATA, predict_row
 
 _F = {"prefill": 1.0, "decode": 1.0}
@@ -41,7 +41,7 @@ def main() -> int:
         tput = []
         for p, d in ((1.0, 1.0), (2.0, 1.0), (1.0, 2.0)):
             _F["prefill"], _F["decode"] = p, d
-            tput.append(predict_row(r, ServeCalibration()))
+            tput.append(predict_row(r, Calibration()))
         t11, t21, t12 = (1.0 / x for x in tput)
         lin[r["id"]] = (t21 - t11, t12 - t11, tput[0], float(r["value"]))
         print(f"{r['id']} raw {tput[0]:8.0f} tok/s, published {float(r['value']):8.0f}; step-time share: "

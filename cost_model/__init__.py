@@ -90,12 +90,38 @@ def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserv
     pa = plans if isinstance(plans, PlanArrays) else PlanArrays.from_plans(list(plans))
     t = resolve_tables(workload, tables)
     cal = resolve_calibration(workload, calibration, t)
+    per_class = bool(cal.factors)  # the factors weigh the breakdown's classes: it is needed
     out = evaluate(workload, pa, t, imbalance=imbalance, hbm_reserve=hbm_reserve,
-                   calibration_scale=cal.scale, detail=detail, grad_reduce_in_fp32=grad_reduce_in_fp32,
-                   offload_modules=offload_modules)
+                   calibration_scale=cal.scale, detail=detail or per_class,
+                   grad_reduce_in_fp32=grad_reduce_in_fp32, offload_modules=offload_modules)
+    if per_class:
+        _apply_per_class(out, cal)
     out["tables_digest"] = t.digest
     out["calibration_id"] = cal.id
     return out
+
+
+def _apply_per_class(out: dict, cal: Calibration) -> None:
+    """Rescale `evaluate`'s outputs (run at the one-scale `cal.scale`) to the per-component
+    calibration: step = sum over classes of factor x raw class time; what scales as 1/step
+    (throughput, model TFLOPS, MFU) follows, and the breakdown's `calibration` term is step - raw."""
+    from cost_model.calibration import class_parts
+    step = cal.apply(class_parts(out["breakdown_s"]))
+    ratio = step / out["step_time_s"]
+    out["step_time_s"] = step
+    for k in ("tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu"):
+        out[k] = out[k] / ratio
+    out["breakdown_s"]["calibration"] = step - out["raw_step_time_s"]
+
+
+def raw_class_parts(workload, plans, *, tables=None, **options) -> list[dict]:
+    """Per plan, the uncalibrated step time split into the calibration classes
+    (`cost_model.calibration.TRAIN_CLASSES`): what a per-component fit weighs. `options` as for
+    `predict_arrays`."""
+    from cost_model.calibration import IDENTITY, class_parts
+    out = predict_arrays(workload, plans, tables=tables, calibration=IDENTITY, detail=True, **options)
+    parts = class_parts(out["breakdown_s"])
+    return [{c: float(v[i]) for c, v in parts.items()} for i in range(len(out["step_time_s"]))]
 
 
 def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=HBM_RESERVE_FRACTION,

@@ -1,15 +1,26 @@
-"""The ONE labelled correction of the cost model (MOSAIC §5.5): a multiplicative term on step time
-standing for what uncontended microbenchmarks cannot see (cross-node straggler and overlap
-efficiency, loop-level overheads). Identity by default; stored as JSON with a content hash and
-provenance; fitted by robust least squares on log step time.
+"""The labelled correction of the cost model (MOSAIC §5.5): multiplicative factors on the model's
+predicted time standing for what uncontended microbenchmarks cannot see (cross-node straggler and
+overlap efficiency, loop-level overheads, a component the physics gets wrong). One type for training
+and serving, in two kinds (the file's `kind` says which):
 
-    step_time = scale * raw_step_time
+- one-scale: one factor on the whole step (the special case with one class, `step`):
+      step_time = scale * raw_step_time
+- per-component: one factor per breakdown class the model reports (TRAIN_CLASSES for training,
+  SERVE_CLASSES for serving: prefill and decode steps), each regularised toward 1:
+      step_time = scale * sum_k factor_k * raw_k          (scale 1 in a per-component fit)
+
+Identity by default; stored as JSON with a content hash and provenance. `fit_calibration` fits
+either kind by robust (soft-L1) least squares in log space: on each trial's measured step total
+(measured = sum_k f_k * predicted_k), or on its measured per-class times where the trial recorded
+them, with a Gaussian prior on log f_k of sd PRIOR_SD (the ridge toward 1). Old one-scale files
+(no `kind`, as the shipped GPU default) load as one-scale.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -22,6 +33,45 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GPU_CALIBRATION = Path(__file__).resolve().parent / "calibration_default.json"
 LABEL = "straggler/overlap efficiency (multiplicative on step time)"
+ONE_SCALE, PER_COMPONENT = "one-scale", "per-component"
+STEP = "step"  # the one class of a one-scale calibration
+
+# The breakdown classes of the training model, and which class each `breakdown_s` component of
+# cost_model.model belongs to (a component not listed here raises: a new component must be placed).
+TRAIN_CLASSES = ("gemm", "grouped_gemm", "attention", "ep_comm", "other_comm", "host_launch", "elementwise",
+                 "pipeline_bubble")
+SERVE_CLASSES = ("prefill", "decode")
+COMPONENT_CLASS = {
+    "attention_proj": "gemm", "dense_mlp": "gemm", "shared_expert": "gemm", "lm_head_ce": "gemm", "mtp": "gemm",
+    # the extra forward of recompute re-runs the layer's modules, dominated by their GEMMs
+    "recompute": "gemm",
+    "expert_gemm": "grouped_gemm",
+    "core_attention": "attention",
+    "ep_dispatch_combine": "ep_comm",  # what the model leaves exposed (after any a2a overlap)
+    "tp_comm": "other_comm", "cp_comm": "other_comm", "pp_p2p": "other_comm",
+    "dp_grad_reduce_scatter": "other_comm", "dp_param_all_gather": "other_comm", "activation_offload": "other_comm",
+    "moe_host_sync": "host_launch", "cpu_launch_floor": "host_launch",
+    "elementwise": "elementwise", "router_permutation": "elementwise", "fp8_quantize": "elementwise",
+    "embedding": "elementwise", "optimizer_step": "elementwise",
+    "pipeline_bubble": "pipeline_bubble",
+}
+NOT_A_CLASS = ("calibration",)  # the breakdown's own calibration term is the output, not an input
+PRIOR_SD = 0.5  # prior sd of log f_k: a factor within x0.61..x1.65 at one sd before any trial
+OBS_SD = 0.1  # the soft-L1 scale of a log-time residual (host noise of a step, ~10%)
+Z90 = 1.645  # two-sided 90% normal quantile: the intervals of `interval`
+
+
+def class_parts(breakdown: dict) -> dict:
+    """{class: seconds} (floats or arrays) from a training prediction's `breakdown_s`."""
+    out: dict = {}
+    for comp, v in breakdown.items():
+        if comp in NOT_A_CLASS:
+            continue
+        if comp not in COMPONENT_CLASS:
+            raise KeyError(f"breakdown component {comp!r} has no calibration class (cost_model.calibration)")
+        c = COMPONENT_CLASS[comp]
+        out[c] = out[c] + v if c in out else v
+    return out
 
 
 class CalibrationError(InputError):
@@ -30,19 +80,80 @@ class CalibrationError(InputError):
 
 @dataclass(frozen=True)
 class Calibration:
+    """scale: the factor on the whole step (the one-scale term; 1 in a per-component fit).
+    factors: {class: factor} of a per-component calibration (empty: one-scale). log_cov: the fit's
+    covariance of log factors (classes in `factors` order), resid_sd: its leave-one-out log-time
+    error; both give predictions their interval (`interval`)."""
     scale: float = 1.0
     label: str = LABEL
     provenance: dict = field(default_factory=dict)  # data, fit, residuals, tables digest
+    factors: dict = field(default_factory=dict)
+    log_cov: tuple = ()
+    resid_sd: float | None = None
+
+    @property
+    def kind(self) -> str:
+        return PER_COMPONENT if self.factors else ONE_SCALE
+
+    @property
+    def classes(self) -> tuple:
+        return tuple(self.factors) if self.factors else (STEP,)
+
+    def factor(self, cls: str) -> float:
+        """The factor on class `cls`'s raw time (a class the fit did not hold: the scale alone)."""
+        return self.scale * float(self.factors.get(cls, 1.0))
+
+    def apply(self, parts):
+        """Calibrated time from a raw total (one-scale) or {class: raw seconds} (floats or arrays)."""
+        if not isinstance(parts, dict):
+            return self.scale * parts
+        return sum(self.factor(c) * v for c, v in parts.items())
+
+    def log_sd(self, parts) -> float:
+        """sd of the log of a calibrated prediction: the factors' uncertainty (delta method: the
+        prediction's class shares through log_cov) and the fit's leave-one-out error."""
+        rs = self.resid_sd
+        if rs is None:  # an old file: the leave-one-out errors in its provenance, if any
+            loo = [r.get("loo_rel_err") for r in self.provenance.get("residuals", ())]
+            loo = [math.log1p(e) for e in loo if e is not None and np.isfinite(e) and e > -1]
+            rs = math.sqrt(sum(e * e for e in loo) / len(loo)) if len(loo) >= 2 else None
+        if rs is None:
+            return float("nan")
+        var = rs * rs
+        if self.log_cov and isinstance(parts, dict):
+            tot = self.apply(parts)
+            g = np.array([self.factor(c) * float(parts.get(c, 0.0)) / tot for c in self.classes])
+            var += float(g @ np.asarray(self.log_cov, float) @ g)
+        return math.sqrt(var)
+
+    def interval(self, parts, z: float = Z90) -> tuple[float, float]:
+        """(low, high) of a calibrated prediction: exp(+-z sd) around it; (nan, nan) without a fit."""
+        t, sd = float(self.apply(parts)), self.log_sd(parts)
+        return (t * math.exp(-z * sd), t * math.exp(z * sd)) if np.isfinite(sd) else (float("nan"), float("nan"))
+
+    def factor_intervals(self, z: float = Z90) -> dict:
+        """{class: (factor, low, high)} from the fit's covariance of log factors."""
+        cov = np.asarray(self.log_cov, float) if self.log_cov else None
+        out = {}
+        for i, c in enumerate(self.classes):
+            f = self.factor(c)
+            sd = math.sqrt(cov[i, i]) if cov is not None else float("nan")
+            out[c] = (f, f * math.exp(-z * sd), f * math.exp(z * sd))
+        return out
 
     @property
     def id(self) -> str:
-        blob = json.dumps({"scale": round(self.scale, 12), "label": self.label,
-                           "provenance": self.provenance}, sort_keys=True).encode()
-        return ("identity" if self.scale == 1.0 and not self.provenance
+        body = {"scale": round(self.scale, 12), "label": self.label, "provenance": self.provenance}
+        if self.factors:  # one-scale ids are as they were before per-component calibration existed
+            body["factors"] = {k: round(v, 12) for k, v in self.factors.items()}
+        blob = json.dumps(body, sort_keys=True).encode()
+        return ("identity" if self.scale == 1.0 and not self.provenance and not self.factors
                 else "cal-" + hashlib.sha256(blob).hexdigest()[:16])
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["log_cov"] = [list(r) for r in self.log_cov]
+        d["kind"] = self.kind
         d["id"] = self.id
         return d
 
@@ -51,25 +162,48 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
-        """Read a calibration JSON written by `save`. Raises `CalibrationError` naming `path` when the
-        file is missing, unreadable, not JSON, or lacks a positive finite `scale`."""
+        """Read a calibration JSON written by `save` (or an older one-scale file without `kind`).
+        Raises `CalibrationError` naming `path` when the file is missing, unreadable, not JSON, or
+        lacks a positive finite `scale` (or, per-component, positive finite factors)."""
         text = read_text(path, "calibration file", CalibrationError)
         try:
             d = json.loads(text)
             if not isinstance(d, dict):
                 raise ValueError(f"a JSON {type(d).__name__}, not an object")
-            if "scale" not in d:
-                raise ValueError("no 'scale' field")
-            scale = float(d["scale"])
-            if not (np.isfinite(scale) and scale > 0):
-                raise ValueError(f"scale {d['scale']!r} is not a positive number")
-            provenance = d.get("provenance", {})
-            if not isinstance(provenance, dict):
-                raise ValueError("'provenance' is not an object")
+            return cls.from_dict(d)
         except (ValueError, TypeError) as e:
             # json.JSONDecodeError is a ValueError; float("abc") too
             raise CalibrationError(f"{path}: not a calibration file ({e})") from None
-        return cls(scale=scale, label=d.get("label", LABEL), provenance=provenance)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Calibration":
+        """The calibration of a `to_dict` document; ValueError naming what is wrong."""
+        if "scale" not in d:
+            raise ValueError("no 'scale' field")
+        scale = float(d["scale"])
+        if not (np.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale {d['scale']!r} is not a positive number")
+        provenance = d.get("provenance", {})
+        if not isinstance(provenance, dict):
+            raise ValueError("'provenance' is not an object")
+        kind = d.get("kind", ONE_SCALE)
+        if kind not in (ONE_SCALE, PER_COMPONENT):
+            raise ValueError(f"kind {kind!r} is not {ONE_SCALE} or {PER_COMPONENT}")
+        factors = {}
+        if kind == PER_COMPONENT:
+            raw = d.get("factors")
+            if not isinstance(raw, dict) or not raw:
+                raise ValueError("a per-component calibration without 'factors'")
+            factors = {str(k): float(v) for k, v in raw.items()}
+            bad = [k for k, v in factors.items() if not (np.isfinite(v) and v > 0)]
+            if bad:
+                raise ValueError(f"factor of {bad[0]!r} is not a positive number")
+        cov = tuple(tuple(float(x) for x in r) for r in d.get("log_cov") or ())
+        if cov and len(cov) != len(factors or (STEP,)):
+            raise ValueError("'log_cov' does not match the classes")
+        rs = d.get("resid_sd")
+        return cls(scale=scale, label=d.get("label", LABEL), provenance=provenance, factors=factors,
+                   log_cov=cov, resid_sd=None if rs is None else float(rs))
 
 
 IDENTITY = Calibration()
@@ -104,37 +238,116 @@ def calibration_for(cluster, tables=None) -> Calibration:
     return default_calibration(cluster)
 
 
-def fit_calibration(pairs, *, provenance: dict | None = None) -> tuple[Calibration, dict]:
-    """pairs: iterable of (predicted_raw_step_s, measured_step_s[, label]). Robust (soft-L1) least
-    squares on log step time for the single scale; returns (Calibration, report) where report has
-    per-pair residuals after the fit and leave-one-out relative errors."""
+
+
+def _as_parts(pred, classes) -> np.ndarray:
+    """A row's predicted raw seconds per class, in `classes` order (a float: all of it in the one
+    class of a one-scale fit; a dict for one class: its sum)."""
+    if not isinstance(pred, dict):
+        if len(classes) != 1:
+            raise ValueError("a per-component fit needs each row's predicted time per class")
+        return np.array([float(pred)])
+    if len(classes) == 1:
+        return np.array([float(sum(pred.values()))])
+    unknown = set(pred) - set(classes)
+    if unknown:
+        raise ValueError(f"predicted classes {sorted(unknown)} are not among {list(classes)}")
+    return np.array([float(pred.get(c, 0.0)) for c in classes])
+
+
+def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
+                    prior_sd: float | None = PRIOR_SD) -> tuple[Calibration, dict]:
+    """Fit a calibration; returns (Calibration, report).
+
+    Args:
+        pairs: rows (predicted, measured_step_s[, label[, measured_parts]]): `predicted` is the raw
+            step time (float) or {class: raw seconds}; `measured_parts` ({class: measured seconds},
+            optional) is the trial's own split. A row with a split is fitted per class (log m_k vs
+            log f_k p_k, each class with time on both sides); a row without, on its total
+            (log sum_k f_k p_k vs log measured).
+        classes: None: one-scale (one class, no prior: robust least squares of log step time, as
+            the shipped GPU default is fitted); else the classes of a per-component fit.
+        prior_sd: per-component only: sd of the Gaussian prior on each log f_k (the pull toward 1;
+            None: none). A prior residual log f_k / prior_sd * OBS_SD sits beside the rows' log
+            residuals, all under the soft-L1 loss of scale OBS_SD.
+
+    The report has `scale`, `factors`, per-row residuals after the fit and leave-one-out relative
+    errors of the total (`loo_rel_err`), and their maxima.
+    """
     from scipy.optimize import least_squares
     pairs = list(pairs)
-    pred = np.array([p[0] for p in pairs], float)
+    one = classes is None
+    classes = (STEP,) if one else tuple(classes)
+    K = len(classes)
+    P = np.array([_as_parts(p[0], classes) for p in pairs], float).reshape(len(pairs), K)
+    pred = P.sum(axis=1)
     meas = np.array([p[1] for p in pairs], float)
     labels = [p[2] if len(p) > 2 else str(i) for i, p in enumerate(pairs)]
+    split = [p[3] if len(p) > 3 and p[3] and not one else None for p in pairs]
+    M = np.array([[float(s.get(c, 0.0)) if s else 0.0 for c in classes] for s in split], float).reshape(len(pairs), K)
+    prior_w = 0.0 if (one or prior_sd is None) else OBS_SD / prior_sd
+
+    def residuals(x, idx):
+        r = []
+        for i in idx:
+            if split[i] is None:
+                r.append(np.logaddexp.reduce(x + np.log(np.maximum(P[i], 1e-300)), where=P[i] > 0) - np.log(meas[i])
+                         if K > 1 else x[0] + np.log(pred[i]) - np.log(meas[i]))
+            else:
+                ok = (P[i] > 0) & (M[i] > 0)
+                r.extend(x[ok] + np.log(P[i][ok]) - np.log(M[i][ok]))
+        if prior_w:
+            r.extend(prior_w * x)
+        return np.array(r, float) if r else np.zeros(1)
 
     def fit(idx):
-        r = lambda x: x[0] + np.log(pred[idx]) - np.log(meas[idx])  # noqa: E731
-        return float(least_squares(r, x0=[0.0], loss="soft_l1", f_scale=0.1).x[0])
+        res = least_squares(lambda x: residuals(x, idx), x0=np.zeros(K), loss="soft_l1", f_scale=OBS_SD)
+        return res.x, res
 
     allidx = np.arange(len(pairs))
-    theta = fit(allidx)
-    scale = float(np.exp(theta))
-    resid = scale * pred / meas - 1.0
+    theta, res = fit(allidx)
+    f = np.exp(theta)
+    calp = P @ f
+    resid = calp / meas - 1.0
     loo = []
     for i in allidx:
         if len(pairs) < 2:
             loo.append(float("nan"))
             continue
-        s_i = float(np.exp(fit(allidx[allidx != i])))
-        loo.append(float(s_i * pred[i] / meas[i] - 1.0))
-    report = {"scale": scale, "rows": [
-        {"label": lab, "raw_pred_s": float(p), "measured_s": float(mm), "calibrated_rel_err": float(e),
-         "loo_rel_err": lo} for lab, p, mm, e, lo in zip(labels, pred, meas, resid, loo)],
-        "max_abs_rel_err": float(np.max(np.abs(resid))) if len(pairs) else 0.0,
-        "loo_max_abs_rel_err": float(np.nanmax(np.abs(loo))) if len(pairs) > 1 else float("nan")}
+        th_i, _ = fit(allidx[allidx != i])
+        loo.append(float(P[i] @ np.exp(th_i) / meas[i] - 1.0))
+    # covariance of log f (Gauss-Newton at the optimum): the rows' information at their residual
+    # variance, plus the prior's precision 1 / prior_sd^2 (a class no row informs keeps the prior's sd)
+    J = res.jac
+    n_obs = max(1, len(res.fun) - (K if prior_w else 0))
+    s2 = max(OBS_SD ** 2 if len(pairs) < 3 else 0.0, float(np.sum(res.fun[:n_obs] ** 2)) / max(1, n_obs - 1))
+    prec = J[:n_obs].T @ J[:n_obs] / max(s2, 1e-300)
+    if prior_w:
+        prec = prec + np.eye(K) / prior_sd ** 2
+    try:
+        cov = np.linalg.pinv(prec)
+    except np.linalg.LinAlgError:
+        cov = np.full((K, K), np.nan)
+    loo_log = [math.log1p(e) for e in loo if np.isfinite(e) and e > -1]
+    resid_sd = math.sqrt(sum(e * e for e in loo_log) / len(loo_log)) if len(loo_log) >= 2 else None
+    rows = [{"label": lab, "raw_pred_s": float(p), "measured_s": float(mm), "calibrated_rel_err": float(e),
+             "loo_rel_err": lo} for lab, p, mm, e, lo in zip(labels, pred, meas, resid, loo)]
+    for r, s in zip(rows, split):
+        if s:
+            r["measured_parts_s"] = {c: float(v) for c, v in s.items()}
+    scale = float(f[0]) if one else 1.0
+    factors = {} if one else {c: float(v) for c, v in zip(classes, f)}
+    report = {"kind": ONE_SCALE if one else PER_COMPONENT, "scale": scale, "factors": factors, "rows": rows,
+              "max_abs_rel_err": float(np.max(np.abs(resid))) if len(pairs) else 0.0,
+              "loo_max_abs_rel_err": float(np.nanmax(np.abs(loo))) if len(pairs) > 1 else float("nan")}
     prov = dict(provenance or {})
-    prov.update(method="scipy least_squares soft_l1 on log step time", n=len(pairs),
-                residuals=report["rows"])
-    return Calibration(scale=scale, provenance=prov), report
+    if one:
+        prov.update(method="scipy least_squares soft_l1 on log step time", n=len(pairs), residuals=rows)
+    else:
+        prov.update(method=f"scipy least_squares soft_l1 (scale {OBS_SD}) in log space, per class where the "
+                           f"trial split its time, else on the step total; prior log f ~ N(0, {prior_sd}^2)",
+                    n=len(pairs), n_split=sum(1 for s in split if s), prior_sd=prior_sd, residuals=rows)
+    cal = Calibration(scale=scale, provenance=prov, factors=factors,
+                      log_cov=tuple(tuple(float(x) for x in r) for r in cov), resid_sd=resid_sd)
+    report["factor_intervals"] = cal.factor_intervals()
+    return cal, report

@@ -229,12 +229,15 @@ def read_rows(path: Path, family: str) -> list[dict]:
 
 def write_family(directory: Path, family: str, rows: list[dict]) -> None:
     keys, axes, values = FAMILIES[family]
-    cols = [*keys, *axes, *values, "source"]
+    # a profile measured in rounds adds each row's rounds and their relative spread (information
+    # for the reader; the model does not read them)
+    extra = [c for c in ("samples", "spread") if any(c in r for r in rows)]
+    cols = [*keys, *axes, *values, "source", *extra]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({c: _fmt(r[c]) for c in cols})
+        w.writerow({c: _fmt(r[c]) if c not in extra or c in r else "" for c in cols})
     (directory / f"{family}.csv").write_text(buf.getvalue())
 
 

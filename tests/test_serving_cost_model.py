@@ -9,14 +9,14 @@ import pytest
 
 from clusters import load_cluster
 from cost_model.serving import predict_serve, rank_arrays
-from cost_model.serving.calibration import ServeCalibration, load_default
+from cost_model.serving.calibration import IDENTITY, load_default
 from specs.models import load_model
 from specs.serve_plan import ServePlan, ServeWorkload
 
 QWEN = load_model("qwen3-30b-a3b")
 DSV3 = load_model("deepseek-v3")
 H200 = load_cluster("h200-sxm", 8)
-ID = ServeCalibration()
+ID = IDENTITY
 
 
 def plans(*texts):

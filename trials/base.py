@@ -26,6 +26,9 @@ class Measurement:
     versions: dict = field(default_factory=dict)
     backend: str = ""
     nodes: tuple[str, ...] = ()  # Ray node id of each rank, when run on Ray (multi-node trials)
+    # seconds of one step per calibration class (cost_model.calibration.TRAIN_CLASSES), when the
+    # backend could split its step (a profiled step); empty: the calibration fits the step total
+    component_times_s: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)

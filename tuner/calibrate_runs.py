@@ -11,12 +11,16 @@ trials whose user attributes hold `plan` and `measured_step_time_s`).
 resolves for the row's cluster kind (or given ones), fits `cost_model.calibration.fit_calibration`
 (soft-L1 least squares on log step time, leave-one-out), and reports MAPE and top-k overlap of
 the predicted vs measured ranking (by tokens/s per device) before (raw) and after calibration
-(in-sample and leave-one-out). A single multiplicative term cannot reorder plans, so top-k overlap
-is the same before and after the in-sample fit; the leave-one-out scales may swap near ties.
+(in-sample and leave-one-out). One-scale by default: a single multiplicative term cannot reorder
+plans, so top-k overlap is the same before and after the in-sample fit (the leave-one-out scales
+may swap near ties). `per_component=True` fits a factor per breakdown class (the fit the tuner's
+loop makes), on each row's measured per-class split (`measured_parts_s`, recorded by profiled
+trials) where it has one, else on its step total; that one can reorder.
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import hashlib
 import io
@@ -106,7 +110,7 @@ def load_study(name: str, storage: str | None, study_dir: str | Path | None = No
         r = {k: a.get(k, wl.get(k)) for k in ("model", "cluster", "gpus", "gbs", "seq")}
         r.update({k: v for k, v in wl.items() if v not in (None, "")})
         r.update(plan=a["plan"], measured_step_time_s=a["measured_step_time_s"], trial=t.number,
-                 predicted_step_time_s=a.get("predicted_step_time_s"))
+                 predicted_step_time_s=a.get("predicted_step_time_s"), measured_parts_s=a.get("measured_parts_s"))
         rows.append(r)
     return clean_rows(rows)
 
@@ -126,8 +130,10 @@ def _workload(r: dict):
     return Workload(model=model, cluster=cluster, gbs=int(r["gbs"]), seq=seq)
 
 
-def raw_predictions(rows: list[dict], tables=None, stack: str = "auto", complete: str = "defaults") -> tuple[np.ndarray, dict]:
-    """Uncalibrated predicted step time per row; {cluster kind: Tables used}.
+def raw_predictions(rows: list[dict], tables=None, stack: str = "auto", complete: str = "defaults",
+                    parts: bool = False) -> tuple[np.ndarray, dict]:
+    """Uncalibrated predicted step time per row; {cluster kind: Tables used}. With `parts`, each
+    row also gets `_parts` (its raw seconds per calibration class).
 
     Args:
         rows: measured runs (see the module docstring).
@@ -152,6 +158,9 @@ def raw_predictions(rows: list[dict], tables=None, stack: str = "auto", complete
         plans = [complete_as(rows[i]["plan"], w, profile, mode=complete, tables=t, calibration=IDENTITY).plan for i in idx]
         out = cost_model.predict_arrays(w, plans, tables=t, calibration=IDENTITY)
         pred[idx] = out["raw_step_time_s"]
+        if parts:
+            for i, p in zip(idx, cost_model.raw_class_parts(w, plans, tables=t)):
+                rows[i]["_parts"] = p
         for i in idx:
             rows[i]["_tokens"] = w.gbs * w.seq / w.world
     return pred, used
@@ -176,7 +185,7 @@ def topk_overlap(pred_time, meas_time, k: int, tokens=None) -> float:
 
 
 def calibrate(rows: list[dict], *, tables=None, stack: str = "auto", source: dict | None = None, ks=(3, 5),
-              complete: str = "defaults"):
+              complete: str = "defaults", per_component: bool = False):
     """Fit and evaluate. Returns (Calibration, report dict).
 
     Args:
@@ -184,15 +193,16 @@ def calibrate(rows: list[dict], *, tables=None, stack: str = "auto", source: dic
         tables, stack, complete: as for `raw_predictions`.
         source: where the runs came from, kept in the calibration's provenance.
         ks: the k of the top-k overlap metrics.
+        per_component: fit a factor per breakdown class instead of one scale.
     """
-    from cost_model.calibration import fit_calibration
+    from cost_model.calibration import TRAIN_CLASSES, fit_calibration
     if len(rows) < 2:
         raise CalibrateError(f"need at least 2 measured runs to fit and leave one out, got {len(rows)}")
     kinds = {str(r["cluster"]) for r in rows}
     if len(kinds) != 1:
         raise CalibrateError(f"measurements span several cluster kinds ({', '.join(sorted(kinds))}); "
                              "choose one with --cluster")
-    raw, used = raw_predictions(rows, tables, stack, complete)
+    raw, used = raw_predictions(rows, tables, stack, complete, parts=per_component)
     bad = [r["plan"] for r, p in zip(rows, raw) if not np.isfinite(p) or p <= 0]
     if bad:
         raise CalibrateError(f"the cost model gave no finite prediction for {len(bad)} plan(s), e.g. {bad[0][:80]}")
@@ -202,11 +212,18 @@ def calibrate(rows: list[dict], *, tables=None, stack: str = "auto", source: dic
     prov = {"cluster_kind": kind, "tables_digest": t.digest, "tables_dir": str(t.directory),
             "tables_measured": bool(t.meta.get("measured")), "measurements": source or {},
             "fitted": datetime.datetime.now().isoformat(timespec="seconds")}
-    cal, rep = fit_calibration([(p, m, r["plan"]) for p, m, r in zip(raw, meas, rows)], provenance=prov)
-    cal_pred = cal.scale * raw
+    if per_component:
+        cal, rep = fit_calibration([(r["_parts"], m, r["plan"], r.get("measured_parts_s")) for m, r in zip(meas, rows)],
+                                   classes=TRAIN_CLASSES, provenance=prov)
+        cal_pred = np.array([cal.apply(r["_parts"]) for r in rows])
+    else:
+        cal, rep = fit_calibration([(p, m, r["plan"]) for p, m, r in zip(raw, meas, rows)], provenance=prov)
+        cal_pred = cal.scale * raw
     loo_pred = np.array([m * (1.0 + row["loo_rel_err"]) for m, row in zip(meas, rep["rows"])])
     metrics = {
         "n": len(rows), "distinct_plans": len({r["plan"] for r in rows}), "scale": cal.scale,
+        "kind": cal.kind, "factors": dict(cal.factors),
+        "factor_intervals": {c: list(v) for c, v in cal.factor_intervals().items()},
         "mape_before": mape(raw, meas), "mape_after": mape(cal_pred, meas), "mape_loo": mape(loo_pred, meas),
     }
     for k in ks:
@@ -214,9 +231,8 @@ def calibrate(rows: list[dict], *, tables=None, stack: str = "auto", source: dic
         metrics[f"top{k}_after"] = topk_overlap(cal_pred, meas, k, tok)
         metrics[f"top{k}_loo"] = topk_overlap(loo_pred, meas, k, tok)
     # store metrics in the provenance too (the calibration JSON is self-describing)
-    from cost_model.calibration import Calibration
     prov = dict(cal.provenance, metrics=metrics)
-    cal = Calibration(scale=cal.scale, label=cal.label, provenance=prov)
+    cal = dataclasses.replace(cal, provenance=prov)
     per_row = [dict(plan=r["plan"], measured_s=float(m), raw_pred_s=float(p), calibrated_pred_s=float(c),
                     loo_pred_s=float(lp)) for r, m, p, c, lp in zip(rows, meas, raw, cal_pred, loo_pred)]
     return cal, {"metrics": metrics, "rows": per_row, "tables": {"kind": kind, "dir": str(t.directory),

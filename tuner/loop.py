@@ -32,6 +32,7 @@ from tuner import study as study_mod
 
 logger = logging.getLogger(__name__)
 
+REMEASURED = "adjudication_measurements"  # study user attribute: the protocol's re-measurements
 MAX_CLAIMS_PER_ROUND = 50  # claims lost in a row before waiting for a running trial instead
 WAIT_S = 10.0  # longest wait for a trial result before re-checking timeouts and stale trials
 
@@ -60,6 +61,8 @@ class TuneOptions:
         progress: show progress bars.
         heartbeat_interval_s: seconds between heartbeats of running trials; a trial silent for
             3 x that is failed and retried once (tuner/study.py).
+        adjudicate_rounds: rounds of the final A B A B ... re-measurement of the baseline and the
+            winner, fixed in the pre-registration's adjudication protocol (tuner/verdict.py).
     """
     study: str
     study_dir: Path
@@ -81,6 +84,7 @@ class TuneOptions:
     preregister: int | None = None
     progress: bool = True
     heartbeat_interval_s: int = study_mod.DEFAULT_HEARTBEAT_S
+    adjudicate_rounds: int = 3  # rounds of the final interleaved re-measurement (tuner/verdict.py)
 
     def __post_init__(self) -> None:
         checks = (
@@ -94,6 +98,7 @@ class TuneOptions:
             (self.preregister is None or self.preregister >= 1,
              f"--preregister must be >= 1, got {self.preregister}"),
             (self.heartbeat_interval_s >= 1, f"--heartbeat-interval must be >= 1 s, got {self.heartbeat_interval_s}"),
+            (self.adjudicate_rounds >= 2, f"--adjudicate-rounds must be >= 2, got {self.adjudicate_rounds}"),
         )
         for ok, message in checks:
             if not ok:
@@ -266,7 +271,7 @@ class TrialLoop:
         for r in study_mod.trial_rows(self.study):
             raw = r.get("predicted_raw_step_time_s")
             if r["state"] == "COMPLETE":
-                self.sampler.observe(r["plan"], r["measured_step_time_s"], raw)
+                self.sampler.observe(r["plan"], r["measured_step_time_s"], raw, r.get("measured_parts_s"))
             elif r["state"] == "FAIL" and study_mod.is_real_failure(r):
                 self.sampler.observe(r["plan"], None, raw)
         if self.sampler.measured:
@@ -373,7 +378,10 @@ class TrialLoop:
         """Record a trial's result, feed it to the sampler and refit the calibration."""
         import optuna
         self.heartbeat.discard(run.trial.number)
+        parts = result.get("component_times_s") if result.get("ok") else None
         try:
+            if parts:  # the trial's own split of its step by calibration class (trials/base.py)
+                run.trial.set_user_attr("measured_parts_s", parts)
             study_mod.record(self.study, run.trial, result)
         except optuna.exceptions.UpdateFinishedTrialError:
             # Its heartbeat went stale while it ran (the database was unreachable for longer than
@@ -383,16 +391,60 @@ class TrialLoop:
         if self.metrics is not None:
             self.metrics.trial(result, run.trial.user_attrs.get("predicted_step_time_s"))
         self.sampler.observe(run.plan, result["step_time_s"] if result.get("ok") else None,
-                             self.sampler.rows.get(run.plan))
+                             self.sampler.rows.get(run.plan), parts)
         if self.sampler.measured:
             self.calibration, self.cal_report = self.sampler.refit()
-        if self.sampler.cal is not None:
+        if self.sampler.cal_report is not None:
             self.study.set_user_attr("calibration", prereg_mod.calibration_dict(self.sampler.cal) | {"provenance": {}})
         what = (f"{result['tokens_per_s_per_gpu']:.1f} tok/s/GPU" if result.get("ok")
                 else f"FAIL {result.get('kind')}")
         self._bar.update(1)
-        logger.info("trial #%d [%s] %s  (calibration scale %.3g)", run.trial.number, run.roles, what,
-                    self.sampler.scale)
+        cal = self.sampler.cal
+        logger.info("trial #%d [%s] %s  (calibration %s)", run.trial.number, run.roles, what,
+                    " ".join(f"{c} {f:.3g}" for c, f in cal.factors.items()) if cal.factors else f"scale {cal.scale:.3g}")
+
+    def remeasure(self) -> list[dict]:
+        """The end-of-study re-measurement of the pre-registered protocol (tuner/verdict.py): the
+        baseline and the winner, interleaved round by round, one at a time; each measurement is
+        stored in the study (user attribute REMEASURED) as it finishes, so a resumed study goes on
+        where it stopped. Returns every re-measurement; [] when the protocol has nothing to run
+        (no protocol, no baseline or winner measured, or the winner is the baseline)."""
+        import ray
+
+        from tuner import verdict as verdict_mod
+        from tuner.report import contenders
+        proto = self.prereg.get("adjudication")
+        base, best = contenders(study_mod.trial_rows(self.study), self.prereg)
+        if not proto or base is None or best is None or best["plan"] == base["plan"]:
+            return []
+        done = list(self.study.user_attrs.get(REMEASURED, []))
+        try:
+            verdict_mod.verify_measurements(proto, done, base["plan"], best["plan"])
+        except verdict_mod.ProtocolError as e:  # e.g. a later trial of another tuner changed the winner
+            raise UsageError(f"adjudication: the study's re-measurements break its protocol: {e}") from None
+        o = self.options
+        for r, role in verdict_mod.schedule(proto)[len(done):]:
+            plan = base["plan"] if role == "baseline" else best["plan"]
+            ref = self._remote.remote(o.backend, plan, self.workload, o.iters, o.warmup, o.trial_timeout_s,
+                                      o.memory_cap_gib, self._layout)
+            try:
+                res = ray.get(ref, timeout=self.hard_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                ray.cancel(ref, force=True)
+                res = {"ok": False, "kind": "timeout", "message": f"no answer after {self.hard_timeout_s:.0f} s"}
+            except Exception as e:  # noqa: BLE001 - a dead task is a crashed measurement
+                res = {"ok": False, "kind": "crash", "message": f"ray task failed: {e}"}
+            m = {"round": r, "role": role, "plan": plan, "ok": bool(res.get("ok")), "finished_unix": time.time()}
+            if res.get("ok"):
+                m.update(step_time_s=float(res["step_time_s"]), step_times_s=[float(x) for x in res["step_times_s"]],
+                         tokens_per_s_per_gpu=float(res["tokens_per_s_per_gpu"]))
+            else:
+                m.update(kind=res.get("kind", "crash"), message=str(res.get("message", ""))[-500:])
+            done.append(m)
+            self.study.set_user_attr(REMEASURED, done)
+            logger.info("adjudication round %d %s: %s", r + 1, role,
+                        f"{m['tokens_per_s_per_gpu']:.1f} tok/s/GPU" if m["ok"] else f"FAIL {m['kind']}")
+        return done
 
     def abandon(self) -> None:
         """Mark running trials interrupted (their plans stay eligible once) and cancel their tasks."""
@@ -421,13 +473,17 @@ class TrialLoop:
         raw = self.sampler.rows.get(plan, raw)
         self.sampler.add(plan, raw)
         mean, sigma = self.sampler.estimate(plan)
-        pred_step = self.sampler.scale * raw
+        pred_step = self.sampler.predicted(plan)
+        lo, hi = self.sampler.interval(plan)
+        cal = self.sampler.cal
         return {"roles": self.roles_of(plan), "predicted_step_time_s": pred_step,
                 "predicted_raw_step_time_s": raw,
                 "predicted_tokens_per_s_per_gpu": self.mode.tokens_per_s_per_gpu(pred_step),
                 **extra,
-                "calibration_scale": self.sampler.scale,
-                "calibration_id": self.sampler.cal.id if self.sampler.cal else self.prereg["hashes"]["calibration_id"],
+                "calibration_scale": cal.scale, "calibration_factors": dict(cal.factors),
+                "predicted_step_time_low_s": lo if math.isfinite(lo) else None,
+                "predicted_step_time_high_s": hi if math.isfinite(hi) else None,
+                "calibration_id": cal.id if self.sampler.cal_report is not None else self.prereg["hashes"]["calibration_id"],
                 "sampler_mean_step_time_s": mean, "sampler_sigma": sigma}
 
 
@@ -448,6 +504,12 @@ class TrainMode:
         pred = cost_model.predict(self.workload, Plan.parse(plan), tables=self.tables, calibration=self.calibration)
         peak = float(pred.peak_memory_gib)
         return pred.extra["raw_step_time_s"], {"predicted_peak_memory_gib": peak if math.isfinite(peak) else -1.0}
+
+    def class_parts(self, plans: list[str]) -> list[dict]:
+        """Each plan's raw step time per calibration class (what the per-component fit weighs)."""
+        import cost_model
+        from specs.plan import Plan
+        return cost_model.raw_class_parts(self.workload, [Plan.parse(p) for p in plans], tables=self.tables)
 
     def tokens_per_s_per_gpu(self, step_s: float) -> float:
         return self.workload.tokens_per_step / (step_s * self.workload.world)
@@ -475,6 +537,7 @@ def preregister(options: TuneOptions, workload, profile, pool: list, total: int,
     (another tuner's, if it registered first)."""
     from tuner.baseline import given_baseline, hand_tuned_baseline
     from tuner.screen import select_candidates
+    from tuner.verdict import protocol as verdict_protocol
     if options.baseline:
         bplan, bpred = given_baseline(options.baseline, workload, profile, options.precision, calibration,
                                       tables=tables, complete=options.complete)
@@ -494,7 +557,8 @@ def preregister(options: TuneOptions, workload, profile, pool: list, total: int,
                   "predicted_tokens_per_s_per_gpu": bpred.tokens_per_s_per_gpu,
                   "predicted_peak_memory_gib": bpred.peak_memory_gib},
         baseline_source=bsrc, tables_digest=tables.digest, calibration=calibration,
-        trials_budget=options.trials, sampler="guided-ucb",
+        trials_budget=options.trials, sampler="guided-ei",
+        adjudication=verdict_protocol(rounds=options.adjudicate_rounds),
         space={"level": options.level, "realizable_plans": total, "screened_kept": len(pool)})
     try:
         prereg_mod.write(options.study_dir, doc)
@@ -564,14 +628,18 @@ def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> Tun
                                 wall_s=time.monotonic() - t0, **report_args)
             return TuneResult(path, None)
 
-        loop = TrialLoop(study, storage, workload=workload, prereg=prereg, sampler=GuidedSampler(pool),
-                         options=options, tables=tables, calibration=calibration)
+        mode = TrainMode(workload, tables, calibration)
+        sampler = GuidedSampler(pool, parts=mode.class_parts, calibration=calibration)
+        loop = TrialLoop(study, storage, workload=workload, prereg=prereg, sampler=sampler,
+                         options=options, tables=tables, calibration=calibration, mode=mode)
         loop.screen_rate = (total, screen_s)
         loop.run()
+        remeasured = loop.remeasure()
         rows = study_mod.trial_rows(study)
         path = write_report(study_dir, rows=rows, backend=options.backend, calibration=loop.calibration,
-                            cal_report=loop.cal_report, wall_s=time.monotonic() - t0, **report_args)
-        return TuneResult(path, adjudicate(rows, prereg)["line"])
+                            cal_report=loop.cal_report, wall_s=time.monotonic() - t0, remeasured=remeasured,
+                            **report_args)
+        return TuneResult(path, adjudicate(rows, prereg, remeasured)["line"])
     finally:
         if started:
             ray.shutdown()

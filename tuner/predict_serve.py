@@ -80,10 +80,10 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     tables = load_tables(args.tables or tables_dir_for(cluster.kind))
     cal = None
     if args.calibration:
-        from cost_model.serving.calibration import ServeCalibration
+        from cost_model.calibration import Calibration, CalibrationError
         try:
-            cal = ServeCalibration.load(args.calibration)
-        except (OSError, ValueError, KeyError) as e:
+            cal = Calibration.load(args.calibration)
+        except CalibrationError as e:
             raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
     completion = complete_serve(args.plan or "", model, cluster, w, getattr(args, "complete", None) or "defaults",
                                 precision=precision, tables=tables, calibration=cal,

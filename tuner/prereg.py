@@ -43,10 +43,8 @@ def canonical_hash(doc: dict) -> str:
 
 
 def calibration_dict(cal) -> dict:
-    """A calibration as a dict: training's `Calibration.to_dict()`, or the serving model's
-    `ServeCalibration` dataclass fields."""
-    import dataclasses
-    return cal.to_dict() if hasattr(cal, "to_dict") else dataclasses.asdict(cal)
+    """A calibration (`cost_model.calibration.Calibration`, training's or serving's) as a dict."""
+    return cal.to_dict()
 
 
 def code_version() -> dict:
@@ -74,7 +72,8 @@ def code_version() -> dict:
 
 def build(*, study: str, workload, precision: str, plans: list[dict], baseline: dict,
           baseline_source: str, tables_digest: str, calibration, trials_budget: int,
-          sampler: str, space: dict, workload_fields: dict | None = None) -> dict:
+          sampler: str, space: dict, workload_fields: dict | None = None,
+          adjudication: dict | None = None) -> dict:
     """The pre-registration document, with its embedded `sha256`.
 
     Args:
@@ -86,6 +85,8 @@ def build(*, study: str, workload, precision: str, plans: list[dict], baseline: 
         space: what was screened (level, counts).
         workload_fields: the `workload` entry, when it is not a training Workload's (a serving
             study's isl / osl / concurrency); the model and cluster hashes come from `workload`.
+        adjudication: the verdict's protocol (`tuner.verdict.protocol`: rounds of the interleaved
+            re-measurement, bootstrap size, seed, bar, interval); its bar is the acceptance ratio.
     """
     cal = calibration_dict(calibration)
     cal_hash = hashlib.sha256(json.dumps(cal, sort_keys=True).encode()).hexdigest()
@@ -101,15 +102,18 @@ def build(*, study: str, workload, precision: str, plans: list[dict], baseline: 
                    "tables_digest": tables_digest,
                    "calibration_id": calibration.id, "calibration_sha256": cal_hash,
                    "code": code_version()},
-        "acceptance": {"ratio": ACCEPTANCE_RATIO,
-                       "rule": "best measured tokens/s/GPU over searched plans >= "
-                               f"{ACCEPTANCE_RATIO} x the baseline plan's measured tokens/s/GPU"},
+        "acceptance": ({"ratio": adjudication["bar"], "rule": adjudication["rule"]} if adjudication else
+                       {"ratio": ACCEPTANCE_RATIO,
+                        "rule": "best measured tokens/s/GPU over searched plans >= "
+                                f"{ACCEPTANCE_RATIO} x the baseline plan's measured tokens/s/GPU"}),
         "baseline": {**baseline, "source": baseline_source},
         "plans": plans,
         "trials_budget": trials_budget,
         "sampler": sampler,
         "space": space,
     }
+    if adjudication:
+        doc["adjudication"] = adjudication
     doc["sha256"] = canonical_hash(doc)
     return doc
 

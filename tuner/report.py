@@ -18,15 +18,25 @@ CSV_COLS = ("number", "state", "plan", "roles", "predicted_step_time_s", "predic
             "claim_lost_to", "owner", "attempt", "nodes")
 
 
-def adjudicate(rows: list[dict], prereg: dict) -> dict:
-    """Verdict over measured trials: {'verdict': PASS|FAIL|INCOMPLETE, 'ratio', 'baseline', 'best', 'line'}."""
-    ratio_bar = prereg["acceptance"]["ratio"]
+def contenders(rows: list[dict], prereg: dict) -> tuple[dict | None, dict | None]:
+    """(the baseline's measured trial, the best measured searched trial), either None if missing."""
     base_plan = prereg["baseline"]["plan"]
     done = [r for r in rows if r["state"] == "COMPLETE"]
     base = next((r for r in done if r["plan"] == base_plan), None)
     searched = [r for r in done if "searched" in str(r.get("roles", ""))]
     best = max(searched, key=lambda r: r["measured_tokens_per_s_per_gpu"], default=None)
-    out = {"bar": ratio_bar, "baseline": base, "best": best, "ratio": None}
+    return base, best
+
+
+def adjudicate(rows: list[dict], prereg: dict, remeasured: list[dict] | None = None) -> dict:
+    """Verdict: {'verdict': PASS|FAIL|INCONCLUSIVE|INCOMPLETE, 'ratio', 'low', 'high', 'baseline',
+    'best', 'line'}. With a pre-registered adjudication protocol (tuner/verdict.py) the verdict is
+    the bootstrap interval's on the interleaved re-measurements `remeasured` (ProtocolError if they
+    break the protocol); without one (older studies, serving), the single measurements' ratio."""
+    ratio_bar = prereg["acceptance"]["ratio"]
+    base_plan = prereg["baseline"]["plan"]
+    base, best = contenders(rows, prereg)
+    out = {"bar": ratio_bar, "baseline": base, "best": best, "ratio": None, "low": None, "high": None}
     if base is None:
         failed = next((r for r in rows if r["plan"] == base_plan and r.get("failure_kind")), None)
         why = f" (it failed: {failed['failure_kind']})" if failed else ""
@@ -37,10 +47,33 @@ def adjudicate(rows: list[dict], prereg: dict) -> dict:
         return out
     b, s = base["measured_tokens_per_s_per_gpu"], best["measured_tokens_per_s_per_gpu"]
     ratio = s / b
+    if prereg.get("adjudication"):
+        return _noise_aware(out, prereg["adjudication"], remeasured or [], ratio)
     verdict = "PASS" if ratio >= ratio_bar else "FAIL"
     out.update(verdict=verdict, ratio=ratio,
                line=f"{verdict}: searched best {s:.1f} tok/s/GPU / baseline {b:.1f} tok/s/GPU = "
                     f"{ratio:.3f} (bar {ratio_bar}); winner trial #{best['number']}")
+    return out
+
+
+def _noise_aware(out: dict, proto: dict, remeasured: list[dict], single_ratio: float) -> dict:
+    from tuner import verdict as verdict_mod
+    verdict_mod.check_protocol(proto)
+    base, best = out["baseline"], out["best"]
+    if best["plan"] == base["plan"]:
+        out.update(verdict="PASS", ratio=1.0, low=1.0, high=1.0,
+                   line=f"PASS: the best searched plan is the baseline itself (trial #{best['number']}); ratio 1")
+        return out
+    verdict_mod.verify_measurements(proto, remeasured, base["plan"], best["plan"])
+    d = verdict_mod.decide(verdict_mod.complete_pairs(remeasured), proto)
+    out.update(verdict=d["verdict"], ratio=d["ratio"], low=d["low"], high=d["high"], single_ratio=single_ratio)
+    if d["verdict"] == "INCOMPLETE":
+        out["line"] = (f"INCOMPLETE: {d['rounds']} of {proto['rounds']} re-measurement rounds complete (>= 2 needed); "
+                       f"single-measurement ratio {single_ratio:.3f}; winner trial #{best['number']}")
+        return out
+    out["line"] = (f"{d['verdict']}: winner / baseline = {d['ratio']:.3f}, {proto['interval']:.0%} bootstrap interval "
+                   f"[{d['low']:.3f}, {d['high']:.3f}] over {d['rounds']} interleaved rounds (bar {proto['bar']}); "
+                   f"winner trial #{best['number']}")
     return out
 
 
@@ -109,7 +142,7 @@ def _fmt(v, spec=".4f"):
 
 def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict], backend: str,
                  tables=None, calibration=None, cal_report=None, predict_only_pool=None,
-                 wall_s: float | None = None, storage_url: str = "") -> Path:
+                 wall_s: float | None = None, storage_url: str = "", remeasured: list[dict] | None = None) -> Path:
     """Write report.md, trials.csv and the plots into `study_dir`; returns report.md's path.
 
     Args:
@@ -121,6 +154,7 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
         predict_only_pool: the screened pool, listed when no trial ran.
         wall_s: wall time of the run. storage_url: where the study is stored (shown with its
             password redacted).
+        remeasured: the adjudication protocol's interleaved re-measurements (tuner/verdict.py).
     """
     import cost_model
     from specs.plan import Plan
@@ -128,7 +162,7 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
     write_csv(rows, d / "trials.csv")
     measured = [r for r in rows if r["state"] == "COMPLETE"]
     failures = [r for r in rows if r["state"] == "FAIL"]
-    verdict = adjudicate(rows, prereg) if backend != "predict-only" else None
+    verdict = adjudicate(rows, prereg, remeasured) if backend != "predict-only" else None
     if backend == "predict-only":
         winner_plan = (predict_only_pool[0].plan if predict_only_pool else prereg["plans"][0]["plan"])
         winner_src = "top predicted plan (no trials: --backend predict-only)"
@@ -158,14 +192,11 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
               f"Baseline ({prereg['baseline']['source']}): `{prereg['baseline']['plan']}` - predicted "
               f"{prereg['baseline']['predicted_tokens_per_s_per_gpu']:.1f} tok/s/GPU.", "",
               f"Acceptance bar (pre-registered): {prereg['acceptance']['rule']}.", "",
-              f"**{verdict['line']}**", "",
+              f"**{verdict['line']}**", ""] + _remeasure_table(prereg, remeasured) + [
               f"Pre-registration sha256 {prereg['sha256']} (verify with `moetune adjudicate "
               f"{prereg['study']} --study-dir {d}`).", ""]
     if cal_report:
-        L += ["## Calibration after the trials", "",
-              f"Fitted scale {cal_report['scale']:.4g} on {len(cal_report['rows'])} measured plans; "
-              f"max |rel err| {cal_report['max_abs_rel_err']:.1%}, leave-one-out max "
-              f"{cal_report['loo_max_abs_rel_err']:.1%}.", ""]
+        L += ["## Calibration after the trials", ""] + calibration_lines(cal_report)
     if measured:
         L += ["## Measured vs predicted", "", "![measured vs predicted](measured_vs_predicted.png)", "",
               "| # | roles | plan (non-default fields) | pred step s | meas step s | pred tok/s/GPU | meas tok/s/GPU |",
@@ -209,3 +240,41 @@ def _short(plan: str) -> str:
              if getattr(p, f) != getattr(dflt, f) and f not in ("dist_opt", "overlap_grad_reduce",
                                                                  "overlap_param_gather", "grouped_gemm")]
     return ",".join(parts) or "defaults"
+
+
+def calibration_lines(cal_report: dict) -> list[str]:
+    """The last refit (`cost_model.calibration.fit_calibration`'s report) as markdown: the one
+    scale, or the per-component factors with their 90% intervals, and the errors."""
+    n = len(cal_report["rows"])
+    err = (f"max |rel err| {cal_report['max_abs_rel_err']:.1%}, leave-one-out max "
+           f"{cal_report['loo_max_abs_rel_err']:.1%}.")
+    if not cal_report.get("factors"):
+        return [f"Fitted scale {cal_report['scale']:.4g} on {n} measured plans; " + err, ""]
+    split = sum(1 for r in cal_report["rows"] if r.get("measured_parts_s"))
+    L = [f"Per-component factors fitted on {n} measured plans ({split} with their own per-class split, the rest "
+         f"on the step total; prior log f ~ N(0, 0.5^2)); " + err, "",
+         "| class | factor | 90% interval |", "|---|---|---|"]
+    for c, (f, lo, hi) in cal_report["factor_intervals"].items():
+        L.append(f"| {c} | {f:.3g} | {lo:.3g} .. {hi:.3g} |")
+    return L + [""]
+
+
+def _remeasure_table(prereg: dict, remeasured: list[dict] | None) -> list[str]:
+    """Every re-measurement of the adjudication protocol, in the order it ran."""
+    proto = prereg.get("adjudication")
+    if not proto:
+        return []
+    L = [f"Adjudication protocol (pre-registered): {proto['rounds']} rounds, {proto['order']}; "
+         f"{proto['bootstrap']} bootstrap replicates, seed {proto['seed']}, {proto['interval']:.0%} interval, "
+         f"bar {proto['bar']}.", ""]
+    if not remeasured:
+        return L + ["No re-measurement ran (the winner is the baseline, or one of them has no measurement).", ""]
+    L += ["| round | role | plan | median step s | timed steps s | tok/s/GPU |", "|---|---|---|---|---|---|"]
+    for m in remeasured:
+        if m.get("ok"):
+            steps = " ".join(f"{x:.4f}" for x in m.get("step_times_s", ()))
+            L.append(f"| {m['round'] + 1} | {m['role']} | `{_short(m['plan'])}` | {m['step_time_s']:.4f} | {steps} | "
+                     f"{m['tokens_per_s_per_gpu']:.1f} |")
+        else:
+            L.append(f"| {m['round'] + 1} | {m['role']} | `{_short(m['plan'])}` | FAIL {m.get('kind', '')} | - | - |")
+    return L + [""]

@@ -11,7 +11,7 @@ Stages, each the training one with serving nouns (tuner/loop.py holds the shared
 3. trials: `tuner.loop.TrialLoop` with `ServeMode`: Ray tasks running the serving backend
    (`vllm`, or `sglang` on GPUs), the Optuna study and claim protocol of tuner/study.py, the
    guided sampler over the screened pool;
-4. calibration: the sampler refits the serving model's one labelled term (ServeCalibration.scale,
+4. calibration: the sampler refits the serving model's one labelled term (the one-scale `Calibration.scale`,
    "serving runtime overhead") on every measured trial, with training's estimator
    (cost_model.calibration.fit_calibration: robust LSQ on log time);
 5. report (tuner/serve_report.py): report.md, trials.csv, TTFT / TPOT / throughput PNGs, PASS/FAIL
@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specs.errors import UsageError
@@ -36,7 +36,7 @@ from tuner import study as study_mod
 
 logger = logging.getLogger(__name__)
 
-SAMPLER = "guided-ucb"
+SAMPLER = "guided-ei"
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ def command_key(task: ServeTask, plan: ServePlan) -> tuple:
 
 
 def _identity():
-    from cost_model.serving import ServeCalibration
-    return ServeCalibration()
+    from cost_model.serving.calibration import IDENTITY
+    return IDENTITY
 
 
 def raw_seconds(task: ServeTask, plans: list[ServePlan], *, tables=None) -> dict:
@@ -181,9 +181,9 @@ def fit(pairs):
     """The serving model's one term from (raw, measured, plan) pairs: training's estimator, the
     serving calibration's label."""
     from cost_model.calibration import fit_calibration
-    from cost_model.serving import ServeCalibration
+    from cost_model.serving.calibration import LABEL
     cal, rep = fit_calibration(pairs, provenance={"source": "moetune tune --mode serve trials"})
-    return ServeCalibration(scale=cal.scale, provenance=cal.provenance), rep
+    return replace(cal, label=LABEL), rep
 
 
 def run_serve_trial(backend: str, plan_text: str, task: ServeTask, iters: int, warmup: int, timeout_s: float,

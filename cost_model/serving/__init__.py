@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from cost_model.serving.calibration import ServeCalibration, load_default
+from cost_model.serving.calibration import load_default
 from cost_model.serving.constants import DEFAULT_MAX_RUNNING
 from cost_model.serving.memory import capacity
 from cost_model.serving.pd import pd_arrays
@@ -85,11 +85,11 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
     cap = capacity(model, cluster, c, isl, osl, sm.wbytes, role={"prefill": "prefill", "decode": "decode"}.get(w.phase, "agg"))
     gpus_inst = c.tp * c.pp
     replicas = np.maximum(cluster.num_devices // gpus_inst, 1)
-    s = cal.scale
+    s_pre, s_dec = cal.factor("prefill"), cal.factor("decode")  # per phase (one-scale: both the scale)
     if w.phase == "decode":
         B = np.full(len(c), float(max(w.concurrency, 1))) * gpus_inst / c.attn_dp
         over = B > cap["max_batch_rank"]
-        t_dec = s * sm.decode(B, isl + osl / 2)[0]
+        t_dec = s_dec * sm.decode(B, isl + osl / 2)[0]
         out = B * c.attn_dp / gpus_inst / t_dec
         res = {"output_tokens_per_s_per_gpu": out, "input_tokens_per_s_per_gpu": np.zeros(len(c)),
                "tpot_s": t_dec, "ttft_s": np.full(len(c), np.nan), "batch_rank": B}
@@ -98,7 +98,7 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
         conc = max(w.concurrency, 1)
         K = np.maximum(conc / replicas / c.attn_dp, 1.0)
         C = np.minimum(c.chunk, isl * K).astype(float)
-        t_pre = s * sm.prefill(C, isl / 2 if w.phase != "prefill" else 0.0)[0]
+        t_pre = s_pre * sm.prefill(C, isl / 2 if w.phase != "prefill" else 0.0)[0]
         per_in = t_pre / C  # seconds per prompt token
         if w.phase == "prefill":
             in_rank = 1.0 / per_in
@@ -109,7 +109,7 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
         else:
             B = np.minimum(K, cap["max_batch_rank"])
             B = np.maximum(B, 1.0)
-            t_dec = s * sm.decode(B, isl + osl / 2)[0]
+            t_dec = s_dec * sm.decode(B, isl + osl / 2)[0]
             per_out = t_dec / B + isl / osl * per_in
             out_rank = 1.0 / per_out
             tpot = t_dec + B / osl * isl * per_in
@@ -125,7 +125,7 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
     pdm = c.pd_p > 0
     res["pd_bound"] = np.full(len(c), "", dtype=object)
     if w.phase == "both" and pdm.any():  # disaggregated plans: prefill pool + KV transfer + decode pool
-        pdr = pd_arrays(model, cluster, c, sm, w, s)
+        pdr = pd_arrays(model, cluster, c, sm, w, cal)
         for k, v in pdr.items():
             if k in res:
                 res[k] = np.where(pdm, v, res[k])
@@ -187,7 +187,7 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     if w.phase == "decode" or est["reason"][0] in ("weights_exceed_hbm", "weights_exceed_mem_fraction",
                                                      "kv_pool_below_one_request"):
         return out
-    s = cal.scale
+    s_pre, s_dec = cal.factor("prefill"), cal.factor("decode")
     max_b = int(max(est["max_batch_per_gpu"][0] * gpus_inst / a, 1))
     if burst and requests is not None:
         # lengths vary: the running cap is SGLang's request limit, the KV pool is enforced per request
@@ -201,9 +201,9 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
         isl_max = w.isl
         ctx_max = float(w.isl + w.osl)
     bs = np.unique(np.geomspace(1, max(max_b, 2), 24).round())
-    dec = _grid_fn(lambda b, x: s * sm.decode(b, x)[0], bs, np.linspace(1, ctx_max, 6))
+    dec = _grid_fn(lambda b, x: s_dec * sm.decode(b, x)[0], bs, np.linspace(1, ctx_max, 6))
     cs = np.unique(np.geomspace(1, max(chunk, 2), 16).round())
-    pre = _grid_fn(lambda t, p: s * sm.prefill(t, p)[0], cs, np.linspace(0, max(isl_max, 1), 5))
+    pre = _grid_fn(lambda t, p: s_pre * sm.prefill(t, p)[0], cs, np.linspace(0, max(isl_max, 1), 5))
     replicas = int(est["replicas"][0])
     osl = 1 if w.phase == "prefill" else w.osl
     if burst:
@@ -252,4 +252,4 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     return out
 
 
-__all__ = ["ServePrediction", "ServeCalibration", "predict_serve", "rank_arrays", "effective_plans"]
+__all__ = ["ServePrediction", "predict_serve", "rank_arrays", "effective_plans"]

@@ -28,8 +28,9 @@ import math
 from pathlib import Path
 
 from clusters import load_cluster
+from cost_model.calibration import Calibration
 from cost_model.serving import predict_serve
-from cost_model.serving.calibration import DEFAULT_PATH, LABEL, ServeCalibration
+from cost_model.serving.calibration import DEFAULT_PATH, IDENTITY, LABEL
 from cost_model.serving.lengths import fixed_lengths, sharegpt_lengths
 from specs.models import load_model
 from specs.serve_plan import ServePlan, ServeWorkload
@@ -46,7 +47,7 @@ ROWS = {
 }
 
 
-def predict_row(row: dict, cal: ServeCalibration) -> float:
+def predict_row(row: dict, cal: Calibration) -> float:
     """Predicted total tokens/s of the whole deployment for one reference row."""
     model, plan, isl, osl, n = ROWS[row["id"]]
     cl = load_cluster(row["hw"], int(row["gpus"]))
@@ -57,9 +58,9 @@ def predict_row(row: dict, cal: ServeCalibration) -> float:
     return (p.input_tokens_per_s_per_gpu + p.output_tokens_per_s_per_gpu) * cl.num_devices
 
 
-def fit() -> tuple[ServeCalibration, list[dict]]:
+def fit() -> tuple[Calibration, list[dict]]:
     rows = list(csv.DictReader(DATA.open()))
-    raw = {r["id"]: predict_row(r, ServeCalibration()) for r in rows}
+    raw = {r["id"]: predict_row(r, IDENTITY) for r in rows}
     logs = [math.log(float(r["value"]) / raw[r["id"]]) for r in rows]  # published / predicted
     # published throughput = predicted / scale  ->  scale = predicted / published
     scale = math.exp(-sum(logs) / len(logs))
@@ -70,7 +71,7 @@ def fit() -> tuple[ServeCalibration, list[dict]]:
                     "workload": r["workload"], "published": float(r["value"]),
                     "predicted_raw": round(raw[r["id"]], 1), "predicted": round(pred, 1),
                     "error": round(pred / float(r["value"]) - 1, 4)})
-    cal = ServeCalibration(scale=scale, label=LABEL, provenance={
+    cal = Calibration(scale=scale, label=LABEL, provenance={
         "data": "cost_model/data/published_serving_reference.csv", "metric": "total_tokens_per_s",
         "fit": "log-space least squares (closed form; simulated time is linear in the scale)",
         "rows": out})

@@ -20,7 +20,7 @@ import numpy as np
 from cost_model.serving.memory import capacity
 
 
-def pd_arrays(model, cluster, c, sm, w, scale: float) -> dict:
+def pd_arrays(model, cluster, c, sm, w, cal) -> dict:
     """Per plan (as if every plan were pd; callers select the rows with c.pd_p > 0)."""
     isl, osl = float(w.isl), float(max(w.osl, 1))
     P = np.maximum(c.pd_p, 1).astype(float)
@@ -32,7 +32,7 @@ def pd_arrays(model, cluster, c, sm, w, scale: float) -> dict:
     cap_d = capacity(model, cluster, c, isl, osl, sm.wbytes, role="decode")
     # prefill pool: tokens/s of the unit
     C = np.minimum(c.chunk, isl).astype(float)
-    t_pre = scale * sm.prefill(C, 0.0)[0]
+    t_pre = cal.factor("prefill") * sm.prefill(C, 0.0)[0]
     pre_tok_s = P * c.attn_dp * C / t_pre
     # KV transfer: bytes of one request's KV leaving its prefill GPUs, each over its own NIC
     nic = cluster.scaleout_gbps / 8 * 1e9
@@ -42,7 +42,7 @@ def pd_arrays(model, cluster, c, sm, w, scale: float) -> dict:
     # decode pool
     conc_unit = max(w.concurrency, 1) / units
     B = np.clip(conc_unit / (D * c.attn_dp), 1.0, np.maximum(cap_d["max_batch_rank"], 1.0))
-    t_dec = scale * sm.decode(B, isl + osl / 2)[0]
+    t_dec = cal.factor("decode") * sm.decode(B, isl + osl / 2)[0]
     dec_req_s = D * c.attn_dp * B / t_dec / osl
     req_s = np.minimum(np.minimum(pre_tok_s / isl, xfer_req_s), dec_req_s)
     out_gpu = req_s * osl / unit_gpus

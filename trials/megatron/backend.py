@@ -42,6 +42,7 @@ from pathlib import Path
 from specs.plan import Plan
 from specs.stack import Installed, detect_installed, launch_env
 from trials.base import Failure, Measurement, Resources, TrialBackend
+from trials.megatron.components import component_times
 from trials.megatron.spec_choice import layer_spec_choice, ranks_fit
 from trials.processes import RankGroup, trial_tempdir
 from trials.rank_watch import watch_local
@@ -134,7 +135,7 @@ class MegatronBackend(TrialBackend):
                           cpu_patched=r0.get("cpu_patched"), experts=choice.experts,
                           fp8_recipe=choice.fp8_recipe,
                           memory=(r0.get("memory_detail") or [{}])[0].get("what", "")),
-            backend=self.name, nodes=nodes)
+            backend=self.name, nodes=nodes, component_times_s=component_times(r0.get("component_shares"), med))
 
 
 def worker_spec(plan: str, model: dict, gbs: int, seq: int, *, iters: int, warmup: int, timeout_s: float,

@@ -297,6 +297,21 @@ class TrialWorker:
         prof.export_chrome_trace(os.path.join(trace_dir, f"trace_rank{self.rank}.json"))
         self.dist.barrier()
 
+    def _component_step(self, batch, step_s: float) -> dict:
+        """One more, untimed step under torch.profiler: this rank's share of the step per
+        calibration class (trials/megatron/components.py); `step_s` is the timed steps' median."""
+        from torch.profiler import ProfilerActivity, profile
+
+        from trials.megatron.components import labelled, split_events
+        self.dist.barrier()
+        with labelled(self.chunks), profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
+            t0 = time.perf_counter()
+            self.step(batch)
+            wall_us = (time.perf_counter() - t0) * 1e6
+        shares = split_events(prof.events(), wall_us, step_s * 1e6)
+        self.dist.barrier()
+        return shares
+
     # ---- modes -----------------------------------------------------------------------------------
     def dump_grads(self) -> dict:
         from trials.megatron.model import global_param_names
@@ -337,10 +352,14 @@ class TrialWorker:
         trace_dir = os.environ.get("MOETUNE_TRIAL_TRACE")
         if trace_dir:  # one extra, untimed step under torch.profiler: where a step's time goes
             self._trace_step(batches[-1], trace_dir)
+        # on CPU, one more untimed profiled step splits the step by calibration class (the
+        # per-component calibration fits it); MOETUNE_TRIAL_COMPONENTS=0 skips it
+        shares = (self._component_step(batches[-1], sorted(times)[len(times) // 2])
+                  if not self.on_gpu and os.environ.get("MOETUNE_TRIAL_COMPONENTS", "1") != "0" else None)
         # losses live on the last pipeline stage: gather them to every rank.
         obj = [None] * self.world
         dist.all_gather_object(obj, {"rank": self.rank, "losses": losses, "is_last": self.is_last,
-                                     "memory": memory})
+                                     "memory": memory, "shares": shares})
         # each last-stage rank holds the mean over its own DP shard: average over those ranks
         # (TP/CP/EP replicas of one shard hold the same value, so the mean is the global mean).
         last = [o["losses"] for o in obj if o["is_last"] and o["losses"] and o["losses"][0] is not None]
@@ -349,6 +368,7 @@ class TrialWorker:
         return {"ok": True, "rank": self.rank, "step_times_s": times, "losses": mean_losses,
                 "peak_memory_gib": [o["memory"]["peak_gib"] for o in obj],
                 "memory_detail": [o["memory"] for o in obj], "dp": self.dp,
+                "component_shares": [o["shares"] for o in obj if o["shares"]],
                 "num_microbatches": self.num_mb, "versions": self.versions(), "cpu_patched": self.patched}
 
     def peak_memory(self) -> dict:

@@ -14,6 +14,14 @@ shipped grid scaled by the median measured/shipped ratio, so a measurement never
 range the cost model can look up; a key with no measured row (e.g. fp8 where this machine cannot
 run fp8) keeps its shipped rows, and the notes say so.
 
+Rounds: every per-device point is measured `rounds` times (default 2), interleaved: within each
+coarse-to-fine level, blocks of ROUND_BLOCK points are measured once, then again, so two samples
+of a point are a block apart (not back-to-back calls) and a budget that ends mid-level leaves
+what it reached measured in every round. A table
+row holds the median over its rounds, `samples` and `spread` ((max - min) / median of the rounds);
+points whose spread exceeds SPREAD_WARN are listed in the report ("noisy") and logged. A point
+measured in one round only (the budget ran out) has samples 1 and no spread.
+
 What was measured and what was not (with the reason: skipped on this device, budget reached,
 errors) is in the returned info's "report" and in meta.json ("profile" -> "report"); the tables
 written always equal what that report says. Each family's timing statistic is in meta.json
@@ -43,6 +51,10 @@ RUNNER_FAMILIES = {"dispatch_gap": ("dispatch_gap",), "stack_floor": ("dispatch_
                    "grouped_mlp": ("grouped_gemm",), "attention": ("attention",), "elementwise": ("membw",),
                    "cross_entropy": ("membw",), "collectives": ("collectives", "ep_dispatch")}
 MERGED_FAMILIES = ("gemm", "grouped_gemm", "attention")  # merged into the shipped grid per key
+ROUNDS = 2  # samples of each per-device point, interleaved (see the module docstring)
+ROUND_SEP = "#r"  # point id of round k > 0: "<id>#r<k>"
+ROUND_BLOCK = 8  # points measured once before they are measured again (see _ordered)
+SPREAD_WARN = 0.10  # a point whose rounds differ by more than this (relative) is reported noisy
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = {
     "measured:gemm": "moetune profile: torch F.linear(x[m,k], w[n,k]) timed per device (trials/profile/gemm.py)",
@@ -110,11 +122,51 @@ class PartialStore:
         write_atomic(self.dir / f"{runner}.csv", buf.getvalue())
 
     def rows(self) -> dict[str, list[dict]]:
+        """Every measured row by family; a row of a point measured in several rounds carries the
+        point's `samples` and `spread` (`point_spreads`)."""
+        spreads = {(runner, pid): s for runner, pid, s, _ in self.point_spreads()}
+        counts = {}
+        for runner, rs in self.data.items():
+            for pid in rs:
+                base = pid.split(ROUND_SEP)[0]
+                counts[(runner, base)] = counts.get((runner, base), 0) + 1
         out: dict[str, list[dict]] = {}
-        for rs in self.data.values():
-            for lst in rs.values():
+        for runner, rs in self.data.items():
+            for pid, lst in rs.items():
+                base = pid.split(ROUND_SEP)[0]
+                extra = {}
+                if counts[(runner, base)] > 1:
+                    extra = {"samples": counts[(runner, base)], "spread": spreads.get((runner, base), 0.0)}
                 for fam, r in lst:
-                    out.setdefault(fam, []).append(r)
+                    out.setdefault(fam, []).append(dict(r, **extra))
+        return out
+
+    def point_spreads(self) -> list[tuple[str, str, float, int]]:
+        """[(runner, point id, spread, rounds)] of the points measured in more than one round:
+        the largest relative spread, (max - min) / median over the rounds, of any row's first
+        value column (rows of a point line up across rounds: the runner returns them in order)."""
+        from cost_model.tables import FAMILIES
+        out = []
+        for runner, rs in self.data.items():
+            by: dict = {}
+            for pid, lst in rs.items():
+                by.setdefault(pid.split(ROUND_SEP)[0], []).append(lst)
+            for base, rounds in by.items():
+                if len(rounds) < 2 or len({len(x) for x in rounds}) != 1:
+                    continue
+                worst = 0.0
+                for j in range(len(rounds[0])):
+                    fam = rounds[0][j][0]
+                    col = FAMILIES[fam][2][0] if fam in FAMILIES else next(
+                        (k for k in ("seconds", "gbps", "tflops") if k in rounds[0][j][1]), None)
+                    try:
+                        v = [float(x[j][1][col]) for x in rounds]
+                    except (KeyError, TypeError, ValueError):
+                        continue
+                    med = statistics.median(v)
+                    if med > 0:
+                        worst = max(worst, (max(v) - min(v)) / med)
+                out.append((runner, base, worst, len(rounds)))
         return out
 
     def count(self) -> int:
@@ -173,31 +225,47 @@ def _make_actors(ray, ctx: Ctx, devices: int, address: str | None):
 
 
 def _ordered(todo: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
-    """Coarse-to-fine, round-robin over runners within a level."""
-    by = {}
+    """Coarse-to-fine; within a level, round-robin over runners, in blocks of ROUND_BLOCK points:
+    a block once, then the same block again for each further round, then the next block. Two
+    samples of a point are a block apart (interleaved, never back to back), and a budget that ends
+    mid-level leaves the points it reached measured in every round."""
+    by: dict = {}
+    rounds: dict = {}
     for r, p in todo:
-        by.setdefault((p.get("level", 0), r), []).append((r, p))
+        base = p["id"].split(ROUND_SEP)[0]
+        key = (p.get("level", 0), r)
+        if base not in rounds.setdefault(key, {}):
+            by.setdefault(key, []).append(base)
+        rounds[key].setdefault(base, {})[p.get("_round", 0)] = (r, p)
     out = []
     for lvl in sorted({k[0] for k in by}):
-        queues = [by[k] for k in sorted(by) if k[0] == lvl]
+        keys = [k for k in sorted(by) if k[0] == lvl]
+        queues = [list(by[k]) for k in keys]
+        seq = []  # (key, base) round-robin over runners
         while any(queues):
-            for q in queues:
+            for k, q in zip(keys, queues):
                 if q:
-                    out.append(q.pop(0))
+                    seq.append((k, q.pop(0)))
+        for i in range(0, len(seq), ROUND_BLOCK):
+            block = seq[i:i + ROUND_BLOCK]
+            for k_round in sorted({n for k, b in block for n in rounds[k][b]}):
+                out += [rounds[k][b][k_round] for k, b in block if k_round in rounds[k][b]]
     return out
 
 
 def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str | None = None,
                 executor: str = "ray", sweep: str = "full", devices: int | None = None,
                 progress: bool = True, log=print, min_time_s: float = 0.01, reps: int = 3,
-                flush_l2: bool = True, sustain_s: float = 2.0, extra: dict | None = None) -> dict:
+                flush_l2: bool = True, sustain_s: float = 2.0, extra: dict | None = None,
+                rounds: int = ROUNDS) -> dict:
     """Measure this machine's tables for cluster kind `kind` into `out` within `budget_s` seconds.
 
     ray_address: an existing Ray cluster (default: embedded); executor: "ray" (an actor per
     device) or "local" (this process, one device); sweep: tiny | small | full; devices: devices
     to use (default: all GPUs, or all usable cores); progress: show a progress bar; log: one-line
     messages (skips, errors); min_time_s, reps, flush_l2, sustain_s: timing (trials.profile.common.Ctx);
-    extra: runner options (attention: attn_heads, attn_tokens, sdpa_backends).
+    extra: runner options (attention: attn_heads, attn_tokens, sdpa_backends); rounds: samples
+    of each per-device point, interleaved (>= 1).
     Returns the profile info written into meta.json["profile"], with "report" (measured and
     not-measured families with reasons, points per runner) and "digest"."""
     import torch
@@ -221,7 +289,10 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
         if why:
             skipped.append(f"{name}: {why}")
             continue
-        pts = mod.points(ctx)
+        pts = [p if k == 0 else dict(p, id=f"{p['id']}{ROUND_SEP}{k}") for k in range(rounds)
+               for p in mod.points(ctx)]
+        for p in pts:
+            p["_round"] = int(p["id"].split(ROUND_SEP)[1]) if ROUND_SEP in p["id"] else 0
         ids[name] = {p["id"] for p in pts}
         total += len(pts)
         done = store.done(name)
@@ -304,8 +375,15 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
         log(f"error {e}")
     measured = store.count()
     points = {r: [len(ids[r] & store.done(r)), len(ids[r])] for r in ids}
+    spreads = store.point_spreads()
+    noisy = sorted(([r, p, round(s, 4), n] for r, p, s, n in spreads if s > SPREAD_WARN), key=lambda x: -x[2])
+    for _r, p, s, n in noisy[:10]:
+        log(f"noisy {p}: its {n} rounds differ by {s:.0%} (> {SPREAD_WARN:.0%})")
+    if len(noisy) > 10:
+        log(f"noisy: {len(noisy) - 10} more points over {SPREAD_WARN:.0%} (meta.json profile.noisy_points)")
     info = dict(host_info(), date=datetime.datetime.now().isoformat(timespec="seconds"), budget_s=budget_s,
                 sweep=sweep, device=ctx.device, devices=devices, points_total=total, points_measured=measured,
+                rounds=rounds, points_with_rounds=len(spreads), spread_warn=SPREAD_WARN, noisy_points=noisy,
                 elapsed_s=round(time.time() - t0, 1), skipped=skipped, substitutes=substitutes, errors=errors[:50],
                 statistic=ctx.statistic, points_by_runner=points, timing=dict(
                     min_time_s=min_time_s, reps=reps, flush_l2=flush_l2 and on_gpu,
@@ -445,6 +523,9 @@ def _median_rows(rows: list[dict], keys: tuple, values: tuple) -> list[dict]:
         r = dict(rs[0])
         for v in values:
             r[v] = float(statistics.median(float(x[v]) for x in rs))
+        if any("samples" in x for x in rs):  # a point measured in rounds: its worst spread
+            r["samples"] = max(int(x.get("samples", 1)) for x in rs)
+            r["spread"] = max(float(x.get("spread", 0.0)) for x in rs)
         srcs = sorted({str(x["source"]) for x in rs})
         if len(srcs) > 1:  # e.g. a fwd and a wgrad measurement landing on the same grouped_gemm point
             r["source"] = "+".join(srcs)

@@ -2,11 +2,16 @@
 
   moetune adjudicate quickstart [--study-dir DIR] [--storage URL]
 
-The pre-registration's hashes are checked first (file bytes against the `.sha256` sidecar, and the
-embedded canonical-JSON hash); a modified or unverifiable file is refused: one line, exit 2. Then
-the verdict is printed as it is: PASS (exit 0) when the best measured searched plan reaches the
-pre-registered bar (>= 0.98 x the measured baseline), FAIL (exit 1) otherwise, INCOMPLETE (exit 1)
-when the baseline or no searched plan was measured.
+Refused (one line, exit 2) when the pre-registration does not verify: its bytes against the
+`.sha256` sidecar, the embedded canonical-JSON hash, the hash the study recorded when its first
+tuner started (`preregistration_sha256`: a file rewritten with fresh hashes afterwards does not
+match it), and its adjudication protocol (well formed; the study's re-measurements follow it: the
+pre-registered plans, rounds and A B A B order). Then the verdict, recomputed from the stored
+measurements by the protocol (tuner/verdict.py): PASS (exit 0) when the bootstrap interval of
+winner / baseline throughput lies at or above the bar, FAIL (exit 1) below it, INCONCLUSIVE
+(exit 1) when it straddles the bar, INCOMPLETE (exit 1) when the baseline, the winner or two
+rounds of re-measurement are missing. A study pre-registered without a protocol is judged on
+its single measurements, as before.
 """
 from __future__ import annotations
 
@@ -14,8 +19,8 @@ from pathlib import Path
 
 from specs.errors import UsageError
 
-DESCRIPTION = ("Verify a study's pre-registration against its hashes and print the pre-registered verdict: "
-               "PASS (exit 0), or FAIL or INCOMPLETE (exit 1).")
+DESCRIPTION = ("Verify a study's pre-registration (hashes and adjudication protocol) and print the "
+               "pre-registered verdict: PASS (exit 0), or FAIL, INCONCLUSIVE or INCOMPLETE (exit 1).")
 
 
 def add_parser(subparsers):
@@ -49,7 +54,17 @@ def run(args) -> int:
         study = study_mod.load_study(args.study, storage)
     except KeyError:
         raise UsageError(f"no study {args.study!r} in {study_mod.redact_url(args.storage or study_mod.default_storage_url(d))}") from None
-    v = adjudicate(study_mod.trial_rows(study), doc)
+    from tuner.loop import REMEASURED
+    from tuner.verdict import ProtocolError
+    recorded = study.user_attrs.get("preregistration_sha256")
+    if recorded is not None and recorded != doc["sha256"]:
+        raise UsageError(f"pre-registration refused: {d / prereg.NAME} has sha256 {doc['sha256'][:16]}..., the "
+                         f"study ran under {recorded[:16]}...")
+    remeasured = study.user_attrs.get(REMEASURED, [])
+    try:
+        v = adjudicate(study_mod.trial_rows(study), doc, remeasured)
+    except ProtocolError as e:
+        raise UsageError(f"pre-registration refused: {e}") from None
     print(f"pre-registration {d / prereg.NAME} verified (sha256 {doc['sha256']})")
     if v["baseline"] is not None:
         print(f"baseline  #{v['baseline']['number']} {v['baseline']['measured_tokens_per_s_per_gpu']:.1f} "
@@ -57,5 +72,8 @@ def run(args) -> int:
     if v["best"] is not None:
         print(f"best      #{v['best']['number']} {v['best']['measured_tokens_per_s_per_gpu']:.1f} "
               f"tok/s/GPU  {v['best']['plan']}")
+    for m in remeasured:
+        print(f"round {m['round'] + 1} {m['role']:8s} " + (f"{m['tokens_per_s_per_gpu']:.1f} tok/s/GPU  steps "
+              + " ".join(f"{x:.4f}" for x in m.get("step_times_s", ())) if m.get("ok") else f"FAIL {m.get('kind')}"))
     print(v["line"])
     return 0 if v["verdict"] == "PASS" else 1

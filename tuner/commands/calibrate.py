@@ -63,6 +63,9 @@ def add_parser(subparsers):
     p.add_argument("--out", default=None, help="Folder for the report (default: runs/calibrate-<kind>-<time>).")
     p.add_argument("--no-install", action="store_true",
                    help="Do not install the fit as $MOETUNE_HOME/calibration/<kind>.json.")
+    p.add_argument("--per-component", action="store_true",
+                   help="Fit one factor per breakdown class (GEMM, grouped GEMM, attention, EP communication, "
+                        "...), regularised toward 1, instead of one scale (the fit `moetune tune` makes).")
     p.add_argument("--json", action="store_true", help="Print the metrics as JSON instead of a table.")
     return p
 
@@ -113,7 +116,7 @@ def run(args) -> int:
             raise UsageError(f"{len(rows)} usable measured run(s) (need >= 2 with plan and a step time"
                              + (f" on cluster {args.cluster}" if args.cluster else "") + ")")
         cal, rep = runs.calibrate(rows, tables=args.tables, stack=args.stack, source=dict(source, n=len(rows)),
-                                  complete=args.complete)
+                                  complete=args.complete, per_component=args.per_component)
     except runs.CalibrateError as e:
         raise UsageError(str(e)) from None
     kind = rep["tables"]["kind"]
@@ -138,16 +141,18 @@ def run(args) -> int:
           f"- measurements: {json.dumps(source)[:300]}",
           f"- runs: {m['n']} ({m['distinct_plans']} distinct plans); partial plans completed with --complete {args.complete}",
           f"- tables: {t['dir']} ({'measured' if t['measured'] else 'shipped defaults'}), sha256 {t['digest']}",
-          f"- fitted term: {cal.label}: scale {cal.scale:.4f}; calibration id {cal.id}",
+          f"- fitted term: {cal.label}: {_factors(cal)}; calibration id {cal.id}",
           f"- installed: {installed or 'no (--no-install)'}", "", table, "",
-          "A single multiplicative term cannot reorder plans: in-sample top-k overlap equals the raw model's.", "",
+          ("Per-component factors can reorder plans." if cal.factors else
+           "A single multiplicative term cannot reorder plans: in-sample top-k overlap equals the raw model's."), "",
           f"![predicted vs measured]({png.name})", "", "| plan | measured s | raw s | calibrated s | LOO s |",
           "|---|---|---|---|---|"]
     md += [f"| `{r['plan']}` | {r['measured_s']:.4f} | {r['raw_pred_s']:.4f} | {r['calibrated_pred_s']:.4f} | "
            f"{r['loo_pred_s']:.4f} |" for r in rep["rows"]]
     write_atomic(out / "report.md", "\n".join(md) + "\n")
     if args.json:
-        print(json.dumps({"metrics": m, "calibration_id": cal.id, "scale": cal.scale, "tables": t,
+        print(json.dumps({"metrics": m, "calibration_id": cal.id, "scale": cal.scale, "kind": cal.kind,
+                          "factors": cal.factors, "tables": t,
                           "installed": str(installed) if installed else None, "out": str(out),
                           "png": str(png), "completion": args.complete}, indent=1))
         return 0
@@ -155,10 +160,17 @@ def run(args) -> int:
           f"sha256 {t['digest'][:16]} ({'measured' if t['measured'] else 'shipped defaults'})")
     print(table)
     print(f"completion     --complete {args.complete} (for partial plans of the runs)")
-    print(f"scale          {cal.scale:.4f} ({cal.label})")
+    print(f"{'factors' if cal.factors else 'scale':14s} {_factors(cal)} ({cal.label})")
     print(f"calibration    {cal.id} -> {out / 'calibration.json'}")
     if installed:
         print(f"installed      {installed} (used by the cost model for {kind} with these tables)")
     print(f"plot           {png}")
     print(f"report         {out / 'report.md'}")
     return 0
+
+
+def _factors(cal) -> str:
+    """The fitted term in one line: the scale, or each class's factor with its 90% interval."""
+    if not cal.factors:
+        return f"scale {cal.scale:.4f}"
+    return ", ".join(f"{c} {f:.3g} [{lo:.3g}..{hi:.3g}]" for c, (f, lo, hi) in cal.factor_intervals().items())

@@ -159,6 +159,9 @@ def run(args) -> int:
                   r["variants"] > 1 for r in ranked["plans"]) else "") + "):")
         if ranked["bound_violated"]:
             print("  note: a scored plan beat its point's bound, so every plan was scored")
+        if ranked["plans"] and ranked["plans"][0].get("step_time_interval_s"):
+            print("  ~: its 90% interval of step time overlaps the leader's (the calibration's residuals "
+                  "cannot tell the two apart)")
         # columns: rank (~: the model cannot tell it from #1, when the calibration gives intervals),
         # predicted tokens/s/GPU, step time (and its 90% interval), MFU, peak memory, predicted-equal variants
         with_iv = any(r.get("step_time_interval_s") for r in ranked["plans"])
@@ -207,11 +210,36 @@ def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bo
         row["plan"] = min(plans, key=lambda p: (len(short_form(Plan.parse(p), w, profile)), p))
         fields = [dict(f.split("=", 1) for f in p.split(",")) for p in plans]
         row["varies"] = ",".join(k for k in fields[0] if len({f[k] for f in fields}) > 1)
+    _mark_indistinguishable(w, rows, tables, calibration)
     return {"plans": rows, "realizable": r.seen, "scored": r.seen - r.pruned, "pruned": r.pruned,
             "pruned_points": r.pruned_points, "parallel_points": r.points, "bound_scored": r.bound_scored,
             "exhaustive": r.exhaustive, "bound_violated": r.bound_violated,
             "memory_infeasible": r.memory_infeasible,
             "infeasible_reasons": {"memory": r.memory_infeasible} if r.memory_infeasible else {}}
+
+
+def _mark_indistinguishable(w, rows: list[dict], tables, calibration) -> None:
+    """Each row's 90% interval of the calibrated step time (`Calibration.interval`: the fit's
+    factor covariance and leave-one-out error), and whether it overlaps the leader's (then the
+    model cannot tell the plan from the leader). No interval (None) when the calibration has no
+    fitted residuals (the CPU identity)."""
+    import math
+
+    import cost_model
+    from specs.plan import Plan
+    if not rows:
+        return
+    cal = cost_model.resolve_calibration(w, calibration, tables)
+    plans = [Plan.parse(r["plan"]) for r in rows]
+    parts = (cost_model.raw_class_parts(w, plans, tables=tables) if cal.factors else
+             [float(x) for x in cost_model.predict_arrays(w, plans, tables=tables, calibration=cal)["raw_step_time_s"]])
+    for r, p in zip(rows, parts):
+        lo, hi = cal.interval(p)
+        r["step_time_interval_s"] = [lo, hi] if math.isfinite(lo) else None
+    lead = rows[0]["step_time_interval_s"]
+    for r in rows:
+        iv = r["step_time_interval_s"]
+        r["indistinguishable"] = bool(lead and iv and iv[0] <= lead[1])
 
 
 def rank_serve_plans(effective_plans: list, model, cluster, workload, top: int, **kw) -> dict:
@@ -337,9 +365,9 @@ def _serve_rank_inputs(args, cluster, precision: str):
         except (OSError, ValueError, KeyError) as e:
             raise UsageError(f"--tables {args.tables}: cannot be read: {e}") from None
     if args.calibration:
-        from cost_model.serving.calibration import ServeCalibration
+        from cost_model.calibration import Calibration, CalibrationError
         try:
-            kw["calibration"] = ServeCalibration.load(args.calibration)
-        except (OSError, ValueError, KeyError) as e:
+            kw["calibration"] = Calibration.load(args.calibration)
+        except CalibrationError as e:
             raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
     return w, kw

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from specs.errors import UsageError
-from tuner.commands.common import check_home, check_output_dir, minutes
+from tuner.commands.common import check_home, check_output_dir, count, minutes
 
 SUMMARY = "Measure this machine's performance tables for the cost model."
 DESCRIPTION = ("Measure this machine's performance tables for a cluster kind (GEMM, grouped expert MLP, "
@@ -37,6 +37,9 @@ def add_parser(subparsers):
                    help="Sweep density: full (default), small, or tiny (for tests and smoke runs).")
     p.add_argument("--executor", choices=("ray", "local"), default="ray",
                    help="Run the per-device sweeps in Ray actors (default) or in this process (one device).")
+    p.add_argument("--rounds", type=count(1, 100), default=None,
+                   help="Samples of each per-device point, interleaved round by round (default 2); the table "
+                        "records their spread and points that disagree by more than 10%% are reported.")
     p.add_argument("--no-progress", action="store_true", help="Do not show a progress bar.")
     return p
 
@@ -59,6 +62,8 @@ def run(args) -> int:
     budget_min = args.budget_min if args.budget_min is not None else (30.0 if cluster.is_gpu else 10.0)
     if budget_min <= 0:
         raise UsageError("--budget-min must be positive")
+    if args.rounds is not None and args.rounds < 1:
+        raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
     # measured_tables_dir's kind is a checked name (clusters.load_cluster): it stays under MOETUNE_HOME
     out = check_output_dir(args.out, "--out") if args.out else check_output_dir(measured_tables_dir(cluster.kind),
                                                                                   "MOETUNE_HOME")
@@ -67,10 +72,13 @@ def run(args) -> int:
     print(f"profiling {cluster.kind} on this machine -> {out} (budget {budget_min:g} min, sweep {args.sweep})",
           flush=True)
     info = run_profile(cluster.kind, out, budget_min * 60.0, ray_address=args.ray_address, executor=args.executor,
-                       sweep=args.sweep, devices=devices, progress=not args.no_progress)
+                       sweep=args.sweep, devices=devices, progress=not args.no_progress,
+                       **({} if args.rounds is None else {"rounds": args.rounds}))
     print(f"measured {info['points_measured']} of {info['points_total']} points in {time.time() - t0:.0f} s "
           f"({info['device']}, {info['devices']} device(s))")
     print(f"tables   {out} sha256 {info['digest'][:16]}")
+    print(f"rounds   {info['rounds']} per point; {info['points_with_rounds']} points measured more than once, "
+          f"{len(info['noisy_points'])} with a spread over {info['spread_warn']:.0%}")
     if info["points_measured"] < info["points_total"]:
         print("note     budget reached before the full sweep: unmeasured grid points are filled from the "
               "nearest measured one; rerun to measure the rest")

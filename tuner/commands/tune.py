@@ -102,6 +102,9 @@ def add_parser(subparsers):
     p.add_argument("--screen-actors", type=count(1, 1024), default=4, help="Number of Ray actors that screen the space (default 4).")
     p.add_argument("--preregister", type=count(0, MAX_COUNT), default=None,
                    help="Number of plans to pre-register (default: min(trials, max(4, trials // 2 + 1))).")
+    p.add_argument("--adjudicate-rounds", type=count(1, 1000), default=None,
+                   help="Rounds of the final interleaved re-measurement of the baseline and the winner "
+                        "(pre-registered; default 3; training studies).")
     p.add_argument("--heartbeat-interval", type=count(1, 3600), default=DEFAULT_HEARTBEAT_S,
                    help=f"Seconds between heartbeats of running trials; a trial silent for {GRACE_FACTOR} times "
                         f"this is failed and its plan retried once (default {DEFAULT_HEARTBEAT_S}).")
@@ -165,7 +168,8 @@ def _options(args, study: str, backend: str, timeout_s: float):
         ray_no_auth=args.ray_no_auth,
         trial_timeout_s=timeout_s, memory_cap_gib=args.memory_cap_gib, iters=args.iters,
         warmup=args.warmup, level=args.level, screen_actors=args.screen_actors, preregister=args.preregister,
-        progress=not args.no_progress, heartbeat_interval_s=args.heartbeat_interval)
+        progress=not args.no_progress, heartbeat_interval_s=args.heartbeat_interval,
+        **({} if args.adjudicate_rounds is None else {"adjudicate_rounds": args.adjudicate_rounds}))
 
 
 def _run_serve(args) -> int:
@@ -196,11 +200,11 @@ def _run_serve(args) -> int:
         tables = load_tables(args.tables or tables_dir_for(cluster.kind))
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--tables {args.tables or '(default)'}: cannot be read: {e}") from None
-    from cost_model.serving import ServeCalibration
+    from cost_model.calibration import Calibration, CalibrationError
     from cost_model.serving.calibration import load_default
     try:
-        cal = ServeCalibration.load(args.calibration) if args.calibration else load_default()
-    except (OSError, ValueError, KeyError) as e:
+        cal = Calibration.load(args.calibration) if args.calibration else load_default()
+    except CalibrationError as e:
         raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
     if args.baseline:  # a bad --baseline is one line before anything starts
         from tuner.serve_tune import baseline_plan

@@ -1,0 +1,134 @@
+"""Where a CPU Megatron trial's step goes, by the cost model's calibration classes
+(`cost_model.calibration.TRAIN_CLASSES`): one extra, untimed step under torch.profiler.
+
+The Megatron modules whose time is one class (core attention -> attention, the routed experts ->
+grouped_gemm, the router -> elementwise, shared experts -> gemm) are wrapped in
+`record_function("moetune::<class>")` scopes, and the MoE layer in a `moetune::moe` scope. Each
+profiled op's self CPU time goes to:
+- the class of its innermost scope; a backward op (under autograd's `evaluate_function: XBackward`)
+  to the scope of the forward op it differentiates (matched by sequence number and forward thread);
+- a collective (c10d / gloo op): ep_comm inside an MoE layer (the dispatcher's all-to-all or
+  all-gather, forward or backward), other_comm elsewhere (TP, DP, pipeline send/recv; a pipeline
+  rank waiting in recv counts here, not as pipeline_bubble);
+- the ops of Megatron's vocabulary-parallel cross entropy (FUNCTION_CLASS) -> gemm, as the model
+  prices the LM head and its loss together (lm_head_ce);
+- outside any scope, by op name: matrix products -> gemm, the rest -> elementwise;
+- the step's wall time not inside any op (Python and launch work between ops) -> host_launch.
+The profiler slows the step it records, most where ops are many and small (an optimizer's
+elementwise updates): its cost, the profiled step's wall time less the timed steps' median, is
+taken off the ops evenly per recorded event, and the moetune:: scopes' own time is left out. The
+result is each class's share of the unprofiled step; the backend multiplies the shares by the
+measured median step.
+"""
+from __future__ import annotations
+
+import contextlib
+
+MODULE_CLASS = {"DotProductAttention": "attention", "TEDotProductAttention": "attention",
+                "SequentialMLP": "grouped_gemm", "GroupedMLP": "grouped_gemm", "TEGroupedMLP": "grouped_gemm",
+                "TopKRouter": "elementwise", "SharedExpertMLP": "gemm"}
+MOE_MODULES = ("MoELayer",)
+# autograd Functions whose ops (and backward) are one class: the vocabulary-parallel cross entropy
+# is priced with the LM head GEMM (the model's lm_head_ce term, class gemm)
+FUNCTION_CLASS = {"_VocabParallelCrossEntropy": "gemm"}
+PREFIX = "moetune::"
+MOE = PREFIX + "moe"
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+            "aten::_grouped_mm")
+# lower-case marks of a collective: the c10d ops, and the autograd Functions that wrap them (their
+# self time is the wait for the peers: Megatron's _AllToAll, the *ParallelRegion mappings)
+COMM_MARKS = ("c10d::", "gloo:", "nccl:", "record_param_comms", "all_to_all", "alltoall", "allreduce", "all_reduce",
+              "allgather", "all_gather", "reduce_scatter", "parallelregion", "recv_", "send_")
+BACKWARD = "autograd::engine::evaluate_function:"
+
+
+@contextlib.contextmanager
+def labelled(chunks):
+    """Wrap the forward of the class-labelled modules of `chunks` in profiler scopes (restored after)."""
+    from torch.autograd.profiler import record_function
+    patched = []
+
+    def wrap(mod, label):
+        orig = mod.forward
+
+        def forward(*a, **k):
+            with record_function(label):
+                return orig(*a, **k)
+        mod.forward = forward
+        patched.append(mod)
+
+    for c in chunks:
+        for m in c.modules():
+            name = type(m).__name__
+            if name in MODULE_CLASS:
+                wrap(m, PREFIX + MODULE_CLASS[name])
+            elif name in MOE_MODULES:
+                wrap(m, MOE)
+    try:
+        yield
+    finally:
+        for m in patched:
+            del m.forward  # the instance attribute; the class's forward shows again
+
+
+def _is_comm(name: str) -> bool:
+    n = name.lower()
+    return any(k in n for k in COMM_MARKS)
+
+
+def split_events(events, wall_us: float, step_us: float | None = None) -> dict:
+    """{class: share of the step} from a profiled step's FunctionEvents, its wall time (us) and the
+    unprofiled step time (us; None: the profiled wall, no overhead correction)."""
+    scope_of: dict = {}  # id(event) -> (class or None, inside moe)
+    fwd_scope: dict = {}  # (thread, sequence_nr) of a forward op -> its scope
+
+    def scope(e):
+        k = id(e)
+        if k in scope_of:
+            return scope_of[k]
+        parent = scope(e.cpu_parent) if e.cpu_parent is not None else (None, False)
+        cls, moe = parent
+        if e.name == MOE:
+            moe = True
+        elif e.name.startswith(PREFIX):
+            cls = e.name[len(PREFIX):]
+        elif e.name in FUNCTION_CLASS:
+            cls = FUNCTION_CLASS[e.name]
+        elif e.name.startswith(BACKWARD):
+            cls, moe = fwd_scope.get((getattr(e, "fwd_thread", None), e.sequence_nr), (cls, moe))
+        scope_of[k] = (cls, moe)
+        return cls, moe
+
+    events = sorted(events, key=lambda e: e.time_range.start)  # forward ops before their backward
+    step_us = wall_us if step_us is None else min(step_us, wall_us)
+    per_event = max(0.0, wall_us - step_us) / max(1, len(events))  # the profiler's cost of one event
+    shares: dict = {}
+    in_ops = 0.0
+    for e in events:
+        cls, moe = scope(e)
+        if not e.name.startswith(BACKWARD) and e.sequence_nr is not None and e.sequence_nr >= 0:
+            fwd_scope.setdefault((e.thread, e.sequence_nr), (cls, moe))
+        if e.name.startswith(PREFIX):
+            continue
+        t = max(0.0, float(e.self_cpu_time_total) - per_event)
+        if _is_comm(e.name):
+            c = "ep_comm" if moe else "other_comm"
+        elif cls is not None:
+            c = cls
+        else:
+            c = "gemm" if e.name in GEMM_OPS else "elementwise"
+        shares[c] = shares.get(c, 0.0) + t
+        in_ops += t
+    wall = max(step_us, in_ops, 1e-9)
+    shares["host_launch"] = shares.get("host_launch", 0.0) + (wall - in_ops)
+    return {c: v / wall for c, v in shares.items()}
+
+
+def component_times(rank_shares, step_s: float) -> dict:
+    """{class: seconds of the step}: the ranks' mean share of each class times the measured median
+    step (the profiled step itself runs slower under the profiler); {} without shares."""
+    rank_shares = [s for s in (rank_shares or ()) if s]
+    if not rank_shares:
+        return {}
+    classes = sorted({c for s in rank_shares for c in s})
+    return {c: step_s * sum(s.get(c, 0.0) for s in rank_shares) / len(rank_shares) for c in classes}
