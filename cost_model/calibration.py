@@ -48,6 +48,9 @@ COMPONENT_CLASS = {
     "expert_gemm": "grouped_gemm",
     "core_attention": "attention",
     "ep_dispatch_combine": "ep_comm",  # what the model leaves exposed (after any a2a overlap)
+    # a2a overlap as it runs: the communication a paired compute node cannot hide, and the compute
+    # slowed by the SMs the communication kernels hold: both are the EP communication's cost
+    "ep_overlap_beyond": "ep_comm", "ep_overlap_sm_share": "ep_comm",
     "tp_comm": "other_comm", "cp_comm": "other_comm", "pp_p2p": "other_comm",
     "dp_grad_reduce_scatter": "other_comm", "dp_param_all_gather": "other_comm", "activation_offload": "other_comm",
     "moe_host_sync": "host_launch", "cpu_launch_floor": "host_launch",
