@@ -45,6 +45,13 @@ REGENERATIONS = [
             "the work, and the DP collectives are the stage with the most parameters; 10 of 50 step "
             "times change, by -0.25% .. +0.98% (deepseek-v3); no calibration refit",
      "d403c946e2a4318e303bf530959b7dc0c5dfb38d0293a16af1c324c2f4dbe5ca"),
+    ("merge of issues 22-28", "--keep-plans on the merged model: plan fields pp_embedding/pp_loss and "
+     "cuda_graph_impl/scope (canonical strings, script flags, plan counts about 2x), EP overlap as it "
+     "runs (plans with a2a_overlap), host timeline with MoE sync segments, the DP windows on that "
+     "timeline and the optimizer as the slowest stage's, GPU calibration refit 1.4655 -> 1.4530, "
+     "emitted-script headers (issue 28); against 04ad8e3 feasible step times move -0.9% .. +24.1% "
+     "(gpt-oss-120b's a2a_overlap plans the most)",
+     "3ac525b1fcefb0f02346136db9356efb7c01870c591c931fe65ac545d41a9483"),
 ]
 
 
