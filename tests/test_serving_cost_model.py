@@ -238,7 +238,7 @@ def test_two_batch_overlap_is_two_half_batch_steps_not_free():
     """TBO runs a step as two half-batch sub-steps, each re-reading the experts it activates; only one
     half's communication hides behind the other half's compute. DeepSeek TP8 attention-DP 2 at 32
     requests per rank (64 per instance): one step ~25 ms, two half steps ~37 ms in public traces
-    (../shared evidence e., not fitted): TBO must cost, not save, there; with DeepEP at a large
+    (the serving evidence review, not fitted): TBO must cost, not save, there; with DeepEP at a large
     prefill chunk the hidden communication can still pay for the split."""
     plain, tbo = _step(DSV3, "tp=8,attn_dp=2"), _step(DSV3, "tp=8,attn_dp=2,tbo=1")
     B = np.array([32.0])

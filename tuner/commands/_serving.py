@@ -9,6 +9,23 @@ from specs.serve_plan import ServePlan
 from tuner.commands.common import MAX_COUNT, count, number, tokens
 
 
+def add_serve_args(p) -> None:
+    g = p.add_argument_group("serving (--mode serve)")
+    g.add_argument("--phase", default="both", choices=("both", "prefill", "decode"),
+                   help="Serving phase: both (aggregated), or prefill or decode (one pool of a disaggregated deployment).")
+    g.add_argument("--isl", type=tokens, default=None, help="Input tokens per request.")
+    g.add_argument("--osl", type=tokens, default=None, help="Output tokens per request.")
+    g.add_argument("--concurrency", type=count(1, MAX_COUNT), default=None,
+                   help="Requests in flight over the whole deployment (default 8 per GPU); with --phase decode, "
+                        "the decode batch per GPU (default 16).")
+    g.add_argument("--routing-skew", type=number(0.0, 10.0), default=0.0,
+                   help="Zipf exponent of expert popularity for the distinct-experts term (0 = uniform).")
+    g.add_argument("--ttft-slo", type=number(0.0, 3600.0, lo_open=True), default=None,
+                   help="TTFT p90 bound in seconds; plans above it are excluded from rankings.")
+    g.add_argument("--tpot-slo", type=number(0.0, 3600.0, lo_open=True), default=None,
+                   help="TPOT p90 bound in seconds; plans above it are excluded from rankings.")
+
+
 def add_serve_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isl", type=tokens, required=True, help="Input tokens per request.")
     p.add_argument("--osl", type=tokens, required=True, help="Output tokens per request.")

@@ -52,7 +52,7 @@ def add_parser(subparsers):
                         "optimistic bound cannot reach the top (the same ranking, slower; for checking).")
     p.add_argument("--json", action="store_true", help="Print the counts, examples and ranking as one JSON object.")
     add_canonical_arg(p)
-    from tuner.predict_serve import add_serve_args
+    from tuner.commands._serving import add_serve_args
     from tuner.serve_precision import add_weight_dtype_arg
     add_serve_args(p)
     add_weight_dtype_arg(p)

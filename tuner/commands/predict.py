@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from tuner.commands._serving import add_serve_args
 from tuner.commands.common import (
     UsageError,
     add_cost_model_args,
@@ -19,7 +20,7 @@ from tuner.commands.common import (
     unrealizable,
     workload_from_args,
 )
-from tuner.predict_serve import add_serve_args, run_serve
+from tuner.predict_serve import run_serve
 from tuner.realize import check
 
 SUMMARY = "Predict the step time, throughput, MFU and memory of one plan with the cost model."

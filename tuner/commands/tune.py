@@ -63,7 +63,7 @@ def add_parser(subparsers):
                    help="What to tune: train (Megatron training plans; default) or serve (serving plans, "
                         "measured with a serving backend; --isl/--osl instead of --gbs).")
     add_workload_args(p, gbs_required=False)
-    from tuner.predict_serve import add_serve_args
+    from tuner.commands._serving import add_serve_args
     add_serve_args(p)
     add_stack_arg(p)
     add_cost_model_args(p)
