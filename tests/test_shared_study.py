@@ -15,6 +15,7 @@ import pytest
 from optuna.trial import TrialState
 
 from specs.plan import Plan
+from tests.polling import poll
 
 REPO = Path(__file__).resolve().parents[1]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -27,13 +28,6 @@ def P(text):
 # redaction ------------------------------------------------------------------------------------------
 
 
-def _poll(get, timeout_s=120.0):
-    """get() until it returns something truthy (polling state instead of sleeping past a grace)."""
-    t = time.monotonic()
-    while not (got := get()):
-        assert time.monotonic() - t < timeout_s, "state not reached"
-        time.sleep(0.2)
-    return got
 
 def test_redact_url_hides_passwords_only():
     from tuner.study import redact_url
@@ -62,7 +56,7 @@ def _stale_failed_and_retried_once(storage):
     alive = study_mod.claim(study, P("mbs=4"), {"roles": "searched"}, heartbeat=live)
     try:
         assert study_mod.fail_stale(study) == []  # within the grace period
-        assert _poll(lambda: study_mod.fail_stale(study)) == [t.number]  # once the grace period is over
+        assert poll(lambda: study_mod.fail_stale(study)) == [t.number]  # once the grace period is over
         assert study_mod.fail_stale(study) == []  # nothing new: no second retry queued
         ft = study.trials[t.number]
         assert ft.state == TrialState.FAIL and study_mod.failure_kind(ft) == "interrupted"
@@ -97,7 +91,7 @@ def test_journal_stale_trial_failed_by_one_tuner_only(tmp_path):
     hb = study_mod.Heartbeat(a, a._storage)
     t = study_mod.claim(a, P("ep=2"), {"roles": "searched"}, heartbeat=hb)
     hb.stop()
-    assert _poll(lambda: study_mod.fail_stale(b)) == [t.number]
+    assert poll(lambda: study_mod.fail_stale(b)) == [t.number]
     assert study_mod.fail_stale(a) == []  # already failed by b: nothing queued again
     for s in (a, b):
         assert len(s.get_trials(states=(TrialState.WAITING,))) == 1

@@ -19,6 +19,7 @@ from specs.models import load_model
 from specs.plan import Plan
 from specs.stack import profile_for
 from specs.workload import Workload
+from tests.polling import poll
 
 REPO = Path(__file__).resolve().parents[1]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -117,13 +118,6 @@ def test_concurrent_claim_lowest_number_wins(study):
     assert study_mod.claim(study, plan, {}) is None  # RUNNING lower-numbered trial holds it
 
 
-def _poll(get, timeout_s=120.0):
-    """get() until it returns something truthy (polling state instead of sleeping past a grace)."""
-    t = time.monotonic()
-    while not (got := get()):
-        assert time.monotonic() - t < timeout_s, "state not reached"
-        time.sleep(0.2)
-    return got
 
 
 def test_stale_running_trial_failed_and_retried_once(tmp_path):
@@ -140,7 +134,7 @@ def test_stale_running_trial_failed_and_retried_once(tmp_path):
     alive = study_mod.claim(study, P("mbs=4"), {"roles": "searched"}, heartbeat=live)
     try:
         assert study_mod.fail_stale(study) == []  # within the grace period
-        assert _poll(lambda: study_mod.fail_stale(study)) == [t.number]  # once the grace period is over
+        assert poll(lambda: study_mod.fail_stale(study)) == [t.number]  # once the grace period is over
         ft = study.trials[t.number]
         assert ft.state == TrialState.FAIL and study_mod.failure_kind(ft) == "interrupted"
         assert study.trials[alive.number].state == TrialState.RUNNING  # its heartbeat kept it alive
