@@ -24,7 +24,7 @@ from clusters import load_cluster  # noqa: E402
 from specs.stack import profile_for  # noqa: E402
 from specs.workload import Workload  # noqa: E402
 from tuner.design import Envelope, _PlanSet, best_layout, design, ladder_model  # noqa: E402
-from tuner.space import default_space, iter_realizable  # noqa: E402
+from tuner.space.train import default_space, iter_realizable  # noqa: E402
 
 CASES = (("b200", 256, 20.0), ("h100-sxm", 64, 10.0))
 

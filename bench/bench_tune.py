@@ -9,8 +9,8 @@
 2. (a) cost-model accuracy on the measured plans: MAPE of step time uncalibrated, calibrated
    in-sample (one scale fitted on all pairs) and leave-one-out calibrated (fitted without the plan).
 3. (b) trials needed to reach >= 0.98 x the exhaustive best throughput, replaying the measured
-   table: the cost-model-guided sampler (tuner.sampler.GuidedSampler, refitted after every trial,
-   deterministic) vs Optuna TPE over the plan fields (tuner.sampler.TPEProposer, --tpe-seeds seeds)
+   table: the cost-model-guided sampler (tuner.study.sampler.GuidedSampler, refitted after every trial,
+   deterministic) vs Optuna TPE over the plan fields (tuner.study.sampler.TPEProposer, --tpe-seeds seeds)
    vs uniform random order (expected), against the exhaustive count (= the number of plans).
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ from cost_model.calibration import fit_calibration  # noqa: E402
 from specs.models import load_model  # noqa: E402
 from specs.stack import profile_for  # noqa: E402
 from specs.workload import Workload  # noqa: E402
-from tuner.sampler import GuidedSampler, TPEProposer  # noqa: E402
-from tuner.space import default_space, iter_realizable  # noqa: E402
+from tuner.space.train import default_space, iter_realizable  # noqa: E402
+from tuner.study.sampler import GuidedSampler, TPEProposer  # noqa: E402
 
 
 def small_space(workload, profile):

@@ -4,8 +4,8 @@ and write the CSV `moetune calibrate --measurements` reads.
   PYTHONPATH=. python bench/cpu_calibration_set.py OUT.csv [--model tiny-moe] [--gbs 16] [--seq 256]
       [--plans 16] [--iters 5] [--warmup 2] [--passes 2]
 
-Plans: `tuner.space.default_space(workload, profile_for(cluster), "bf16", level="core")` filtered
-by `tuner.space.iter_realizable`, then an evenly spaced subset of that (deterministic) list, so the
+Plans: `tuner.space.train.default_space(workload, profile_for(cluster), "bf16", level="core")` filtered
+by `tuner.space.train.iter_realizable`, then an evenly spaced subset of that (deterministic) list, so the
 set spans pp/vpp, ep/etp, mbs, dispatcher and recompute. Each plan is run in `--passes` separate
 passes over the list (so a burst of load from other processes on a shared host hits one pass,
 not every run of a plan); rows already in OUT.csv keep their passes (resume).
@@ -32,7 +32,7 @@ COLUMNS = ["model", "cluster", "gpus", "gbs", "seq", "plan", "step_time_s", "min
 
 def select_plans(workload, n: int) -> list:
     from specs.stack import profile_for
-    from tuner.space import default_space, iter_realizable
+    from tuner.space.train import default_space, iter_realizable
     prof = profile_for(workload.cluster)
     plans = list(iter_realizable(default_space(workload, prof, "bf16", level="core"), workload, prof))
     if len(plans) <= n:

@@ -8,7 +8,7 @@ batches and sequence lengths that no study or fit used, against `moetune predict
 
 Run it after the README's main job (profile + quickstart study): the tables are the measured ones
 in $MOETUNE_HOME (as `moetune predict` resolves them) and the calibration is what the study's
-loop fits, refitted here from the study's measured trials (`tuner.calibrate_runs`, the same fit
+loop fits, refitted here from the study's measured trials (`tuner.study.calibrate`, the same fit
 as `moetune calibrate --study quickstart`) with the current cost model, so a model change is
 judged against the same measurements. `--calibration installed` uses the lookup rule of
 `moetune predict` instead ($MOETUNE_HOME/calibration/<kind>.json, else identity on CPU).
@@ -65,8 +65,8 @@ def workload(model: str, cluster: str, gbs: int, seq: int):
 def complete(text: str, w):
     """The plan as `moetune trial/predict --plan TEXT` completes it, refused when unrealizable."""
     from specs.stack import profile_for
-    from tuner.complete import complete_plan
-    from tuner.realize import check
+    from tuner.rank.complete import complete_plan
+    from tuner.space.megatron_rules import check
     prof = profile_for(w.cluster)
     plan = complete_plan(text, w, prof, "bf16")
     reasons = check(w, plan, prof)
@@ -115,7 +115,7 @@ def measure(model, cluster, entries, out: Path, passes: int, iters: int, warmup:
 
 def references(study_dir: Path, rows: list[dict], n: int) -> list[dict]:
     """Up to n of the study's measured plans (its baseline, then its fastest trial) with the study's
-    measurement (`rows`: `tuner.calibrate_runs.load_study`), as entries at the study's gbs and seq
+    measurement (`rows`: `tuner.study.calibrate.load_study`), as entries at the study's gbs and seq
     (module docstring, "Host drift")."""
     import json
     if n <= 0:
@@ -166,7 +166,7 @@ def spearman(a, b) -> float:
 def study_calibration(study: str, rows: list[dict]):
     """The calibration the study's loop fits on its measured trials (`rows`), refitted with the
     current model."""
-    from tuner.calibrate_runs import calibrate
+    from tuner.study.calibrate import calibrate
     cal, rep = calibrate(rows, source={"study": study}, per_component=True)
     m = rep["metrics"]
     print(f"study {study}: {m['n']} measured trials ({sum(1 for r in rows if r.get('measured_parts_s'))} with their "
@@ -269,8 +269,8 @@ def _plot(table, path: Path, rho: float, worst: float) -> None:
 
 
 def main(argv=None) -> int:
-    from tuner import study as study_mod
-    from tuner.calibrate_runs import load_study
+    from tuner.study import storage as study_mod
+    from tuner.study.calibrate import load_study
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", type=Path, default=HERE / "heldout_cpu_plans.yaml")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "heldout_cpu")

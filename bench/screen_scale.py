@@ -5,7 +5,7 @@ and on which nodes the actors ran.
   python bench/screen_scale.py [--model tiny-moe --cluster h100-sxm --gpus 64 --gbs 256 --seq 4096]
       [--actors 1,2,4] [--cpus-per-node 1] [--out bench/results/screen_scale.json]
 
-Each run screens the whole core space (tuner.screen.screen, the tuner's own screening) with N
+Each run screens the whole core space (tuner.rank.train.screen, the tuner's own screening) with N
 named actors spread over the nodes; plans/s = realizable plans / wall seconds of that call.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def main() -> int:
     from specs.stack import profile_for
     from specs.workload import Workload
     from trials.ray_runtime import configure_auth
-    from tuner.screen import screen
+    from tuner.rank.train import screen
 
     configure_auth(joining=False)
     os.environ["PYTHONPATH"] = str(ROOT)

@@ -132,7 +132,7 @@ def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=
     Args:
         workload: The `specs.workload.Workload`: model, cluster (with its GPU count), global batch
             and sequence length.
-        plans: An iterable of `specs.plan.Plan`s (completed plans; see `tuner.complete`).
+        plans: An iterable of `specs.plan.Plan`s (completed plans; see `tuner.rank.complete`).
         tables: Hardware tables: a `cost_model.tables.Tables`, a directory holding them, or None
             for the lookup rule of `resolve_tables` (measured tables before the shipped ones).
         calibration: The calibration term: a `cost_model.calibration.Calibration`, a JSON path,

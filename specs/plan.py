@@ -3,7 +3,7 @@
 A `Plan` is a frozen, hashable value. Its canonical string lists every field in a fixed order,
 `tp=2,cp=1,pp=8,vpp=4,ep=64,etp=1,mbs=1,...`, and `Plan.parse(p.canonical()) == p` exactly.
 A partial string (`tp=2,pp=8`) parses to a plan whose other fields take the defaults below;
-`tuner.complete.complete_plan` then fills what depends on the model (pipeline split).
+`tuner.rank.complete.complete_plan` then fills what depends on the model (pipeline split).
 
 Conventions (Megatron's):
 - vpp: virtual pipeline chunks per pipeline rank (Megatron-Bridge tables); 1 = no interleaving.

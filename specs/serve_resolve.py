@@ -5,7 +5,7 @@ resolver makes to a plan's flags, and every default it fills from the GPU's memo
 `ServerArgs.resolve_once()` computes them (file:line below, `SG` = sglang/srt). The realizability
 rules (tuner/serve_realize) only add rejections on top of it; the serving cost model
 (cost_model/serving) prices its output and re-applies nothing. tests/test_serve_oracle.py compares
-every resolved field with SGLang's own resolver (tuner/sglang_oracle.py) on sampled plans.
+every resolved field with SGLang's own resolver (tuner/space/sglang_oracle.py) on sampled plans.
 
 `model` and `cluster` are read duck-typed (`model.mla`; `cluster.hbm_gib`, `devices_per_node`,
 `device_name`), so this module stays below `clusters` in the layering.

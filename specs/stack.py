@@ -1,7 +1,7 @@
 """What the target toolchain can build: a `StackProfile` per kind of target.
 
 A plan that needs a piece the profile lacks (TransformerEngine for fp8, DeepEP/HybridEP for the
-flex dispatcher, CUDA grouped GEMM, ...) is not realizable there; `tuner.realize` asks the profile.
+flex dispatcher, CUDA grouped GEMM, ...) is not realizable there; `tuner.space.megatron_rules` asks the profile.
 `stack_defaults` is the one place where a profile's implied plan defaults are decided.
 The cpu-local profile takes its list from what the CPU trial backend can really run
 (`specs/cpu_support.py`), so the plan space and the backend agree.

@@ -5,8 +5,8 @@ from clusters import load_cluster
 from specs.hf_export import write_model_dir
 from specs.models import load_model
 from specs.serve_resolve import server_nodes
-from tuner.emit_sglang import server_argv
-from tuner.serve_realize import realize
+from tuner.emit.sglang import server_argv
+from tuner.space.sglang_rules import realize
 
 MODELS = ("deepseek-v3", "qwen3-235b-a22b", "qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b")
 

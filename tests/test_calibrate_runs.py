@@ -1,4 +1,4 @@
-"""`moetune calibrate` completes partial plans like every other command (tuner.complete.complete_plan
+"""`moetune calibrate` completes partial plans like every other command (tuner.rank.complete.complete_plan
 for the cluster's stack profile), not with the GPU dataclass defaults of Plan.parse."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from specs.models import load_model
 from specs.plan import Plan
 from specs.stack import profile_for
 from specs.workload import Workload
-from tuner.calibrate_runs import raw_predictions
-from tuner.complete import complete_plan
+from tuner.rank.complete import complete_plan
+from tuner.study.calibrate import raw_predictions
 
 
 def test_partial_plans_are_completed_for_the_cluster_stack():

@@ -17,7 +17,7 @@ from specs.models import load_model
 from specs.plan import Plan
 from specs.workload import Workload
 from trials.base import Measurement, TrialBackend
-from tuner.sampler import GuidedSampler
+from tuner.study.sampler import GuidedSampler
 
 INFLATED, FACTOR = "ep_comm", 2.0
 TRIALS = 6
@@ -55,7 +55,7 @@ class InflatedModelBackend(TrialBackend):
 
 
 def _run_study(w, sampler, backend, n=TRIALS):
-    """The tuner's ask / run / tell / refit cycle (tuner.loop.TrialLoop without Ray)."""
+    """The tuner's ask / run / tell / refit cycle (tuner.study.loop.TrialLoop without Ray)."""
     for _ in range(n):
         plan = sampler.propose()
         r = backend.run(Plan.parse(plan), w).to_dict()
@@ -205,10 +205,10 @@ def test_plans_rank_marks_plans_indistinguishable_from_the_leader(capsys):
 
 
 def test_serving_sampler_stays_one_scale_with_its_own_fit():
-    """The serving study's sampler (tuner/serve_tune.py: ServePlan parser, serving fit, the shipped
+    """The serving study's sampler (tuner/study/serve.py: ServePlan parser, serving fit, the shipped
     scale to start from): one-scale predictions scale x raw, refitted by the serving fit."""
     from specs.serve_plan import ServePlan
-    from tuner.serve_tune import fit
+    from tuner.study.serve import fit
     pool = [{"plan": ServePlan(tp=tp, chunked_prefill=c).canonical(), "raw_step_time_s": 0.001 * tp * c / 2048}
             for tp in (1, 2) for c in (2048, 4096)]
     s = GuidedSampler(pool, parse=ServePlan.parse, fit=fit, scale=1.5)

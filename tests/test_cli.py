@@ -234,7 +234,7 @@ def test_plans_examples_and_ranked_rows_are_short_and_distinct(capsys):
 
 
 def test_plans_rank_builds_no_prediction_objects(monkeypatch, capsys):
-    """--rank scores with the vectorised cost model only (tuner.screen.rank_space)."""
+    """--rank scores with the vectorised cost model only (tuner.rank.train.rank_space)."""
     import cost_model
 
     def refuse(*a, **k):

@@ -13,9 +13,9 @@ from specs.plan import Plan, parse_fields
 from specs.stack import GPU_FULL, cpu_profile
 from specs.workload import Workload
 from tuner.cli import main
-from tuner.complete import best_completion, complete, complete_plan
-from tuner.realize import check
-from tuner.space import default_space, pipeline_splits
+from tuner.rank.complete import best_completion, complete, complete_plan
+from tuner.space.megatron_rules import check
+from tuner.space.train import default_space, pipeline_splits
 
 CPU = ["--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2", "--gbs", "16", "--seq", "256"]
 

@@ -21,7 +21,7 @@ from specs.models import load_model
 from specs.plan import Plan
 from specs.stack import profile_for
 from specs.workload import Workload
-from tuner.space import default_space, iter_realizable
+from tuner.space.train import default_space, iter_realizable
 
 REF = Path(__file__).resolve().parent.parent / "cost_model" / "data"  # public reference rows, with sources
 

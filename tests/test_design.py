@@ -14,7 +14,7 @@ from specs.stack import profile_for
 from specs.workload import Workload
 from tuner.cli import main
 from tuner.design import Envelope, design, enumerate_geometries, geometry_of, ladder_model, parse_envelope, token_budget, write_outputs
-from tuner.realize import check
+from tuner.space.megatron_rules import check
 
 SMALL = "q=4,6;e=8,16,32;k=1,2;g=1,2,4;s=0.3..0.99"
 

@@ -10,8 +10,8 @@ from specs.models import load_model
 from specs.stack import GPU_FULL
 from specs.workload import Workload
 from tuner.cli import main
-from tuner.complete import complete_plan
-from tuner.emit import layout_with_mtp, megatron_script
+from tuner.emit.megatron import layout_with_mtp, megatron_script
+from tuner.rank.complete import complete_plan
 
 FLAGS = {line.strip() for line in (Path(__file__).parent / "fixtures" / "megatron_lm_core_v0.16.1_flags.txt")
          .read_text().splitlines() if line.startswith("--")}

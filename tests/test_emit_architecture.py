@@ -18,7 +18,7 @@ from specs.models import load_model, preset_names
 from specs.plan import Plan
 from specs.stack import GPU_FULL, GPU_NO_TE
 from specs.workload import Workload
-from tuner.emit import megatron_script
+from tuner.emit.megatron import megatron_script
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 core = pytest.importorskip("megatron.core.transformer.transformer_config")
@@ -257,7 +257,7 @@ def test_vocab_is_exact_for_every_tp():
 
 def test_mtp_goes_into_the_explicit_layout():
     from specs.stack import GPU_FULL as prof
-    from tuner.complete import complete_plan
+    from tuner.rank.complete import complete_plan
     w = Workload(load_model("deepseek-v3"), load_cluster("h100-sxm", 1024), 8192, 4096)
     p = complete_plan("tp=2,pp=8,vpp=4,ep=64,mbs=1", w, prof, "fp8")
     script = megatron_script(w, p, prof)

@@ -1,4 +1,4 @@
-"""Emitted launch files say what was priced and refuse what cannot run (tuner/emit_header.py):
+"""Emitted launch files say what was priced and refuse what cannot run (tuner/emit/header.py):
 the header's predicted numbers round-trip through `moetune predict`, a plan the model predicts
 will not fit is refused with exit 3 (written only with --force, labelled), multi-node scripts fail
 fast on unset variables."""

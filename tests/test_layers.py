@@ -127,3 +127,60 @@ def test_no_code_reads_outside_the_repository():
              if f.is_file() and f.suffix in (".md", ".json", ".csv")
              and any(m + "/" in f.read_text(errors="ignore") for m in machine)]
     assert not hits, hits
+
+
+# Inside tuner/, the plan's path (pyproject's third import-linter contract says the same): a module
+# imports only from its own stage or the stages below it.
+TUNER_STAGE = {"conventions": 0, "space": 1, "emit": 2, "rank": 3, "design": 3, "study": 4, "commands": 5, "cli": 6}
+
+
+def test_tuner_stages_import_downward_only():
+    bad = []
+    for mod, targets in import_graph().items():
+        if not mod.startswith("tuner."):
+            continue
+        a = mod.split(".")[1]
+        for t in targets:
+            if not t.startswith("tuner.") or t.split(".")[1] == a:
+                continue
+            b = t.split(".")[1]
+            if TUNER_STAGE[b] >= TUNER_STAGE[a]:
+                bad.append(f"{mod} -> {t}")
+    assert not bad, "tuner stages imported upward or sideways:\n" + "\n".join(sorted(bad))
+    assert {p.name for p in (ROOT / "tuner").iterdir() if p.is_dir() and (p / "__init__.py").exists()} \
+        | {p.stem for p in (ROOT / "tuner").glob("*.py") if p.stem != "__init__"} == set(TUNER_STAGE)
+
+
+CLI_CALLS = {"print", "add_argument", "add_argument_group", "add_mutually_exclusive_group", "add_parser",
+             "add_subparsers", "ArgumentParser"}
+
+
+def cli_calls(tree) -> list[str]:
+    """Calls that parse flags or print, by name (`print(...)`, `p.add_argument(...)`,
+    `sys.stdout.write(...)`)."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        if name in CLI_CALLS:
+            out.append(f"{name}:{node.lineno}")
+        elif name == "write" and isinstance(f.value, ast.Attribute) and f.value.attr in ("stdout", "stderr"):
+            out.append(f"{f.value.attr}.write:{node.lineno}")
+    return out
+
+
+def test_only_the_cli_parses_flags_or_prints():
+    bad = []
+    for f in sorted((ROOT / "tuner").rglob("*.py")):
+        rel = f.relative_to(ROOT).as_posix()
+        if rel == "tuner/cli.py" or rel.startswith("tuner/commands/"):
+            continue
+        bad += [f"{rel}: {c}" for c in cli_calls(ast.parse(f.read_text()))]
+    assert not bad, "flags or prints outside tuner/commands:\n" + "\n".join(bad)
+
+
+def test_the_flags_and_prints_check_can_fail():
+    assert cli_calls(ast.parse("import sys\nprint(1)\np.add_argument('--x')\nsys.stdout.write('y')\n")) == [
+        "print:2", "add_argument:3", "stdout.write:4"]

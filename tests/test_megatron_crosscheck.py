@@ -15,8 +15,8 @@ from specs.plan import Plan  # noqa: E402
 from specs.ranks import group_ranks, group_size_stride, nodes_spanned  # noqa: E402
 from specs.stack import GPU_FULL  # noqa: E402
 from specs.workload import Workload  # noqa: E402
-from tuner.realize import check  # noqa: E402
-from tuner.space import default_space, parallel_points  # noqa: E402
+from tuner.space.megatron_rules import check  # noqa: E402
+from tuner.space.train import default_space, parallel_points  # noqa: E402
 
 # Rules that TransformerConfig.__post_init__ itself enforces (the rest live in arguments.py,
 # parallel_state and the schedules, which need a process group to exercise).

@@ -3,7 +3,7 @@ processes: torch's fake process group under Megatron's real `parallel_state`, th
 micro-batch calculator, the real layer-split functions, `TransformerConfig.__post_init__` and
 the real tensor-parallel helpers. Hypothesis draws the cases (derandomized, no example database).
 
-Rule (tuner/realize.py RULES) -> the upstream check it is compared with here:
+Rule (tuner/space/megatron_rules.py RULES) -> the upstream check it is compared with here:
 - world-div-tp-cp-pp, world-div-etp-ep-pp, vpp-needs-pp: `parallel_state.initialize_model_parallel`
   on a fake process group of the world size (also: dp and the tp/cp/dp/pp/ep/etp/edp rank groups
   of the first and last rank equal `specs.ranks.group_ranks`).
@@ -64,7 +64,7 @@ from specs.plan import Plan  # noqa: E402
 from specs.ranks import group_ranks  # noqa: E402
 from specs.stack import GPU_FULL  # noqa: E402
 from specs.workload import Workload  # noqa: E402
-from tuner.realize import check  # noqa: E402
+from tuner.space.megatron_rules import check  # noqa: E402
 
 ORACLE = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                   suppress_health_check=[HealthCheck.too_slow])

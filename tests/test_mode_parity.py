@@ -17,13 +17,13 @@ PG_URL = f"postgresql://moetune:{SECRET}@127.0.0.1:5432/studies"
 
 @pytest.fixture(scope="module")
 def serve_task():
-    from tuner.serve_tune import make_task
+    from tuner.study.serve import make_task
     return make_task(load_model("tiny-moe"), load_cluster("cpu-local", 2), ServeWorkload(isl=128, osl=32, concurrency=16),
                      "vllm")
 
 
 def test_serving_report_never_shows_the_storage_password(tmp_path, serve_task):
-    from tuner.serve_report import write_serve_report
+    from tuner.study.serve_report import write_serve_report
     plan = ServePlan(tp=2).canonical()
     prereg = {"study": "s", "sha256": "0" * 64, "acceptance": {"ratio": 0.98},
               "baseline": {"plan": plan, "source": "test"}, "plans": []}
@@ -103,8 +103,8 @@ def test_screening_uses_tune_tables_and_preregisters_their_digest(tmp_path, caps
     import cost_model
     from specs.plan import Plan
     from specs.workload import Workload
-    from tuner import prereg
     from tuner.cli import main
+    from tuner.study import prereg as prereg
     src = cost_model.resolve_tables(Workload(load_model("tiny-moe"), load_cluster("cpu-local", 2), gbs=16, seq=256))
     tdir = tmp_path / "tables"
     shutil.copytree(src.directory, tdir)
@@ -134,7 +134,7 @@ def test_code_hash_covers_every_package_that_predicts(tmp_path, monkeypatch):
     import shutil
     import tomllib
 
-    from tuner import prereg
+    from tuner.study import prereg as prereg
     root = prereg.REPO_ROOT
     include = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     assert sorted(prereg.SOURCE_DIRS) == sorted(p.rstrip("*") for p in include)
@@ -201,7 +201,7 @@ def test_predict_and_tune_serve_default_to_one_concurrency(tmp_path, monkeypatch
     8-per-device rule and the decode rule differ)."""
     import json
 
-    import tuner.serve_tune as serve_tune
+    import tuner.study.serve as serve_tune
     from tuner.cli import main
     flags = ["--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "4", "--isl", "128", "--osl", "32", "--phase", phase]
     assert main(["predict", "--mode", "serve", *flags, "--plan", "tp=4", "--json"]) == 0
@@ -222,7 +222,7 @@ def test_one_ray_starter():
     all start Ray with its token, loopback and worker priority)."""
     import ast
 
-    from tuner import prereg
+    from tuner.study import prereg as prereg
     calls = []
     for d in prereg.SOURCE_DIRS:
         for p in sorted((prereg.REPO_ROOT / d).rglob("*.py")):

@@ -27,7 +27,7 @@ def _get(base: str, path: str) -> dict:
 
 def _check_dashboard(storage_url: str, study_name: str) -> None:
     optuna_dashboard = pytest.importorskip("optuna_dashboard", reason="pip install optuna-dashboard (the test extra)")
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     study = study_mod.open_study(study_name, study_mod.open_storage(storage_url, ".", heartbeat_interval=None))
     for i, text in enumerate(PLANS):
         plan = Plan.parse(text).canonical()

@@ -11,7 +11,7 @@ from cost_model.constants import DEEPEP_SMS, HYBRIDEP_SMS
 from specs.models import load_model
 from specs.stack import GPU_FULL
 from specs.workload import Workload
-from tuner.complete import complete_plan
+from tuner.rank.complete import complete_plan
 
 EP_PARTS = ("ep_dispatch_combine", "ep_overlap_beyond", "ep_overlap_sm_share")
 
@@ -59,7 +59,7 @@ def test_fp8_quantisation_kernels_count_on_the_host():
     """On a launch-bound plan the fp8 recipes' quantisation kernels (TE: amax + cast-transpose for
     current scaling, one fused kernel for delayed scaling) lengthen the host clock: current scaling
     more than delayed, both more than bf16."""
-    from tuner.realize import check
+    from tuner.space.megatron_rules import check
     w = Workload(load_model("tiny-moe"), load_cluster("h100-sxm", 8), 8, 256)
     plans = [complete_plan(f"ep=1,precision={p}", w, GPU_FULL) for p in ("bf16", "fp8-delayed", "fp8-tensorwise")]
     assert not any(check(w, p, GPU_FULL) for p in plans)

@@ -12,9 +12,9 @@ from specs.models import load_model
 from specs.plan import Plan
 from specs.stack import GPU_FULL, cpu_profile
 from specs.workload import Workload
-from tuner.complete import complete_plan
-from tuner.realize import check, check_parallel
-from tuner.space import count_parallel_points, default_space, iter_plans, iter_realizable, summarize
+from tuner.rank.complete import complete_plan
+from tuner.space.megatron_rules import check, check_parallel
+from tuner.space.train import count_parallel_points, default_space, iter_plans, iter_realizable, summarize
 
 
 def _random_plan(rng):

@@ -95,7 +95,7 @@ def test_fitter_recovers_known_scale_robustly():
 
 
 def test_metrics():
-    from tuner.calibrate_runs import mape, topk_overlap
+    from tuner.study.calibrate import mape, topk_overlap
     assert mape([1.1, 0.9], [1.0, 1.0]) == pytest.approx(0.1)
     meas = [1, 2, 3, 4, 5, 6]
     assert topk_overlap(meas, meas, 3) == 1.0

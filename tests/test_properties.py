@@ -36,8 +36,8 @@ from specs.plan import DISPATCHERS, FLEX_BACKENDS, PRECISIONS, RECOMPUTE, RECOMP
 from specs.serve_plan import ServePlan
 from specs.stack import GPU_FULL, cpu_profile
 from specs.workload import Workload
-from tuner.realize import check
-from tuner.space import default_space, iter_realizable
+from tuner.space.megatron_rules import check
+from tuner.space.train import default_space, iter_realizable
 
 PROPS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

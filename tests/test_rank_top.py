@@ -1,5 +1,5 @@
 """`plans --rank` finds the exact top of a space by per-parallel-point bounds
-(`tuner.screen.rank_space_top`): the same pool as scoring every realizable plan, with most points
+(`tuner.rank.train.rank_space_top`): the same pool as scoring every realizable plan, with most points
 skipped; a bound that a scored plan beats makes it score everything instead."""
 import pytest
 
@@ -7,8 +7,8 @@ from clusters import load_cluster
 from specs.models import load_model
 from specs.stack import GPU_FULL
 from specs.workload import Workload
-from tuner import screen
-from tuner.space import default_space
+from tuner.rank import train as screen
+from tuner.space.train import default_space
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +66,7 @@ def test_recompute_never_shortens_a_predicted_step(model, kind, gpus, gbs, seq, 
     would fall back to exhaustive scoring when it sees a scored plan beat its bound)."""
     import cost_model
     from specs.stack import cpu_profile
-    from tuner.space import iter_realizable
+    from tuner.space.train import iter_realizable
     w = Workload(load_model(model), load_cluster(kind, gpus), gbs, seq)
     profile = cpu_profile() if kind == "cpu-local" else GPU_FULL
     # the full space where walking it is cheap; the core one (fewer schedule options) for the big ones

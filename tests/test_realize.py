@@ -9,8 +9,8 @@ from specs.models import load_model
 from specs.plan import Plan
 from specs.stack import GPU_FULL, GPU_NO_EP_LIBS, GPU_NO_TE, cpu_profile
 from specs.workload import Workload
-from tuner.complete import complete_plan
-from tuner.realize import RULES, check
+from tuner.rank.complete import complete_plan
+from tuner.space.megatron_rules import RULES, check
 
 
 def wl(model="mixtral-8x7b", kind="h100-sxm", gpus=64, gbs=256, seq=4096, **model_changes):
@@ -181,7 +181,7 @@ def test_cpu_stack_accepts_what_the_cpu_backend_runs():
 
 
 def test_tp_on_cpu_is_a_parallel_tier_rejection():
-    from tuner.realize import check_parallel, check_schedule_kernels
+    from tuner.space.megatron_rules import check_parallel, check_schedule_kernels
     w = wl(model="tiny-moe", kind="cpu-local", gpus=2, gbs=16, seq=256)
     p = Plan(tp=2, **CLEAN_CPU)
     assert [r.code for r in check_parallel(w, p, cpu_profile())] == ["stack-cpu"]

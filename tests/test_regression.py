@@ -22,8 +22,8 @@ from specs.models import load_model
 from specs.plan import Plan
 from specs.stack import profile_for
 from specs.workload import Workload
-from tuner.emit import megatron_script
-from tuner.space import default_space, summarize
+from tuner.emit.megatron import megatron_script
+from tuner.space.train import default_space, summarize
 
 FIXTURE_PATH = Path(__file__).parent / "data" / "regression_predictions.json"
 FIXTURE = json.loads(FIXTURE_PATH.read_text())

@@ -130,8 +130,8 @@ def test_every_path_prices_sglangs_resolution_once(capsys):
     from cost_model.serving import predict_serve
     from specs.models import load_model
     from specs.serve_plan import ServePlan, ServeWorkload
-    from tuner.serve_price import rank, score_plans
-    from tuner.serve_realize import realize
+    from tuner.rank.serve_price import rank, score_plans
+    from tuner.space.sglang_rules import realize
     text = "tp=8,attn_dp=8,ep=8,a2a=deepep,deepep_mode=normal"
     m, c = load_model("deepseek-v3"), load_cluster("h200-sxm", 8)
     w = ServeWorkload(isl=1000, osl=1000, concurrency=64)

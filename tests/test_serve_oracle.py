@@ -1,4 +1,4 @@
-"""Our serving rules and resolution against SGLang 0.5.23's own resolver (tuner/sglang_oracle.py):
+"""Our serving rules and resolution against SGLang 0.5.23's own resolver (tuner/space/sglang_oracle.py):
 same verdict, and every resolved field the same (specs/serve_resolve.py: ep, per-rank chunk, decode
 CUDA graphs and their batch, mem_fraction_static, page_size, nnodes, attention backend, ...) on the
 rule pairs, the rewrite plans and 320 plans sampled (deterministically) from the 8-, 16-, 32- and
@@ -13,10 +13,10 @@ from clusters import load_cluster
 from specs.hf_export import write_model_dir
 from specs.models import load_model
 from specs.serve_plan import ServePlan
-from tuner import sglang_oracle
-from tuner.emit_sglang import launch_commands
-from tuner.serve_realize import realize
-from tuner.serve_space import ServeSpace, sample
+from tuner.emit.sglang import launch_commands
+from tuner.space import sglang_oracle as sglang_oracle
+from tuner.space.serve import ServeSpace, sample
+from tuner.space.sglang_rules import realize
 
 pytestmark = [pytest.mark.skipif(not sglang_oracle.available(),
                                  reason="sglang not installed (pip install --no-deps sglang==0.5.23)"),

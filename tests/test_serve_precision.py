@@ -1,4 +1,4 @@
-"""Serving precision as its own noun (tuner/serve_precision.py, specs/quantization.py): the weight
+"""Serving precision as its own noun (tuner/space/serve_precision.py, specs/quantization.py): the weight
 format comes from the checkpoint's quantization_config unless --weight-dtype says otherwise, is
 shown, and when nothing fits the output says what would."""
 import pytest

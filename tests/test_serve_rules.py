@@ -7,8 +7,8 @@ from specs.hf_config import hf_dict_to_spec
 from specs.hf_export import model_to_hf_config
 from specs.models import load_model
 from specs.serve_plan import ServePlan
-from tuner.serve_realize import RULES, realize
-from tuner.serve_space import ServeSpace, default_serve_space, summarize
+from tuner.space.serve import ServeSpace, default_serve_space, summarize
+from tuner.space.sglang_rules import RULES, realize
 
 H200_16 = load_cluster("h200-sxm", 16)
 DSV3, QWEN30, MIXTRAL = load_model("deepseek-v3"), load_model("qwen3-30b-a3b"), load_model("mixtral-8x7b")
@@ -71,7 +71,7 @@ def test_space_streams_exact_gpu_counts():
     sp = ServeSpace(gpus=8)
     plans = list(sp)
     assert len(plans) == sp.size() == len(set(plans))
-    from tuner.serve_realize import deployment_gpus
+    from tuner.space.sglang_rules import deployment_gpus
     assert all(deployment_gpus(p) == 8 for p in plans)
     assert {p.pd for p in plans} == {"", "1:1", "1:3"}  # 1:2 and 2:1 cannot split 8 GPUs
 

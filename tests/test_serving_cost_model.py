@@ -144,7 +144,7 @@ def test_cli_predict_serve_json_and_bad_input():
 def test_extra_reasons_make_infeasible():
     import argparse
 
-    from tuner.predict_serve import serve_prediction
+    from tuner.rank.serve_predict import serve_prediction
     args = argparse.Namespace(model="qwen3-30b-a3b", cluster="h200-sxm", gpus=8, phase="decode", isl=100, osl=10,
                               concurrency=4, plan="tp=2", precision="bf16", tables=None, calibration=None,
                               imbalance=1.0, routing_skew=0.0)
@@ -152,7 +152,7 @@ def test_extra_reasons_make_infeasible():
     assert d["feasible"] is False and d["reasons"] == ["tbo_needs_a2a_or_attn_dp: ..."]
 
 
-# SGLang 0.5.23's resolver (tuner/sglang_oracle.py, H200 at 141 GiB = 144384 MiB) printed these
+# SGLang 0.5.23's resolver (tuner/space/sglang_oracle.py, H200 at 141 GiB = 144384 MiB) printed these
 # mem_fraction_static values for the real DeepSeek-V3 / Qwen3 configs; the model must reproduce them.
 @pytest.mark.parametrize("name,gpus,plan,role,want", [
     ("deepseek-v3", 8, "tp=8", "agg", 0.897),

@@ -30,7 +30,7 @@ def P(text):
 
 
 def test_redact_url_hides_passwords_only():
-    from tuner.study import redact_url
+    from tuner.study.storage import redact_url
     assert redact_url("postgresql://moe:hunter2@db.example:5432/s") == "postgresql://moe:***@db.example:5432/s"
     assert redact_url("postgresql+psycopg2://moe:p%40ss@127.0.0.1/s") == "postgresql+psycopg2://moe:***@127.0.0.1/s"
     assert redact_url("mysql://u@h/s") == "mysql://u@h/s"  # no password, nothing to hide
@@ -45,7 +45,7 @@ def test_redact_url_hides_passwords_only():
 def _stale_failed_and_retried_once(storage):
     """A trial whose tuner stopped beating is failed after the grace period (3 s here), one retry of
     its plan is queued, a live trial is left alone, and the plan is not retried twice."""
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     study = study_mod.open_study("stale", storage)
     plan = P("ep=2,mbs=2")
     dead = study_mod.Heartbeat(study, storage)
@@ -74,8 +74,8 @@ def _stale_failed_and_retried_once(storage):
 
 
 def test_journal_stale_trial_failed_and_retried_once(tmp_path):
-    from tuner import study as study_mod
-    from tuner.journal import HeartbeatJournalStorage
+    from tuner.study import storage as study_mod
+    from tuner.study.journal import HeartbeatJournalStorage
     storage = study_mod.open_storage(f"journal:{tmp_path / 'j.log'}", tmp_path, heartbeat_interval=1)
     assert isinstance(storage, HeartbeatJournalStorage)
     _stale_failed_and_retried_once(storage)
@@ -84,7 +84,7 @@ def test_journal_stale_trial_failed_and_retried_once(tmp_path):
 def test_journal_stale_trial_failed_by_one_tuner_only(tmp_path):
     """Two tuners (two storage objects on one journal file) both see the stale trial: one FAIL,
     one queued retry."""
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     url = f"journal:{tmp_path / 'j.log'}"
     a = study_mod.open_study("s", study_mod.open_storage(url, tmp_path, heartbeat_interval=1))
     b = study_mod.open_study("s", study_mod.open_storage(url, tmp_path, heartbeat_interval=1))
@@ -106,7 +106,7 @@ def test_journal_stale_trial_failed_by_one_tuner_only(tmp_path):
 
 @pytest.mark.slow
 def test_postgres_stale_trial_failed_and_retried_once(postgres):
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     storage = study_mod.open_storage(postgres.url, ".", heartbeat_interval=1)
     assert storage.engine.dialect.name == "postgresql"
     _stale_failed_and_retried_once(storage)
@@ -118,7 +118,7 @@ def test_postgres_concurrent_claims_lowest_number_wins(postgres):
     """Two storages (two tuners) on one PostgreSQL study claiming the same plans: each plan owned once."""
     import threading
 
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     studies = [study_mod.open_study("claims", study_mod.open_storage(postgres.url, ".", heartbeat_interval=None))
                for _ in range(2)]
     plans = [P(f"mbs={m}") for m in (1, 2, 4)] + [P(f"ep=2,mbs={m}") for m in (1, 2, 4)]
@@ -187,7 +187,7 @@ def _tune_cmd(study_dir, storage, study):
 
 
 def _load(storage_url, study):
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     return study_mod.load_study(study, study_mod.open_storage(storage_url, ".", heartbeat_interval=None))
 
 
@@ -205,7 +205,7 @@ def test_two_tuners_share_a_study_and_survive_a_kill(kind, request, tmp_path):
     retries its plan once; every requested trial completes, no plan runs twice, the
     pre-registration is written once, and no file or output shows the database password."""
     from tests import pg
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     if kind == "postgresql":
         storage = request.getfixturevalue("postgres").url
         secret = pg.PASSWORD

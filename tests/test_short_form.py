@@ -13,9 +13,9 @@ from specs.models import load_model
 from specs.plan import Plan, parse_fields
 from specs.stack import GPU_FULL, GPU_NO_EP_LIBS, GPU_NO_TE, cpu_profile
 from specs.workload import Workload
-from tuner.complete import complete_plan, effective_plan, short_form
-from tuner.screen import _prune, _score_chunk, rank_plans, rank_space, score_shard
-from tuner.space import default_space, iter_realizable
+from tuner.rank.complete import complete_plan, effective_plan, short_form
+from tuner.rank.train import _prune, _score_chunk, rank_plans, rank_space, score_shard
+from tuner.space.train import default_space, iter_realizable
 
 
 def _random_plan(rng):

@@ -1,6 +1,6 @@
 """The embedding/loss pipeline split (`pp_embedding`, `pp_loss`) and CUDA graphs
 (`cuda_graph_impl`, `cuda_graph_scope`) against megatron-core 0.16.1 itself: its TransformerConfig
-accepts exactly the plans `tuner.realize` accepts, its get_num_layers_to_build /
+accepts exactly the plans `tuner.space.megatron_rules` accepts, its get_num_layers_to_build /
 get_transformer_layer_offset build the chunks `specs.pipeline.split_layers` says, and the flags the
 emitter writes rebuild a valid TransformerConfig."""
 import warnings
@@ -20,9 +20,9 @@ from specs.pipeline import split_layers  # noqa: E402
 from specs.plan import Plan  # noqa: E402
 from specs.stack import GPU_FULL  # noqa: E402
 from specs.workload import Workload  # noqa: E402
-from tuner.complete import best_completion, complete_plan  # noqa: E402
-from tuner.emit import megatron_script  # noqa: E402
-from tuner.realize import check  # noqa: E402
+from tuner.emit.megatron import megatron_script  # noqa: E402
+from tuner.rank.complete import best_completion, complete_plan  # noqa: E402
+from tuner.space.megatron_rules import check  # noqa: E402
 
 
 def _config(num_layers, pp, vpp, emb=False, loss=False, first=0, last=0, layout="", moe=False, **kw):

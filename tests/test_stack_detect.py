@@ -105,7 +105,7 @@ def test_profile_for_auto_plans_for_the_target_and_installed_detects():
 
 
 def test_gpu_plain_refuses_grouped_gemm_and_tp_sp():
-    from tuner.realize import check
+    from tuner.space.megatron_rules import check
     w = Workload(model=load_model("tiny-moe"), cluster=load_cluster("h100-sxm", 8), gbs=64, seq=256)
     assert not GPU_NO_TE.grouped_gemm and not GPU_NO_TE.sequence_parallel
     gg = {r.code for r in check(w, Plan(ep=8, grouped_gemm=True, precision="bf16"), GPU_NO_TE)}
@@ -127,7 +127,7 @@ def test_gpu_plain_refuses_grouped_gemm_and_tp_sp():
     ("b200", Plan(tp=2), {"NCCL_NVLS_ENABLE": "1", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}),
     ("cpu-local", Plan(), {"NCCL_NVLS_ENABLE": "0", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"})])
 def test_launch_env_values_and_the_emitted_script_exports_them(kind, plan, want):
-    from tuner.emit import megatron_script
+    from tuner.emit.megatron import megatron_script
     w = Workload(model=load_model("tiny-moe"), cluster=load_cluster(kind, 8 if kind != "cpu-local" else 2),
                  gbs=64, seq=256)
     assert launch_env(plan, w.cluster) == want

@@ -1,4 +1,4 @@
-"""`tuner.loop.TrialLoop` tested directly: a real SQLite Optuna study, a real Ray (one node of two
+"""`tuner.study.loop.TrialLoop` tested directly: a real SQLite Optuna study, a real Ray (one node of two
 CPUs: one trial slot), the loop's real Ray task body, and a scripted trial backend registered
 through the real backend registry (tests/trial_double.py) in place of Megatron.
 
@@ -28,10 +28,10 @@ from specs.stack import cpu_profile  # noqa: E402
 from specs.workload import Workload  # noqa: E402
 from tests import trial_double  # noqa: E402
 from trials.ray_runtime import init_ray  # noqa: E402
-from tuner import study as study_mod  # noqa: E402
-from tuner.loop import TrainMode, TrialLoop, TuneOptions  # noqa: E402
-from tuner.sampler import GuidedSampler  # noqa: E402
-from tuner.space import default_space, iter_realizable  # noqa: E402
+from tuner.space.train import default_space, iter_realizable  # noqa: E402
+from tuner.study import storage as study_mod  # noqa: E402
+from tuner.study.loop import TrainMode, TrialLoop, TuneOptions  # noqa: E402
+from tuner.study.sampler import GuidedSampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.xdist_group("heavy")  # with the slow tests (tests/conftest.py)

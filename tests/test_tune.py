@@ -43,7 +43,7 @@ def _pool():
 
 
 def test_sampler_follows_model_first_then_measurements():
-    from tuner.sampler import GuidedSampler
+    from tuner.study.sampler import GuidedSampler
     s = GuidedSampler(_pool())
     assert s.propose() == P("mbs=4")
     # mbs=4 turns out 3x slower than predicted, mbs=2 as predicted: the global scale rises, and the
@@ -58,7 +58,7 @@ def test_sampler_follows_model_first_then_measurements():
 
 
 def test_sampler_skips_failed_and_excluded():
-    from tuner.sampler import GuidedSampler
+    from tuner.study.sampler import GuidedSampler
     s = GuidedSampler(_pool())
     s.observe(P("mbs=4"), None)  # OOM / crash
     assert s.propose() == P("mbs=2")
@@ -68,7 +68,7 @@ def test_sampler_skips_failed_and_excluded():
 
 
 def test_tpe_proposer_covers_space():
-    from tuner.sampler import TPEProposer
+    from tuner.study.sampler import TPEProposer
     plans = [r["plan"] for r in _pool()]
     vals = {p: float(i) for i, p in enumerate(plans)}
     got = list(TPEProposer(plans, seed=1, n_startup_trials=2).run(vals.get, max_asks=300))
@@ -79,13 +79,13 @@ def test_tpe_proposer_covers_space():
 
 @pytest.fixture()
 def study(tmp_path):
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     return study_mod.open_study("t", study_mod.open_storage(None, tmp_path))
 
 
 def test_failure_recorded_as_fail_with_reason(study):
     from trials.base import Failure
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     plan = P("pp=2")
     t = study_mod.claim(study, plan, {"roles": "searched", "predicted_step_time_s": 1.0})
     study_mod.record(study, t, Failure(plan=plan, kind="oom", message="rank 1 RSS 3.1 GiB > cap 2 GiB").to_dict())
@@ -98,7 +98,7 @@ def test_failure_recorded_as_fail_with_reason(study):
 
 
 def test_measurement_recorded_and_never_rerun(study):
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     plan = P("mbs=2")
     t = study_mod.claim(study, plan, {"predicted_step_time_s": 0.5})
     study_mod.record(study, t, {"ok": True, "step_time_s": 1.0, "tokens_per_s_per_gpu": 512.0,
@@ -111,7 +111,7 @@ def test_measurement_recorded_and_never_rerun(study):
 
 
 def test_concurrent_claim_lowest_number_wins(study):
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     plan = P("ep=2")
     first = study_mod.claim(study, plan, {})
     assert first is not None
@@ -123,7 +123,7 @@ def test_concurrent_claim_lowest_number_wins(study):
 def test_stale_running_trial_failed_and_retried_once(tmp_path):
     """A trial whose tuner stopped beating is failed after the grace period (Optuna heartbeats, timed
     by the database), Optuna queues one retry of its plan, and the plan is not retried twice."""
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     storage = study_mod.open_storage(None, tmp_path, heartbeat_interval=1)  # grace period 3 s
     study = study_mod.open_study("t", storage)
     plan = P("ep=2,mbs=2")
@@ -154,8 +154,8 @@ def test_stale_running_trial_failed_and_retried_once(tmp_path):
 
 
 def test_journal_storage_claims_and_params(tmp_path):
-    """journal:<path> storages work the same way (heartbeats: tuner/journal.py, tests/test_shared_study.py)."""
-    from tuner import study as study_mod
+    """journal:<path> storages work the same way (heartbeats: tuner/study/journal.py, tests/test_shared_study.py)."""
+    from tuner.study import storage as study_mod
     storage = study_mod.open_storage(f"journal:{tmp_path / 'j.log'}", tmp_path)
     study = study_mod.open_study("j", storage)
     hb = study_mod.Heartbeat(study, storage)
@@ -169,7 +169,7 @@ def test_journal_storage_claims_and_params(tmp_path):
 
 def test_plan_fields_are_optuna_params(study):
     """Optuna's own tools see the plans: each field is a one-choice categorical parameter."""
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     plans = [P("ep=2,mbs=4"), P("pp=2,recompute=selective")]
     for i, plan in enumerate(plans):
         t = study_mod.claim(study, plan, {"roles": "searched"})
@@ -210,7 +210,7 @@ def test_tune_refuses_bad_flags_before_ray(tmp_path, capsys, flags, word):
 
 
 def test_library_leaves_optuna_verbosity_alone(tmp_path):
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     optuna.logging.set_verbosity(optuna.logging.INFO)
     try:
         study_mod.open_study("v", study_mod.open_storage(None, tmp_path))
@@ -223,7 +223,7 @@ def test_library_leaves_optuna_verbosity_alone(tmp_path):
 
 def _prereg(tmp_path, workload, base_plan):
     from cost_model.calibration import IDENTITY
-    from tuner import prereg
+    from tuner.study import prereg as prereg
     doc = prereg.build(study="adj", workload=workload, precision="bf16",
                    plans=[{"plan": P("mbs=4"), "predicted_step_time_s": 1.0}],
                    baseline={"plan": base_plan, "predicted_step_time_s": 1.0,
@@ -238,8 +238,8 @@ def _prereg(tmp_path, workload, base_plan):
 
 @pytest.mark.parametrize("searched_tps,verdict,rc", [(99.0, "PASS", 0), (90.0, "FAIL", 1)])
 def test_adjudicate_verdicts(tmp_path, workload, capsys, searched_tps, verdict, rc):
-    from tuner import study as study_mod
     from tuner.cli import main
+    from tuner.study import storage as study_mod
     base = P("ep=2")
     _prereg(tmp_path, workload, base)
     st = study_mod.open_study("adj", study_mod.open_storage(None, tmp_path))
@@ -253,8 +253,8 @@ def test_adjudicate_verdicts(tmp_path, workload, capsys, searched_tps, verdict, 
 
 
 def test_adjudicate_refuses_tampered_file(tmp_path, workload, capsys):
-    from tuner import prereg
     from tuner.cli import main
+    from tuner.study import prereg as prereg
     _prereg(tmp_path, workload, P("ep=2"))
     path = tmp_path / prereg.NAME
     path.write_text(path.read_text().replace('"ratio": 0.98', '"ratio": 0.5'))
@@ -270,13 +270,13 @@ def test_adjudicate_refuses_tampered_file(tmp_path, workload, capsys):
 
 
 def test_baseline_heuristic_keeps_ep_in_domain_and_tp1(workload):
-    from tuner.baseline import hand_tuned_baseline
+    from tuner.rank.baseline import hand_tuned_baseline
     plan, pred = hand_tuned_baseline(workload, profile_for(workload.cluster))
     assert plan.tp == 1 and plan.ep == 2 and plan.cp == 1 and pred.feasible
 
 
 def test_select_candidates_diverse_layouts():
-    from tuner.screen import Scored, select_candidates
+    from tuner.rank.train import Scored, select_candidates
     pool = [Scored(f"p{i}", 1.0 + i, 1.0 + i, 100.0 - i, 0.1, (1, 1, 1, 1, 1, 1)) for i in range(10)]
     pool += [Scored("q", 20.0, 20.0, 50.0, 0.1, (1, 1, 2, 1, 1, 1)),
              Scored("r", 30.0, 30.0, 40.0, 0.1, (1, 1, 1, 1, 2, 1))]
@@ -291,7 +291,7 @@ def test_select_candidates_diverse_layouts():
 def test_tune_end_to_end_kill_and_resume(tmp_path):
     import hashlib
 
-    from tuner import study as study_mod
+    from tuner.study import storage as study_mod
     d = tmp_path / "study"
     cmd = [sys.executable, "-m", "tuner.cli", "tune", "--model", "tiny-moe", "--cluster", "cpu-local",
            "--gpus", "2", "--gbs", "8", "--seq", "128", "--study", "e2e", "--study-dir", str(d),

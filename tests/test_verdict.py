@@ -10,10 +10,10 @@ from clusters import load_cluster
 from specs.models import load_model
 from specs.plan import Plan
 from specs.workload import Workload
-from tuner import prereg
-from tuner import study as study_mod
-from tuner import verdict as V
-from tuner.loop import REMEASURED
+from tuner.study import prereg as prereg
+from tuner.study import storage as study_mod
+from tuner.study import verdict as V
+from tuner.study.loop import REMEASURED
 
 
 def P(text):

@@ -1,4 +1,4 @@
-"""The Weave-megakernel what-if of the training cost model (tuner/whatif.py) and its CLI/report."""
+"""The Weave-megakernel what-if of the training cost model (tuner/rank/whatif.py) and its CLI/report."""
 import json
 import subprocess
 import sys
@@ -12,7 +12,7 @@ from kernels.weave import LayerShape, load_curves, moe_layer_time
 from specs.models import load_model
 from specs.plan import Plan
 from specs.workload import Workload
-from tuner.whatif import REASON_CODE, describe, megakernel_training
+from tuner.rank.whatif import REASON_CODE, describe, megakernel_training
 
 
 def _case(model="deepseek-v2-lite", kind="h100-sxm", gpus=8, plan="tp=1,pp=1,ep=8,mbs=2", gbs=64, seq=4096):
@@ -72,7 +72,7 @@ def test_predict_cli_prints_the_whatif():
 
 
 def test_report_shows_the_whatif(tmp_path):
-    from tuner.report import write_report
+    from tuner.study.report import write_report
     w, p, pred = _case()
     prereg = {"study": "s", "workload": {"model": w.model.name, "devices": 8, "cluster": "h100-sxm", "gbs": 64,
                                          "seq": 4096, "precision": "bf16"},

@@ -9,7 +9,7 @@ import abc
 from dataclasses import asdict, dataclass, field
 
 # What a backend may report as the reason a plan failed. These are properties of the plan on this
-# stack, so `moetune tune` never runs such a plan again (tuner/study.py). A trial cut short because
+# stack, so `moetune tune` never runs such a plan again (tuner/study/storage.py). A trial cut short because
 # its tuner died or was interrupted is not one of them: the study records it as "interrupted".
 FAILURE_KINDS = ("oom", "stack-rejected", "unrealizable", "crash", "timeout")
 

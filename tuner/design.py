@@ -9,7 +9,7 @@ The search is the single-stage enumeration of the MOSAIC paper (its §7 and App.
    first layer is dense. N_tot and N_act are the non-embedding parameter counts of that model
    (`cost_model.flops.param_counts` minus the embedding and the LM head) and S = 1 - N_act / N_tot.
 2. For every geometry, the best realizable layout by the cost model (`best_layout`): the core plan
-   space (`tuner.space.default_space(level="core")`) restricted to TP = CP = 1 by default as in the
+   space (`tuner.space.train.default_space(level="core")`) restricted to TP = CP = 1 by default as in the
    paper, walked once per (layers, heads, E) and reused for every K and G of that rung, scored in
    two vectorised stages (every parallel point with three probe options, then every option of the
    best points); the fastest plan whose memory fits wins.
@@ -44,9 +44,9 @@ from specs.model_spec import ModelSpec, from_dict
 from specs.plan import Plan
 from specs.stack import profile_for
 from specs.workload import Workload
-from tuner.emit import megatron_script
-from tuner.realize import check, check_schedule_kernels
-from tuner.space import default_space, iter_realizable
+from tuner.emit.megatron import megatron_script
+from tuner.space.megatron_rules import check, check_schedule_kernels
+from tuner.space.train import default_space, iter_realizable
 
 log = logging.getLogger(__name__)
 

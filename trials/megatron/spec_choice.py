@@ -1,7 +1,7 @@
 """Which megatron-core layer spec a trial builds for a plan on the installed stack, and what the
 installed stack cannot build (pure functions: no torch, no megatron import; unit-tested on CPU).
 
-The rule is "build what the emitted script would run": `tuner.emit` launches Megatron-LM with
+The rule is "build what the emitted script would run": `tuner.emit.megatron` launches Megatron-LM with
 `--transformer-impl transformer_engine` when the target has TE, and `pretrain_gpt.py` then builds
 `get_gpt_decoder_block_spec(config, use_transformer_engine=True)`: TE linears and norms, TE
 attention, `TEGroupedMLP` experts for `--moe-grouped-gemm`, and fp8 autocast contexts that

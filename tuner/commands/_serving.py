@@ -7,6 +7,13 @@ import argparse
 from specs.errors import UsageError
 from specs.serve_plan import ServePlan
 from tuner.commands.common import MAX_COUNT, count, number, tokens
+from tuner.space.serve_precision import WEIGHT_DTYPES
+
+
+def add_weight_dtype_arg(p) -> None:
+    p.add_argument("--weight-dtype", dest="weight_dtype", choices=WEIGHT_DTYPES, default="auto",
+                   help="Serving weight format: auto (default: the checkpoint's quantization_config, e.g. fp8 for "
+                        "DeepSeek-V3; else --precision), bf16, or fp8 (the server quantizes bf16 weights online).")
 
 
 def add_serve_args(p) -> None:
@@ -30,7 +37,7 @@ def add_serve_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isl", type=tokens, required=True, help="Input tokens per request.")
     p.add_argument("--osl", type=tokens, required=True, help="Output tokens per request.")
     p.add_argument("--concurrency", type=count(1, MAX_COUNT), default=None,
-                   help="Requests in flight (closed loop; default 8 per device, tuner.predict_serve.default_concurrency).")
+                   help="Requests in flight (closed loop; default 8 per device, tuner.rank.serve_predict.default_concurrency).")
     p.add_argument("--request-rate", type=number(0.0, 1e6), default=0.0,
                    help="Requests per second, Poisson arrivals (default 0: closed loop at --concurrency).")
 

@@ -7,7 +7,7 @@ Refused (one line, exit 2) when the pre-registration does not verify: its bytes 
 tuner started (`preregistration_sha256`: a file rewritten with fresh hashes afterwards does not
 match it), and its adjudication protocol (well formed; the study's re-measurements follow it: the
 pre-registered plans, rounds and A B A B order). Then the verdict, recomputed from the stored
-measurements by the protocol (tuner/verdict.py): PASS (exit 0) when the bootstrap interval of
+measurements by the protocol (tuner/study/verdict.py): PASS (exit 0) when the bootstrap interval of
 winner / baseline throughput lies at or above the bar, FAIL (exit 1) below it, INCONCLUSIVE
 (exit 1) when it straddles the bar, INCOMPLETE (exit 1) when the baseline, the winner or two
 rounds of re-measurement are missing. A study pre-registered without a protocol is judged on
@@ -37,9 +37,9 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     from specs.inputs import safe_name
-    from tuner import prereg
-    from tuner import study as study_mod
-    from tuner.report import adjudicate
+    from tuner.study import prereg as prereg
+    from tuner.study import storage as study_mod
+    from tuner.study.report import adjudicate
     safe_name(args.study, "study", "study name", UsageError)
     d = Path(args.study_dir) if args.study_dir else study_mod.default_study_dir(args.study)
     study_mod.check_storage(args.storage, d)
@@ -54,8 +54,8 @@ def run(args) -> int:
         study = study_mod.load_study(args.study, storage)
     except KeyError:
         raise UsageError(f"no study {args.study!r} in {study_mod.redact_url(args.storage or study_mod.default_storage_url(d))}") from None
-    from tuner.loop import REMEASURED
-    from tuner.verdict import ProtocolError
+    from tuner.study.loop import REMEASURED
+    from tuner.study.verdict import ProtocolError
     recorded = study.user_attrs.get("preregistration_sha256")
     if recorded is not None and recorded != doc["sha256"]:
         raise UsageError(f"pre-registration refused: {d / prereg.NAME} has sha256 {doc['sha256'][:16]}..., the "

@@ -89,8 +89,8 @@ def _fill(rows, args):
 
 def run(args) -> int:
     from cost_model.calibration import user_calibration_path
-    from tuner import calibrate_runs as runs
-    from tuner import study as study_mod
+    from tuner.study import calibrate as runs
+    from tuner.study import storage as study_mod
     if args.out:  # before any work: a folder that cannot be written is one line, nothing made
         check_output_dir(args.out, "--out")
     if not args.no_install:

@@ -201,7 +201,7 @@ def add_complete_arg(p: argparse.ArgumentParser, what: str = "--plan") -> None:
                         "memory-feasible choice of recompute, overlaps, dispatcher and flex backend, precision "
                         "recipe within --precision, grouped GEMM and pipeline split with the highest predicted "
                         "throughput; parallel fields not given take the defaults) or defaults (the documented "
-                        "defaults of tuner/complete.py).")
+                        "defaults of tuner/rank/complete.py).")
 
 
 def add_canonical_arg(p: argparse.ArgumentParser) -> None:
@@ -212,11 +212,11 @@ def add_canonical_arg(p: argparse.ArgumentParser) -> None:
 
 def plan_completion(args, workload, tables=None, calibration=None, *, text: str | None = None):
     """(Completion, profile): the user's (possibly partial) `--plan` (or `text`) completed for
-    `--stack` and `--precision` as `--complete` says (`tuner.complete.complete`; a best completion
+    `--stack` and `--precision` as `--complete` says (`tuner.rank.complete.complete`; a best completion
     scores its candidates with `tables` / `calibration`, None: the cost model's lookup rules).
     Every command that takes a plan goes through here."""
     from specs.stack import profile_for
-    from tuner.complete import complete
+    from tuner.rank.complete import complete
     profile = profile_for(workload.cluster, getattr(args, "stack", "auto"))
     given = args.plan if text is None else text
     c = complete(given or "", workload, profile, getattr(args, "precision", "bf16"),
@@ -250,8 +250,8 @@ def unrealizable(reasons: list, profile, *, one_line: bool = False, hint: str = 
 
 
 def require_realizable(workload, plan, profile, *, one_line: bool = False, hint: str = "") -> None:
-    """Raise `unrealizable(...)` when `tuner.realize.check` finds reasons against `plan`."""
-    from tuner.realize import check
+    """Raise `unrealizable(...)` when `tuner.space.megatron_rules.check` finds reasons against `plan`."""
+    from tuner.space.megatron_rules import check
     reasons = check(workload, plan, profile)
     if reasons:
         raise unrealizable(reasons, profile, one_line=one_line, hint=hint)
@@ -262,7 +262,7 @@ def plan_text(plan, workload, profile, canonical: bool = False) -> str:
     itself; "(defaults)" when that is nothing), or with `canonical` the full canonical string."""
     if canonical:
         return plan.canonical()
-    from tuner.complete import short_form
+    from tuner.rank.complete import short_form
     return short_form(plan, workload, profile) or "(defaults)"
 
 

@@ -4,7 +4,7 @@ the router).
 
 Refuses an unrealizable plan with its reasons (exit 2) and a plan the cost model predicts will not
 fit in memory (exit 3, naming the numbers; --force writes it, labelled), writing nothing. Every file
-starts with the header of tuner/emit_header.py.
+starts with the header of tuner/emit/header.py.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import os
 import sys
 
 from specs.fileio import write_atomic
+from tuner.commands._serving import add_weight_dtype_arg
 from tuner.commands.common import (
     MAX_COUNT,
     UsageError,
@@ -31,7 +32,6 @@ from tuner.commands.common import (
     tokens,
     workload_from_args,
 )
-from tuner.serve_precision import add_weight_dtype_arg
 
 SUMMARY = "Write the launch script of a training plan (Megatron-LM) or a serving plan (SGLang, vLLM)."
 DESCRIPTION = ("Complete a partial plan (--complete best: the fastest realizable completion the cost model "
@@ -90,8 +90,8 @@ def run(args) -> int:
     if args.gbs is None:
         raise UsageError("emit megatron: --gbs is required")
     import cost_model
-    from tuner.emit import megatron_script
-    from tuner.emit_header import EXIT_DOES_NOT_FIT, megatron_does_not_fit, megatron_header, train_predict_argv
+    from tuner.emit.header import EXIT_DOES_NOT_FIT, megatron_does_not_fit, megatron_header, train_predict_argv
+    from tuner.emit.megatron import megatron_script
     w = workload_from_args(args)
     tables, cal = cost_model_inputs(args, w)
     completion, profile = plan_completion(args, w, tables, cal)
@@ -149,14 +149,14 @@ def _model_path(args, model, out_dir: str | None) -> tuple[str, str | None]:
 def _run_serving(args) -> int:
     from clusters import load_cluster
     from specs.models import load_model
-    from tuner.emit_header import (
+    from tuner.emit.header import (
         EXIT_DOES_NOT_FIT,
         serve_memory_problem,
         serve_predict_argv,
         serving_header,
     )
-    from tuner.predict_serve import serve_prediction
-    from tuner.serve_precision import resolve as resolve_weights
+    from tuner.rank.serve_predict import serve_prediction
+    from tuner.space.serve_precision import resolve as resolve_weights
     if args.isl is None or args.osl is None:
         raise UsageError(f"emit {args.target} needs --isl and --osl: the header's predicted numbers and the "
                          "benchmark command are for that workload")
@@ -172,7 +172,7 @@ def _run_serving(args) -> int:
     if plan.gpus > cluster.num_devices:
         raise UsageError(f"plan {plan.canonical()} needs {plan.gpus} devices (tp*pp*dp), --gpus is {cluster.num_devices}")
     if args.target == "sglang":
-        from tuner.serve_realize import realize
+        from tuner.space.sglang_rules import realize
         v = realize(plan, model, cluster)
         if not v.ok:
             raise UsageError("unrealizable serving plan: " + "; ".join(str(r) for r in v.reasons))
@@ -217,7 +217,7 @@ def _run_serving(args) -> int:
 
 def _sglang_body(args, plan, model, cluster, model_path, weights, conc):
     from specs.serve_resolve import server_nodes
-    from tuner.emit_sglang import bench_command, launch_commands, render
+    from tuner.emit.sglang import bench_command, launch_commands, render
     need = server_nodes(plan.replace(dp=1, pd="") if plan.pd else plan, cluster.devices_per_node)
     if args.nnodes is not None and args.nnodes != need:
         raise UsageError(f"--nnodes {args.nnodes}: this plan's server spans {need} node(s) of "
@@ -229,7 +229,7 @@ def _sglang_body(args, plan, model, cluster, model_path, weights, conc):
 
 
 def _vllm_body(args, plan, model, cluster, model_path, weights, conc):
-    from tuner.emit_vllm import bench_command, vllm_command
+    from tuner.emit.vllm import bench_command, vllm_command
     cmd, why = vllm_command(plan, model_path, served_name=model.name, max_model_len=args.isl + args.osl,
                             cpu=not cluster.is_gpu, dummy=args.benchmark, quantization=weights["quantization"])
     if why:
@@ -240,7 +240,7 @@ def serve_completion_for_emit(args, model, cluster, precision: str):
     """`--complete` of `emit sglang`: best needs the workload (--isl/--osl; concurrency 8 per GPU, as
     `predict --mode serve`); without it the plan keeps SGLang's defaults, said so."""
     from specs.serve_plan import ServeWorkload
-    from tuner.serve_complete import complete_serve
+    from tuner.rank.serve_complete import complete_serve
     how = getattr(args, "complete", None) or "defaults"
     if how == "best" and not (args.isl and args.osl):
         c = complete_serve(args.plan, model, cluster, None, "defaults")

@@ -52,8 +52,7 @@ def add_parser(subparsers):
                         "optimistic bound cannot reach the top (the same ranking, slower; for checking).")
     p.add_argument("--json", action="store_true", help="Print the counts, examples and ranking as one JSON object.")
     add_canonical_arg(p)
-    from tuner.commands._serving import add_serve_args
-    from tuner.serve_precision import add_weight_dtype_arg
+    from tuner.commands._serving import add_serve_args, add_weight_dtype_arg
     add_serve_args(p)
     add_weight_dtype_arg(p)
     return p
@@ -99,7 +98,7 @@ def run(args) -> int:
     from clusters import precision_recipe
     from specs.plan import Plan
     from specs.stack import profile_for
-    from tuner.space import count_parallel_points, default_space, summarize
+    from tuner.space.train import count_parallel_points, default_space, summarize
     if args.examples < 0:
         raise UsageError(f"--examples must be 0 or more, got {args.examples}")
     w = workload_from_args(args)
@@ -193,13 +192,13 @@ def _workload_flags(args) -> str:
 
 
 def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bool = True) -> dict:
-    """The `top` distinct realizable plans by predicted throughput (`tuner.screen.rank_space_top`:
+    """The `top` distinct realizable plans by predicted throughput (`tuner.rank.train.rank_space_top`:
     the vectorised cost model over chunks of plans, parallel points whose optimistic bound cannot
     reach the list skipped, exactly as exhaustive scoring ranks). Plans of one parallel point that
     the model predicts equal (same step time and memory) are one row, `variants` of them."""
     from specs.plan import Plan
-    from tuner.complete import short_form
-    from tuner.screen import rank_space_top
+    from tuner.rank.complete import short_form
+    from tuner.rank.train import rank_space_top
     # too many predicted-equal variants to fill the list: the ranker ranks deeper (keep doubles)
     r = rank_space_top(w, space, profile, shard, nshards, tables=tables, calibration=calibration,
                        keep=top * _OVERSAMPLE, prune=prune, enough=lambda pool: len(_merge_equal(pool)) >= top)
@@ -244,8 +243,8 @@ def _mark_indistinguishable(w, rows: list[dict], tables, calibration) -> None:
 
 def rank_serve_plans(effective_plans: list, model, cluster, workload, top: int, **kw) -> dict:
     """`plans --mode serve --rank`: the EffectivePlans (what SGLang runs) ranked by the serving cost
-    model's objective (tuner.serve_price.rank: one vectorised pass over all of them)."""
-    from tuner.serve_price import rank
+    model's objective (tuner.rank.serve_price.rank: one vectorised pass over all of them)."""
+    from tuner.rank.serve_price import rank
     t0 = time.time()
     r = rank(effective_plans, model, cluster, workload, top=top, **kw)
     return {"objective": workload.objective, "plans": r.plans, "scored": r.scored,
@@ -255,13 +254,13 @@ def rank_serve_plans(effective_plans: list, model, cluster, workload, top: int, 
 def _run_serve(args) -> int:
     from clusters import load_cluster
     from specs.models import load_model
-    from tuner.serve_space import default_serve_space, summarize
+    from tuner.space.serve import default_serve_space, summarize
     if args.examples < 0:
         raise UsageError(f"--examples must be 0 or more, got {args.examples}")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
     space = default_serve_space(cluster.num_devices)
-    from tuner.serve_precision import resolve as resolve_weights
+    from tuner.space.serve_precision import resolve as resolve_weights
     weights = resolve_weights(args, model)
     workload, kw = _serve_rank_inputs(args, cluster, weights["precision"]) if args.rank else (None, {})
     t0 = time.time()
@@ -353,7 +352,7 @@ def _what_would_fit(model, cluster, weights) -> str:
 def _serve_rank_inputs(args, cluster, precision: str):
     """The serving workload and cost-model inputs of `plans --mode serve --rank` (checked before
     the walk, so a bad flag costs one line)."""
-    from tuner.predict_serve import serve_workload_from_args
+    from tuner.rank.serve_predict import serve_workload_from_args
     w = serve_workload_from_args(args, cluster.num_devices, what="plans --mode serve --rank")
     if args.routing_skew < 0:
         raise UsageError(f"--routing-skew must be >= 0, got {args.routing_skew}")

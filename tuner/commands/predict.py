@@ -20,8 +20,8 @@ from tuner.commands.common import (
     unrealizable,
     workload_from_args,
 )
-from tuner.predict_serve import run_serve
-from tuner.realize import check
+from tuner.rank.serve_predict import exit_code, serve_prediction
+from tuner.space.megatron_rules import check
 
 SUMMARY = "Predict the step time, throughput, MFU and memory of one plan with the cost model."
 DESCRIPTION = ("Complete a partial plan (--complete best: the fastest realizable completion the cost model "
@@ -45,7 +45,7 @@ def add_parser(subparsers):
             a.required = False
             a.default = None
     add_serve_args(p)
-    from tuner.serve_precision import add_weight_dtype_arg
+    from tuner.commands._serving import add_weight_dtype_arg
     add_weight_dtype_arg(p)
     add_stack_arg(p)
     add_plan_args(p)
@@ -98,7 +98,7 @@ def run(args) -> int:
                               hbm_reserve=args.hbm_reserve, imbalance=args.imbalance)
     what_if = None
     if args.what_if == "megakernel":
-        from tuner.whatif import megakernel_training
+        from tuner.rank.whatif import megakernel_training
         what_if = megakernel_training(w, plan, pred, imbalance=args.imbalance)
     if args.json:
         from tuner.conventions import workload_json
@@ -137,7 +137,7 @@ def run(args) -> int:
     for r in pred.reasons:
         print(f"note           {r}")
     if what_if is not None:
-        from tuner.whatif import describe
+        from tuner.rank.whatif import describe
         print(f"what-if        {describe(what_if)}")
     cal_src, cal_name = _calibration_source(args, w, cal)
     if abs(cal.scale - 1.0) > LARGE_CALIBRATION and pred.step_time_s > 0:
@@ -158,5 +158,46 @@ def run(args) -> int:
 
 def _exit_code(pred) -> int:
     """3 when the plan does not fit in memory (printed first, so scripts can branch on it), else 0."""
-    from tuner.emit_header import EXIT_DOES_NOT_FIT
+    from tuner.emit.header import EXIT_DOES_NOT_FIT
     return 0 if pred.feasible else EXIT_DOES_NOT_FIT
+
+
+def _describe_serve_completion(c: dict) -> str:
+    from tuner.rank.serve_complete import ServeCompletion
+    return ServeCompletion(None, c["how"], tuple(c["given"]), c["completed"], c["candidates"], c["note"]).describe()
+
+
+def run_serve(args, extra_reasons=()) -> int:
+    d = serve_prediction(args, extra_reasons)
+    rc = exit_code(d, getattr(args, "force", False))
+    if args.json:
+        print(json.dumps(d, indent=1))
+        return rc
+
+    def f(x, unit="s"):
+        return "n/a" if x is None else f"{x * 1e3:.1f} ms" if unit == "s" else f"{x:,.0f}"
+    print(f"plan           {d['plan']}")
+    print(f"completion     {_describe_serve_completion(d['completion'])}")
+    print(f"priced as      {d['effective_plan']}")
+    print(f"workload       {d['model']} on {d['gpus']}x {d['cluster']}, phase {d['phase']}, isl {d['isl']}, "
+          f"osl {d['osl']}, concurrency {d['concurrency']}")
+    print(f"weights        {d['weight_dtype']} ({d['weight_source']})")
+    print(f"feasible       {'yes' if d['feasible'] else 'no'}")
+    for r in d["reasons"]:
+        print(f"reason         {r}")
+    if d.get("would_fit"):
+        print(f"hint           {d['would_fit']}")
+    print(f"input tok/s/GPU  {d['input_tokens_per_s_per_gpu']:,.0f}")
+    print(f"output tok/s/GPU {d['output_tokens_per_s_per_gpu']:,.0f}")
+    x = d["extra"]
+    print(f"TTFT p90       {f(d['ttft_p90_s'])}" + (f"   p50 {f(x['ttft_p50_s'])}   mean with warm-up {f(x['ttft_mean_with_warmup_s'])}"
+                                                     if "ttft_p50_s" in x else ""))
+    print(f"TPOT p90       {f(d['tpot_p90_s'])}" + (f"   p50 {f(x['tpot_p50_s'])}" if x.get("tpot_p50_s") is not None else ""))
+    print(f"max batch/GPU  {d['max_batch']:.1f}   memory {d['memory_gib']:.1f} GiB/GPU "
+          f"(weights {d['extra']['weights_gib']:.1f}, mem_frac {d['extra']['mem_frac']:.3f})")
+    if "what_if" in d:
+        from tuner.rank.whatif import describe
+        print(f"what-if        {describe(d['what_if'])}")
+    print(f"method         {d['extra']['method']}; calibration {d['extra']['calibration_id']} "
+          f"(scale {d['extra']['calibration_scale']:.2f})")
+    return rc

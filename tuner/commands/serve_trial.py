@@ -43,7 +43,7 @@ def add_parser(subparsers):
 def run(args) -> int:
     from trials import get_backend
     from trials.base import Failure, Resources
-    from tuner.predict_serve import serve_workload_from_args
+    from tuner.rank.serve_predict import serve_workload_from_args
     if args.warmup < 0 or args.timeout <= 0:
         raise UsageError("--warmup must be >= 0 and --timeout positive")
     model = load_model(args.model)

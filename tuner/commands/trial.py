@@ -5,9 +5,9 @@ stack cannot run, exits 2.
   moetune trial --model tiny-moe --cluster cpu-local --gbs 16 --seq 256 --plan "ep=2" \
       [--iters 5 --warmup 2] [--timeout 120] [--memory-cap-gib X] [--json] [--no-check]
 
-A partial plan is completed by `tuner.complete.complete_plan` (on cpu-local: dist_opt,
+A partial plan is completed by `tuner.rank.complete.complete_plan` (on cpu-local: dist_opt,
 overlap_grad_reduce, overlap_param_gather and grouped_gemm off unless given) and checked by
-`tuner.realize.check`; an unrealizable plan is refused with its reasons without launching (unless
+`tuner.space.megatron_rules.check`; an unrealizable plan is refused with its reasons without launching (unless
 --no-check, which hands it to megatron-core as given so its own validation answers).
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tuner.commands.common import (
     unrealizable,
     workload_from_args,
 )
-from tuner.realize import check
+from tuner.space.megatron_rules import check
 
 SUMMARY = "Run one plan with real megatron-core training steps and print what was measured."
 DESCRIPTION = ("Run one plan for real with the Megatron-core trial backend (one process per rank) and print "

@@ -7,7 +7,7 @@ pre-registering predictions, and running real trials in an Optuna study.
       [--backend megatron|predict-only] [--ray-address ADDR] [--dashboard] [--ray-no-auth]
       [--trial-timeout S] [--iters I --warmup W] [--level core|full] [--no-progress]
 
-Stages (tuner/loop.py runs them; see also tuner/screen.py, baseline.py, prereg.py, study.py,
+Stages (tuner/study/loop.py runs them; see also tuner/rank/train.py, baseline.py, prereg.py, study.py,
 sampler.py, report.py):
 1. screening: named Ray actors `moetune-screen-<pid>-<i>` (0.25 CPU each, spread over the Ray nodes) score shards of the realizable
    space with the vectorised cost model; the top plans plus the best of distinct parallel layouts
@@ -20,11 +20,11 @@ sampler.py, report.py):
    fields are the Optuna trial's params, the results its user attributes;
 4. feedback: after every measured trial the calibration is refitted and the rest re-ranked;
 5. report: `<study dir>/report.md`, trials.csv and plots; its path is printed last.
-`--mode serve` runs the serving study (tuner/serve_tune.py: the same pre-registration, study, claim
-protocol and trial loop; vLLM or SGLang servers as trials; tuner/serve_report.py):
+`--mode serve` runs the serving study (tuner/study/serve.py: the same pre-registration, study, claim
+protocol and trial loop; vLLM or SGLang servers as trials; tuner/study/serve_report.py):
   moetune tune --mode serve --model tiny-moe --cluster cpu-local --gpus 2 --isl 128 --osl 32 --concurrency 16 --trials 4
 Rerunning the same command resumes the study; a tuner that died is noticed by its trials'
-heartbeats (see tuner/study.py), and an interrupted plan is retried once.
+heartbeats (see tuner/study/storage.py), and an interrupted plan is retried once.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ DESCRIPTION = ("Find the fastest plan for a workload: screen the plan space with
 
 
 def add_parser(subparsers):
-    from tuner.study import DEFAULT_HEARTBEAT_S, GRACE_FACTOR
+    from tuner.study.storage import DEFAULT_HEARTBEAT_S, GRACE_FACTOR
     p = subparsers.add_parser("tune", help="Search, pre-register, try and report the fastest plan.",
                               description=DESCRIPTION)
     p.add_argument("--mode", choices=("train", "serve"), default="train",
@@ -76,7 +76,7 @@ def add_parser(subparsers):
     p.add_argument("--trials", type=positive_int, default=8,
                    help="Number of searched plans to try; the baseline runs on top of them (default 8).")
     p.add_argument("--baseline", default=None,
-                   help="Baseline plan the winner must beat (default: the hand-tuning heuristic of tuner/baseline.py).")
+                   help="Baseline plan the winner must beat (default: the hand-tuning heuristic of tuner/rank/baseline.py).")
     add_complete_arg(p, "--baseline")
     p.add_argument("--backend", choices=("megatron", "predict-only", "vllm", "sglang"), default=None,
                    help="Trial backend: megatron runs real Megatron-core trials (the --mode train default); "
@@ -155,8 +155,8 @@ def _options(args, study: str, backend: str, timeout_s: float):
     before anything is written): the study name is one folder name, the study folder can be
     written, the storage parses and answers."""
     from specs.inputs import safe_name
-    from tuner.loop import TuneOptions
-    from tuner.study import check_storage, default_study_dir
+    from tuner.study.loop import TuneOptions
+    from tuner.study.storage import check_storage, default_study_dir
     safe_name(study, "--study", "study name", UsageError)
     study_dir = check_output_dir(args.study_dir, "--study-dir") if args.study_dir else \
         check_output_dir(default_study_dir(study), "study folder")
@@ -173,15 +173,15 @@ def _options(args, study: str, backend: str, timeout_s: float):
 
 
 def _run_serve(args) -> int:
-    """`tune --mode serve` (tuner/serve_tune.py)."""
+    """`tune --mode serve` (tuner/study/serve.py)."""
     import time
 
     from clusters import load_cluster
     from cost_model.tables import load_tables, tables_dir_for
     from specs.errors import SpecError
     from specs.models import load_model
-    from tuner.predict_serve import serve_workload_from_args
-    from tuner.serve_tune import make_task, tune_serve
+    from tuner.rank.serve_predict import serve_workload_from_args
+    from tuner.study.serve import make_task, tune_serve
     backend = args.backend or "vllm"
     if backend not in ("vllm", "sglang"):
         raise UsageError(f"--mode serve runs serving trials: --backend vllm or sglang, not {backend}")
@@ -207,7 +207,7 @@ def _run_serve(args) -> int:
     except CalibrationError as e:
         raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
     if args.baseline:  # a bad --baseline is one line before anything starts
-        from tuner.serve_tune import baseline_plan
+        from tuner.study.serve import baseline_plan
         baseline_plan(task, args.baseline)
     t0 = time.monotonic()
     with _progress_to_stdout():
@@ -221,7 +221,7 @@ def _run_serve(args) -> int:
 
 def run(args) -> int:
     from specs.stack import profile_for
-    from tuner.loop import tune
+    from tuner.study.loop import tune
 
     if args.mode == "serve":
         return _run_serve(args)
@@ -244,7 +244,7 @@ def run(args) -> int:
         import dataclasses
         options = dataclasses.replace(options, memory_cap_gib=default_cpu_memory_cap(workload.world))
     if args.baseline:  # a bad --baseline is one line before Ray starts, not after the screening
-        from tuner.baseline import given_baseline
+        from tuner.rank.baseline import given_baseline
         try:
             given_baseline(args.baseline, workload, profile, args.precision, calibration, tables=tables,
                            complete=args.complete)
@@ -256,8 +256,3 @@ def run(args) -> int:
         print(result.verdict_line, flush=True)
     print(result.report.resolve(), flush=True)
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from tuner.cli import main
-    sys.exit(main(["tune", *sys.argv[1:]]))

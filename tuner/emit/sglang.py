@@ -12,7 +12,7 @@ import shlex
 from specs.serve_plan import ServePlan
 from specs.serve_resolve import attention_backend, server_nodes
 from trials.serving.sglang_backend import sglang_flags
-from tuner.serve_precision import KV_CACHE_FLAG
+from tuner.space.serve_precision import KV_CACHE_FLAG
 
 ROUTER_PORT = 8000
 BOOTSTRAP_PORT = 8998
@@ -24,7 +24,7 @@ def server_argv(plan: ServePlan, model_path: str, model, cluster, *, nnodes: int
     """Arguments of `python -m sglang.launch_server` for one node of one server: real weights from
     `model_path` unless `dummy` (--load-format dummy, a speed benchmark), in the weight format the
     plan was priced with (`quantization`, None = the checkpoint's bf16) and the KV cache dtype it
-    was priced with (auto: bf16 for these models, tuner.serve_precision)."""
+    was priced with (auto: bf16 for these models, tuner.space.serve_precision)."""
     a = ["--model-path", model_path, *(["--load-format", "dummy"] if dummy else []), "--device", "cuda",
          *(["--quantization", quantization] if quantization else []),
          *(["--kv-cache-dtype", KV_CACHE_FLAG] if plan.kv_cache_dtype == "auto" else []),  # else sglang_flags

@@ -4,7 +4,7 @@ Tier 1 (parallelism) is enumerated point by point; tier 2 (schedule) x tier 3 (k
 list of options crossed with every parallel point. Nothing materialises the cross product:
 `iter_plans` yields plans one at a time, `summarize` counts realizable plans and rejection reasons by
 checking each parallel point once and caching the schedule/kernel verdicts on the few parallel facts
-they read (`tuner.realize.schedule_context`), so DeepSeek-V3 on 1024 GPUs (~10^9 plans) is counted in
+they read (`tuner.space.megatron_rules.schedule_context`), so DeepSeek-V3 on 1024 GPUs (~10^9 plans) is counted in
 seconds and in bounded memory.
 
 Bounds of the space (design choices, not realizability rules): TP within the scale-up domain and
@@ -27,7 +27,7 @@ from specs.pipeline import balanced_layout, split_layers
 from specs.plan import Plan
 from specs.stack import StackProfile
 from specs.workload import Workload
-from tuner.realize import check_parallel, check_schedule_kernels, schedule_context
+from tuner.space.megatron_rules import check_parallel, check_schedule_kernels, schedule_context
 
 FP8_RECIPES = ("fp8-tensorwise", "fp8-delayed", "fp8-blockwise", "mxfp8")
 
@@ -122,7 +122,7 @@ def cuda_graph_options(model, profile: StackProfile, level: str = "full") -> lis
     MoE recipes set, Megatron-MoE-ModelZoo best_practice/qwen3; attention alone graphs a subset of
     it, for more launches and less memory: not listed, a plan may still name it); for dense models
     whole layers (TE) and the whole iteration (local). Whole-layer and full-iteration graphs of
-    dropless MoE layers are never realizable (`tuner.realize` cuda-graph-sync), so not listed.
+    dropless MoE layers are never realizable (`tuner.space.megatron_rules` cuda-graph-sync), so not listed.
     GPU stacks only; the core level keeps none."""
     none = dict(cuda_graph_impl="none", cuda_graph_scope=())
     if level != "full" or not profile.gpu:

@@ -8,7 +8,7 @@ file. The study maximises measured tokens/s/GPU.
 A trial's identity is its user attribute `plan` (the canonical plan string). Each plan field is also
 recorded as an Optuna parameter with a one-choice categorical distribution (`params_tp`,
 `params_ep`, ... in `trials_dataframe()`), so Optuna's plots and optuna-dashboard show the plans;
-the choice itself is made by `tuner.sampler.GuidedSampler` (`PlanSampler` only hands Optuna the
+the choice itself is made by `tuner.study.sampler.GuidedSampler` (`PlanSampler` only hands Optuna the
 chosen plan's values). recompute_modules and pp_layout are open-ended and stay in `plan` only.
 
 Claiming a plan (two tuner processes on one storage never run a plan twice):
@@ -31,7 +31,7 @@ marks RUNNING trials whose heartbeat is older than the grace period FAIL; such a
 queues one retry of it (a WAITING trial with the same plan and params). A plan interrupted once is
 retried once; a plan with a COMPLETE trial or a real failure is never run again.
 JournalStorage has no heartbeats in Optuna (checked in 5.1): `journal:` storages open as
-`HeartbeatJournalStorage` (tuner/journal.py), which records the heartbeat as a trial system
+`HeartbeatJournalStorage` (tuner/study/journal.py), which records the heartbeat as a trial system
 attribute and gives Optuna's `fail_stale_trials` the same grace rule, so the same retry follows.
 
 Storage URLs are shown (report, logs, error lines, calibration sources) only through `redact_url`:
@@ -93,7 +93,7 @@ def open_storage(url: str | None, study_dir: str | Path, *, heartbeat_interval: 
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend
 
-        from tuner.journal import HeartbeatJournalStorage
+        from tuner.study.journal import HeartbeatJournalStorage
         path = url[len("journal:"):]
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         if heartbeat_interval is None:
@@ -256,7 +256,7 @@ def _record_params(trial, plan: str) -> None:
 
 class PlanSampler(optuna.samplers.BaseSampler):
     """The Optuna sampler of a moetune study: it proposes nothing. Plans are chosen by
-    `tuner.sampler.GuidedSampler` and claimed before any parameter is suggested; this sampler
+    `tuner.study.sampler.GuidedSampler` and claimed before any parameter is suggested; this sampler
     returns, for each parameter, the value of that field in the trial's `plan` attribute."""
 
     def infer_relative_search_space(self, study, trial):

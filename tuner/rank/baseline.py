@@ -7,7 +7,7 @@ Heuristic (what an engineer sets by hand, MOSAIC App. D.1 rules of thumb):
   size, EP <= world); if no such EP is realizable, the next smaller one;
 - PP: 1, or a divisor of the world keeping microbatches / PP >= 4 (bubble below ~20%);
 - MBS in {1, 2, 4}; recompute none, then selective, then full (uniform, 1 layer) only when memory
-  needs it; everything else at the defaults of `tuner.complete.complete_plan`.
+  needs it; everything else at the defaults of `tuner.rank.complete.complete_plan`.
 Among the heuristic's realizable, memory-feasible plans, the baseline is the best predicted one.
 `--baseline "<plan>"` replaces it.
 """
@@ -19,8 +19,8 @@ RECOMPUTES = ("", "recompute=selective", "recompute=full,recompute_method=unifor
 
 
 def heuristic_plans(workload, profile, precision: str = "bf16") -> list:
-    from tuner.complete import complete_plan
-    from tuner.realize import check
+    from tuner.rank.complete import complete_plan
+    from tuner.space.megatron_rules import check
     m, c, world = workload.model, workload.cluster, workload.world
     eps = sorted((e for e in range(1, world + 1) if m.num_experts % e == 0 and e <= c.scaleup_size),
                  reverse=True) if m.is_moe else [1]
@@ -69,11 +69,11 @@ def hand_tuned_baseline(workload, profile, precision: str = "bf16", calibration=
 def given_baseline(text: str, workload, profile, precision: str = "bf16", calibration=None, *, tables=None,
                    complete: str = "defaults"):
     """(plan, prediction) of the user's `--baseline` plan completed for `profile` as `complete`
-    says (`tuner.complete.complete`: best or defaults); UsageError if it is not realizable.
+    says (`tuner.rank.complete.complete`: best or defaults); UsageError if it is not realizable.
     Arguments as for `hand_tuned_baseline`, plus the plan text."""
     import cost_model
-    from tuner.complete import complete as complete_as
-    from tuner.realize import check
+    from tuner.rank.complete import complete as complete_as
+    from tuner.space.megatron_rules import check
     plan = complete_as(text, workload, profile, precision, complete, tables=tables, calibration=calibration).plan
     reasons = check(workload, plan, profile)
     if reasons:

@@ -85,7 +85,7 @@ def build(*, study: str, workload, precision: str, plans: list[dict], baseline: 
         space: what was screened (level, counts).
         workload_fields: the `workload` entry, when it is not a training Workload's (a serving
             study's isl / osl / concurrency); the model and cluster hashes come from `workload`.
-        adjudication: the verdict's protocol (`tuner.verdict.protocol`: rounds of the interleaved
+        adjudication: the verdict's protocol (`tuner.study.verdict.protocol`: rounds of the interleaved
             re-measurement, bootstrap size, seed, bar, interval); its bar is the acceptance ratio.
     """
     cal = calibration_dict(calibration)

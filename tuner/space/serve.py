@@ -4,7 +4,7 @@ Layouts use all N GPUs: aggregated plans have dp * tp * pp == N; disaggregated p
 (prefill + decode instances) * tp * pp == N with dp = 1. Widths (tp, attn_dp) are powers of two and
 the whole group. Knob values are the settings people
 actually try (powers of two, SGLang's defaults as 0); nothing is filtered here: realizability is
-tuner/serve_realize.py's job, so `moetune plans --mode serve` can say why plans fail.
+tuner/space/sglang_rules.py's job, so `moetune plans --mode serve` can say why plans fail.
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ class ServeSummary:
 
 def summarize(space: ServeSpace, model, cluster, *, max_examples: int = 5, keep_effective: bool = False,
               stride: int = 997) -> ServeSummary:
-    from tuner.serve_realize import realize
+    from tuner.space.sglang_rules import realize
     s = ServeSummary()
     for _i, p in enumerate(space):
         s.total += 1

@@ -16,12 +16,6 @@ WEIGHT_DTYPES = ("auto", "bf16", "fp8")
 KV_CACHE_FLAG = "auto"  # the server's default: the model's activation dtype (bf16), as priced
 
 
-def add_weight_dtype_arg(p) -> None:
-    p.add_argument("--weight-dtype", dest="weight_dtype", choices=WEIGHT_DTYPES, default="auto",
-                   help="Serving weight format: auto (default: the checkpoint's quantization_config, e.g. fp8 for "
-                        "DeepSeek-V3; else --precision), bf16, or fp8 (the server quantizes bf16 weights online).")
-
-
 def resolve(args, model) -> dict:
     """{dtype, precision (what the serving cost model prices), quantization (the server's
     --quantization value, or None), source (one phrase)}."""

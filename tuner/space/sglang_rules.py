@@ -6,7 +6,7 @@ sentence each) and, for a realizable plan, the *effective* plan SGLang actually 
 (`specs.serve_resolve.resolve`, the one copy of its silent rewrites and defaults), so the plan we
 price is the plan that runs. The rules come from the installed sglang 0.5.23 source (file:line
 below, `SG` = sglang/srt); tests/test_serve_oracle.py checks the verdicts and the resolution
-against the resolver itself (tuner/sglang_oracle.py).
+against the resolver itself (tuner/space/sglang_oracle.py).
 
 Codes by source:
 - "sglang": what the resolver (`resolve_once` + `check_server_args`) rejects; the oracle agrees.

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from tuner.prereg import ACCEPTANCE_RATIO
+from tuner.study.prereg import ACCEPTANCE_RATIO
 
 ROUNDS = 3
 BOOTSTRAP = 2000

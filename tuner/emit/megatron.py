@@ -185,7 +185,7 @@ def not_expressible(m) -> list[str]:
 def megatron_script(w: Workload, p: Plan, profile: StackProfile, train_iters: int = 50,
                     header: list[str] | tuple = ()) -> str:
     """A bash script that launches this plan with torchrun on every node, or under Slurm with one
-    `srun` task per node. `header`: comment lines (tuner.emit_header.megatron_header) placed after
+    `srun` task per node. `header`: comment lines (tuner.emit.header.megatron_header) placed after
     the plan line."""
     c = w.cluster
     per_node = c.devices_per_node

@@ -1,21 +1,21 @@
 """The run behind `moetune tune`: screening -> pre-registration -> trials -> report.
 
 `tune(options, workload, profile, tables=..., calibration=...)` runs one tuner process of a study:
-1. screening (`tuner.screen`): Ray actors score the realizable space with the vectorised cost model;
-2. pre-registration (`tuner.prereg`): the candidates and the baseline with their predictions,
+1. screening (`tuner.rank.train`): Ray actors score the realizable space with the vectorised cost model;
+2. pre-registration (`tuner.study.prereg`): the candidates and the baseline with their predictions,
    written once, exclusively and self-hashed, before the first trial; a rerun verifies it instead;
 3. trials (`TrialLoop`): the baseline, the pre-registered plans, then the guided sampler's
    proposals, each a Ray task holding the plan's devices (num_cpus = world on cpu-local, num_gpus =
    world on GPUs) running a trial backend, or, when the world is wider than any Ray node, a task
-   driving one placement group with a launcher actor per node (trials/placement.py); results go to the Optuna study (`tuner.study`), and after
+   driving one placement group with a launcher actor per node (trials/placement.py); results go to the Optuna study (`tuner.study.storage`), and after
    every measured trial the calibration is refitted and the rest re-ranked;
-4. the report (`tuner.report`) and the pre-registered verdict.
+4. the report (`tuner.study.report`) and the pre-registered verdict.
 Ray is started or joined with token authentication (trials/ray_runtime.py); the study's figures go
-to Ray's metrics (tuner/metrics.py).
+to Ray's metrics (tuner/study/metrics.py).
 
 Several tuner processes (on several hosts, with a shared RDB or journal storage) may run one study: plans are
 claimed through the study (lowest trial number wins) and a tuner that dies is noticed by its
-trials' heartbeats going stale (see tuner/study.py). Progress goes to this module's logger.
+trials' heartbeats going stale (see tuner/study/storage.py). Progress goes to this module's logger.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specs.errors import UsageError
-from tuner import prereg as prereg_mod
-from tuner import study as study_mod
+from tuner.study import prereg as prereg_mod
+from tuner.study import storage as study_mod
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +45,9 @@ class TuneOptions:
         study: study name. study_dir: its folder (pre-registration, report, default storage).
         storage: Optuna storage URL or `journal:<path>`; None: SQLite in the study folder.
         trials: searched trials to run (the baseline comes on top).
-        baseline: baseline plan text; None: the hand-tuning heuristic (tuner/baseline.py).
+        baseline: baseline plan text; None: the hand-tuning heuristic (tuner/rank/baseline.py).
         backend: a trial backend name (`trials.get_backend`) or "predict-only" (no trials).
-        precision: bf16 or an fp8 recipe name (see tuner.complete).
+        precision: bf16 or an fp8 recipe name (see tuner.rank.complete).
         ray_address: an existing Ray cluster to join; None: start an embedded one.
         dashboard: start the Ray dashboard and log its address.
         ray_no_auth: start / join Ray without token authentication (explicit opt-out, logged as a
@@ -60,16 +60,16 @@ class TuneOptions:
         preregister: plans to pre-register; None: min(trials, max(4, trials // 2 + 1)).
         progress: show progress bars.
         heartbeat_interval_s: seconds between heartbeats of running trials; a trial silent for
-            3 x that is failed and retried once (tuner/study.py).
+            3 x that is failed and retried once (tuner/study/storage.py).
         adjudicate_rounds: rounds of the final A B A B ... re-measurement of the baseline and the
-            winner, fixed in the pre-registration's adjudication protocol (tuner/verdict.py).
+            winner, fixed in the pre-registration's adjudication protocol (tuner/study/verdict.py).
     """
     study: str
     study_dir: Path
     storage: str | None = None
     trials: int = 8
     baseline: str | None = None
-    complete: str = "best"  # how a partial `baseline` is completed (tuner.complete.complete)
+    complete: str = "best"  # how a partial `baseline` is completed (tuner.rank.complete.complete)
     backend: str = "megatron"
     precision: str = "bf16"
     ray_address: str | None = None
@@ -84,7 +84,7 @@ class TuneOptions:
     preregister: int | None = None
     progress: bool = True
     heartbeat_interval_s: int = study_mod.DEFAULT_HEARTBEAT_S
-    adjudicate_rounds: int = 3  # rounds of the final interleaved re-measurement (tuner/verdict.py)
+    adjudicate_rounds: int = 3  # rounds of the final interleaved re-measurement (tuner/study/verdict.py)
 
     def __post_init__(self) -> None:
         checks = (
@@ -201,10 +201,10 @@ class TrialLoop:
         Args:
             study, storage: the Optuna study and the storage it was opened on (for heartbeats).
             workload: the Workload tuned. prereg: the verified pre-registration document.
-            sampler: a `tuner.sampler.GuidedSampler` over the screened pool.
+            sampler: a `tuner.study.sampler.GuidedSampler` over the screened pool.
             options: run options (budget, backend, per-trial limits, progress).
             tables, calibration: the cost model's inputs for plans outside the screened pool.
-            mode: what the plans are (`TrainMode`, the default, or tuner.serve_tune.ServeMode):
+            mode: what the plans are (`TrainMode`, the default, or tuner.study.serve.ServeMode):
                 the Ray task body of a trial and the cost model's raw prediction of a plan. The
                 workload needs `world` (devices a trial holds) and `cluster`.
         """
@@ -247,7 +247,7 @@ class TrialLoop:
         import ray
         from tqdm import tqdm
 
-        from tuner.metrics import study_metrics
+        from tuner.study.metrics import study_metrics
         wl = self.workload
         self._layout = trial_layout(wl) if self.mode.multi_node else None
         if self._layout:  # the task only drives: the placement group's launchers hold the devices
@@ -404,15 +404,15 @@ class TrialLoop:
                     " ".join(f"{c} {f:.3g}" for c, f in cal.factors.items()) if cal.factors else f"scale {cal.scale:.3g}")
 
     def remeasure(self) -> list[dict]:
-        """The end-of-study re-measurement of the pre-registered protocol (tuner/verdict.py): the
+        """The end-of-study re-measurement of the pre-registered protocol (tuner/study/verdict.py): the
         baseline and the winner, interleaved round by round, one at a time; each measurement is
         stored in the study (user attribute REMEASURED) as it finishes, so a resumed study goes on
         where it stopped. Returns every re-measurement; [] when the protocol has nothing to run
         (no protocol, no baseline or winner measured, or the winner is the baseline)."""
         import ray
 
-        from tuner import verdict as verdict_mod
-        from tuner.report import contenders
+        from tuner.study import verdict as verdict_mod
+        from tuner.study.report import contenders
         proto = self.prereg.get("adjudication")
         base, best = contenders(study_mod.trial_rows(self.study), self.prereg)
         if not proto or base is None or best is None or best["plan"] == base["plan"]:
@@ -490,7 +490,7 @@ class TrialLoop:
 class TrainMode:
     """What `TrialLoop` needs to know about training plans: the Ray task body that runs one, and
     the cost model's raw step time of one (`predict` -> (raw step seconds, extra trial attributes)).
-    tuner/serve_tune.py's `ServeMode` is the serving counterpart."""
+    tuner/study/serve.py's `ServeMode` is the serving counterpart."""
 
     run_trial = staticmethod(_run_trial)
     multi_node = True  # a trial wider than one Ray node runs through a placement group
@@ -535,16 +535,16 @@ def existing_preregistration(study_dir: Path, study: str, workload) -> dict | No
 def preregister(options: TuneOptions, workload, profile, pool: list, total: int, *, tables, calibration) -> dict:
     """Choose the baseline and the candidates, and register them; returns the registered document
     (another tuner's, if it registered first)."""
-    from tuner.baseline import given_baseline, hand_tuned_baseline
-    from tuner.screen import select_candidates
-    from tuner.verdict import protocol as verdict_protocol
+    from tuner.rank.baseline import given_baseline, hand_tuned_baseline
+    from tuner.rank.train import select_candidates
+    from tuner.study.verdict import protocol as verdict_protocol
     if options.baseline:
         bplan, bpred = given_baseline(options.baseline, workload, profile, options.precision, calibration,
                                       tables=tables, complete=options.complete)
         bsrc = f"--baseline (--complete {options.complete})"
     else:
         bplan, bpred = hand_tuned_baseline(workload, profile, options.precision, calibration, tables=tables)
-        bsrc = "hand-tuning heuristic (tuner/baseline.py)"
+        bsrc = "hand-tuning heuristic (tuner/rank/baseline.py)"
     cands = select_candidates(pool, options.n_preregister)
     doc = prereg_mod.build(
         study=options.study, workload=workload, precision=options.precision,
@@ -570,7 +570,7 @@ def preregister(options: TuneOptions, workload, profile, pool: list, total: int,
 
 
 def _screen(options: TuneOptions, workload, profile, *, tables, calibration):
-    from tuner.screen import screen
+    from tuner.rank.train import screen
     t0 = time.monotonic()
     total, pool = screen(workload, profile, options.precision, level=options.level, calibration=calibration,
                          num_actors=options.screen_actors, progress=options.progress, tables=tables)
@@ -592,8 +592,8 @@ def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> Tun
         TuneResult with the report's path and the verdict line. Raises UsageError (an InputError)
         for a study folder holding another study, or when no plan fits.
     """
-    from tuner.report import adjudicate, write_report
-    from tuner.sampler import GuidedSampler
+    from tuner.study.report import adjudicate, write_report
+    from tuner.study.sampler import GuidedSampler
     t0 = time.monotonic()
     study_dir = Path(options.study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)

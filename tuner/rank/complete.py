@@ -156,7 +156,7 @@ class Completion:
     def describe(self) -> str:
         """One line for a command's output."""
         if self.mode == "defaults":
-            return "defaults (the documented completion defaults of tuner/complete.py)"
+            return "defaults (the documented completion defaults of tuner/rank/complete.py)"
         head = f"best of {self.candidates:,} realizable completions ({self.feasible:,} fit in memory)"
         if self.note:
             return f"{head}: {self.note}"
@@ -197,7 +197,7 @@ def _group_options(space, given: dict) -> list[list[dict]]:
 
 
 def _split_options(workload: Workload, plan: Plan, given: dict) -> list[dict]:
-    from tuner.space import pipeline_splits
+    from tuner.space.train import pipeline_splits
     if _SPLIT_GIVEN & given.keys() or plan.pp == 1:
         return [{}]
     even = dict(pp_first=0, pp_last=0, pp_layout="", pp_embedding=False, pp_loss=False)
@@ -216,7 +216,7 @@ def best_completion(given: str | dict, workload: Workload, profile: StackProfile
     every unspecified tier-2/3 field (recompute, the optimizer overlaps, shared-expert and EP-A2A
     overlap, grouped GEMM, dispatcher and flex backend, the precision recipe within the
     `--precision` family, the pipeline split) ranges over the options of the full plan space
-    (`tuner.space.default_space`). Candidates are checked with `tuner.realize` and scored together
+    (`tuner.space.train.default_space`). Candidates are checked with `tuner.space.megatron_rules` and scored together
     with `cost_model.predict_arrays`; of predictions within 1e-9 (relative) of the best, the one
     with the fewest fields different from the defaults wins. When no candidate is realizable and
     fits, the defaults completion is returned with a note."""
@@ -224,8 +224,8 @@ def best_completion(given: str | dict, workload: Workload, profile: StackProfile
 
     import cost_model
     from cost_model.plans import PlanArrays
-    from tuner.realize import check, check_parallel, check_schedule_kernels
-    from tuner.space import default_space
+    from tuner.space.megatron_rules import check, check_parallel, check_schedule_kernels
+    from tuner.space.train import default_space
     fields = parse_fields(given) if isinstance(given, str) else dict(given)
     defaults = complete_plan(fields, workload, profile, precision)
     out = Completion("best", defaults, defaults)

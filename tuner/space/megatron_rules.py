@@ -107,7 +107,7 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
     g = m.query_groups
     if not m.mla and g % p.tp and p.tp % g:
         out.append(_r("groups-vs-tp", f"{g} query groups are neither a multiple nor a divisor of tp={p.tp}"))
-    if m.vocab_size % p.tp:  # the script pins the padded vocab to the model's own (tuner/emit.py)
+    if m.vocab_size % p.tp:  # the script pins the padded vocab to the model's own (tuner/emit/megatron.py)
         out.append(_r("vocab-div-tp", f"vocabulary {m.vocab_size} is not divisible by tp={p.tp}"))
     if m.num_dense_layers and m.ffn_hidden_size % p.tp:
         out.append(_r("ffn-div-tp", f"dense ffn {m.ffn_hidden_size} is not divisible by tp={p.tp}"))

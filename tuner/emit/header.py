@@ -145,8 +145,8 @@ def serving_header(target: str, d: dict, *, stack: str, model_path: str, weight:
                    predict_argv: list[str], bench_line: str, forced: bool) -> list[str]:
     """Comment lines for the top of an SGLang / vLLM launch file.
 
-    d: `tuner.predict_serve.serve_prediction`'s dict for the plan; weight: the resolved weight
-    precision (`tuner.serve_precision.resolve`)."""
+    d: `tuner.rank.serve_predict.serve_prediction`'s dict for the plan; weight: the resolved weight
+    precision (`tuner.space.serve_precision.resolve`)."""
     def ms(v):
         return "n/a" if v is None else f"{v * 1e3:.1f}"
     gpus = d["gpus"]

@@ -6,9 +6,9 @@ columns without building a Plan per plan) are the one ranking engine: `moetune p
 screening actors both use `rank_space`. It scores plans in chunks with the vectorised cost model
 (`cost_model.predict_arrays`, no per-plan Prediction objects) and keeps the best `keep` distinct
 feasible plans, plus, with `per_layout`, the best plan of every parallel layout (tp, cp, pp, vpp, ep,
-etp). Plans that Megatron runs identically (`tuner.complete.effective_plan`) are one row.
+etp). Plans that Megatron runs identically (`tuner.rank.complete.effective_plan`) are one row.
 
-For `moetune tune`, the space (`tuner.space.default_space`) is cut into `num_shards` shards
+For `moetune tune`, the space (`tuner.space.train.default_space`) is cut into `num_shards` shards
 (`iter_realizable`, shard i of n); named actors `moetune-screen-<i>` (fractional CPUs, e.g. 0.25)
 each rank the shards handed to them (`score_shard`) and return their pools; the driver merges them
 into one ranked pool (`Scored` rows). `select_candidates` then takes the top plans plus a diverse set:
@@ -38,7 +38,7 @@ class Scored:
     peak_memory_gib: float
     layout: tuple
     mfu: float = field(default=float("nan"), compare=False)
-    # canonical string of the plan Megatron would run (tuner.complete.effective_plan); "" = not yet
+    # canonical string of the plan Megatron would run (tuner.rank.complete.effective_plan); "" = not yet
     # worked out. Rows with the same one are one configuration.
     effective: str = field(default="", compare=False, repr=False)
 
@@ -109,7 +109,7 @@ def _score_chunk(workload, pa, plan_at, calibration, tables, keep: int = 1 << 62
     chunk's PlanArrays, `plan_at(i)` its i-th Plan (built only for the rows looked at).
     `tps_out`, when given, receives the chunk's predicted throughputs (every row)."""
     import cost_model
-    from tuner.complete import effective_plan
+    from tuner.rank.complete import effective_plan
     r = cost_model.predict_arrays(workload, pa, calibration=calibration, tables=tables)
     st = np.asarray(r["step_time_s"], float)
     tps = np.asarray(r["tokens_per_s_per_gpu"], float)
@@ -150,14 +150,14 @@ def _plan_chunks(plans, chunk: int):
         yield PlanArrays.from_plans(buf), buf.__getitem__
 
 
-# PlanArrays columns a parallel point fixes (tuner.space.parallel_points); the rest come from the
+# PlanArrays columns a parallel point fixes (tuner.space.train.parallel_points); the rest come from the
 # schedule/kernel option.
 _POINT_COLS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "pp_first", "pp_last", "pp_embedding", "pp_loss")
 
 
 def _space_chunks(points, chunk: int):
     """(PlanArrays, plan_at) chunks of the realizable plans of a space, straight from its parallel
-    points and option columns (`tuner.space.iter_realizable_points`): no Plan per plan, only for
+    points and option columns (`tuner.space.train.iter_realizable_points`): no Plan per plan, only for
     the rows a ranking looks at."""
     from cost_model.plans import PlanArrays
     option_cols, blocks, n = None, [], 0
@@ -227,9 +227,9 @@ def rank_plans(workload, plans, *, tables=None, calibration=None, keep: int = 20
 def rank_space(workload, space, profile, shard: int = 0, num_shards: int = 1, *, tables=None, calibration=None,
                keep: int = 2000, per_layout: bool = True, chunk: int = CHUNK) -> Ranking:
     """`rank_plans` over the realizable plans of shard `shard` of `num_shards` of `space`
-    (`tuner.space.default_space`), fed as columns: the same ranking as
+    (`tuner.space.train.default_space`), fed as columns: the same ranking as
     `rank_plans(workload, iter_realizable(space, workload, profile, shard, num_shards))`, faster."""
-    from tuner.space import iter_realizable_points
+    from tuner.space.train import iter_realizable_points
     points = _by_row_key(iter_realizable_points(space, workload, profile, shard, num_shards))
     return _rank_chunks(workload, _space_chunks(points, chunk), tables=tables, calibration=calibration,
                         keep=keep, per_layout=per_layout)
@@ -333,7 +333,7 @@ def rank_space_top(workload, space, profile, shard: int = 0, num_shards: int = 1
     runs again (the enumeration and the bounds are reused): what `moetune plans` asks for when
     too many rows are predicted-equal variants of one point."""
     import cost_model
-    from tuner.space import iter_realizable_points
+    from tuner.space.train import iter_realizable_points
     tables = cost_model.resolve_tables(workload, tables)
     calibration = cost_model.resolve_calibration(workload, calibration, tables)
     points = _by_row_key(iter_realizable_points(space, workload, profile, shard, num_shards))
@@ -432,7 +432,7 @@ def rank_space_top(workload, space, profile, shard: int = 0, num_shards: int = 1
 def score_shard(workload, profile, precision: str, level: str, shard: int, num_shards: int, *,
                 calibration=None, keep: int = 2000, tables=None) -> tuple[int, list[Scored]]:
     """Score shard `shard` of `num_shards`: (#realizable plans seen, kept feasible plans)."""
-    from tuner.space import default_space
+    from tuner.space.train import default_space
     space = default_space(workload, profile, precision, level=level)
     r = rank_space(workload, space, profile, shard, num_shards, tables=tables, calibration=calibration, keep=keep)
     return r.seen, r.pool
@@ -442,7 +442,7 @@ def _with_effective(s: Scored, model) -> Scored:
     if s.effective:
         return s
     from specs.plan import Plan
-    from tuner.complete import effective_plan
+    from tuner.rank.complete import effective_plan
     return dataclasses.replace(s, effective=effective_plan(Plan.parse(s.plan), model).canonical())
 
 

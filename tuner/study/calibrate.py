@@ -2,7 +2,7 @@
 (MOSAIC §5.5, §7.2): `moetune calibrate` is the command-line front end.
 
 Input rows (dicts): model, cluster, gpus, gbs, seq, plan (canonical or partial: it is completed by
-`tuner.complete.complete_plan` for the stack profile of the row's cluster, as every command does),
+`tuner.rank.complete.complete_plan` for the stack profile of the row's cluster, as every command does),
 measured step time (`step_time_s` or `measured_step_time_s`); rows whose `status` is not ok or
 without a time are skipped. From a CSV (`load_csv`) or an Optuna study of `moetune tune` (`load_study`: COMPLETE
 trials whose user attributes hold `plan` and `measured_step_time_s`).
@@ -31,7 +31,7 @@ import numpy as np
 
 from specs.errors import InputError
 from specs.inputs import read_text
-from tuner import study as study_mod
+from tuner.study import storage as study_mod
 
 TIME_KEYS = ("measured_step_time_s", "step_time_s")
 
@@ -84,7 +84,7 @@ def load_study(name: str, storage: str | None, study_dir: str | Path | None = No
 
     Args:
         name: the study name. storage: its storage URL (None: the default in the study folder).
-        study_dir: the study folder (None: `tuner.study.default_study_dir(name)`).
+        study_dir: the study folder (None: `tuner.study.storage.default_study_dir(name)`).
         workload: fields that fill or override the workload of every row.
     """
     study_dir = Path(study_dir) if study_dir else study_mod.default_study_dir(name)
@@ -139,12 +139,12 @@ def raw_predictions(rows: list[dict], tables=None, stack: str = "auto", complete
         rows: measured runs (see the module docstring).
         tables: Tables or a table directory; None: the cost model's lookup rule per cluster kind.
         stack: the stack profile plans are completed for (`specs.stack.profile_for`).
-        complete: how partial plans are completed (`tuner.complete.complete`: best or defaults).
+        complete: how partial plans are completed (`tuner.rank.complete.complete`: best or defaults).
     """
     import cost_model
     from cost_model.calibration import IDENTITY
     from specs.stack import profile_for
-    from tuner.complete import complete as complete_as
+    from tuner.rank.complete import complete as complete_as
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(tuple(str(r.get(k, "")) for k in ("model", "cluster", "gpus", "gbs", "seq")), []).append(i)

@@ -1,20 +1,20 @@
 """`moetune tune --mode serve`: the serving study, with the training study's machinery.
 
-Stages, each the training one with serving nouns (tuner/loop.py holds the shared ones):
+Stages, each the training one with serving nouns (tuner/study/loop.py holds the shared ones):
 1. screening: the serving plan space (tuner/serve_space) -> our SGLang rules (tuner/serve_realize)
    -> the trial stack's own limits (vLLM: trials.serving.vllm_args; on cpu-local no expert
    parallel, no pp, no a2a / TBO / EPLB) -> the serving cost model over all of them at once
    (tuner/serve_price, steady state). Plans are run as priced (`EffectivePlan.pinned`: every default
    resolved), and kept once per distinct server command (CUDA-graph and memory fields are not
    flags on CPU, so many plans are one command there);
-2. pre-registration: tuner/prereg.py's frozen, hashed file, its `workload` the serving one;
-3. trials: `tuner.loop.TrialLoop` with `ServeMode`: Ray tasks running the serving backend
-   (`vllm`, or `sglang` on GPUs), the Optuna study and claim protocol of tuner/study.py, the
+2. pre-registration: tuner/study/prereg.py's frozen, hashed file, its `workload` the serving one;
+3. trials: `tuner.study.loop.TrialLoop` with `ServeMode`: Ray tasks running the serving backend
+   (`vllm`, or `sglang` on GPUs), the Optuna study and claim protocol of tuner/study/storage.py, the
    guided sampler over the screened pool;
 4. calibration: the sampler refits the serving model's one labelled term (the one-scale `Calibration.scale`,
    "serving runtime overhead") on every measured trial, with training's estimator
    (cost_model.calibration.fit_calibration: robust LSQ on log time);
-5. report (tuner/serve_report.py): report.md, trials.csv, TTFT / TPOT / throughput PNGs, PASS/FAIL
+5. report (tuner/study/serve_report.py): report.md, trials.csv, TTFT / TPOT / throughput PNGs, PASS/FAIL
    at the 0.98x bar against the baseline.
 
 The measured quantity the sampler and calibration see is seconds per objective token per GPU
@@ -31,8 +31,8 @@ from pathlib import Path
 
 from specs.errors import UsageError
 from specs.serve_plan import ServePlan, ServeWorkload
-from tuner import prereg as prereg_mod
-from tuner import study as study_mod
+from tuner.study import prereg as prereg_mod
+from tuner.study import storage as study_mod
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ SAMPLER = "guided-ei"
 @dataclass(frozen=True)
 class ServeTask:
     """What a serving study tunes: the model served, the deployment, the workload. `world` is the
-    devices a trial holds (the whole deployment), as tuner/loop.py expects of a workload."""
+    devices a trial holds (the whole deployment), as tuner/study/loop.py expects of a workload."""
     model: object  # ModelSpec (on cpu-local with vLLM: the model vLLM's CPU kernels serve)
     cluster: object
     workload: ServeWorkload
@@ -97,7 +97,7 @@ def raw_seconds(task: ServeTask, plans: list[ServePlan], *, tables=None) -> dict
     `score_plans` arrays plus `raw_s` = seconds per objective token per GPU (inf when excluded)."""
     import numpy as np
 
-    from tuner.serve_price import score_plans
+    from tuner.rank.serve_price import score_plans
     r = score_plans(plans, task.model, task.cluster, task.workload, precision=task.precision, tables=tables,
                     calibration=_identity())
     obj = r["objective"]
@@ -109,8 +109,8 @@ def screen(task: ServeTask, *, tables=None, calibration=None) -> tuple[int, list
     """(realizable plans on the stack, pool of distinct commands best first, rejection counts)."""
     import numpy as np
 
-    from tuner.serve_realize import realize
-    from tuner.serve_space import default_serve_space
+    from tuner.space.serve import default_serve_space
+    from tuner.space.sglang_rules import realize
     rejected: Counter = Counter()
     plans = []
     for p in default_serve_space(task.world):
@@ -161,7 +161,7 @@ def baseline_plan(task: ServeTask, text: str | None) -> tuple[str, str]:
     """(baseline plan as priced, where it came from). Hand-tuned: one instance over every device
     (tp = devices, everything else at the engine's defaults), the usual first vLLM / SGLang
     launch (`--tensor-parallel-size N`). UsageError if the stack cannot run it."""
-    from tuner.serve_realize import realize
+    from tuner.space.sglang_rules import realize
     src = "--baseline" if text else "hand-tuned: tp = all devices, defaults otherwise"
     try:
         plan = ServePlan.parse(text) if text else ServePlan(tp=task.world)
@@ -213,7 +213,7 @@ def run_serve_trial(backend: str, plan_text: str, task: ServeTask, iters: int, w
 
 
 class ServeMode:
-    """tuner.loop.TrialLoop's serving mode (see `TrainMode`)."""
+    """tuner.study.loop.TrialLoop's serving mode (see `TrainMode`)."""
 
     run_trial = staticmethod(run_serve_trial)
     multi_node = False  # one serving trial is one server on one Ray node
@@ -270,14 +270,14 @@ def preregister(options, task: ServeTask, pool: list, total: int, *, tables, cal
 
 
 def tune_serve(options, task: ServeTask, *, tables, calibration):
-    """Run (or resume) the serving study of `options` for `task` (tuner.loop.tune's serving twin:
+    """Run (or resume) the serving study of `options` for `task` (tuner.study.loop.tune's serving twin:
     the same pre-registration, study, claim protocol and trial loop)."""
     import ray
 
-    from tuner.loop import TrialLoop, TuneResult, existing_preregistration, start_ray
-    from tuner.report import adjudicate
-    from tuner.sampler import GuidedSampler
-    from tuner.serve_report import write_serve_report
+    from tuner.study.loop import TrialLoop, TuneResult, existing_preregistration, start_ray
+    from tuner.study.report import adjudicate
+    from tuner.study.sampler import GuidedSampler
+    from tuner.study.serve_report import write_serve_report
     t0 = time.monotonic()
     study_dir = Path(options.study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)

@@ -1,14 +1,14 @@
 """`<study dir>/report.md` of a serving study (`moetune tune --mode serve`): trials.csv, PNG plots of
 TTFT / TPOT p90 and throughput, measured against predicted, the calibration of the serving model's
 one term, failures with reasons, the baseline comparison and the PASS/FAIL adjudication at the
-pre-registered bar (tuner.report.adjudicate, shared with training), and the winner's server command."""
+pre-registered bar (tuner.study.report.adjudicate, shared with training), and the winner's server command."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from specs.fileio import write_atomic
-from tuner.report import _fmt, adjudicate, write_csv
-from tuner.study import redact_url
+from tuner.study.report import _fmt, adjudicate, write_csv
+from tuner.study.storage import redact_url
 
 SERVE_CSV_COLS = ("number", "state", "plan", "roles", "predicted_tokens_per_s_per_gpu",
                   "measured_tokens_per_s_per_gpu", "predicted_step_time_s", "predicted_raw_step_time_s",
@@ -76,7 +76,7 @@ def _plots(d: Path, measured: list[dict], unit: str) -> list[str]:
 def write_serve_report(study_dir, *, task, prereg: dict, rows: list[dict], calibration=None, cal_report=None,
                        wall_s: float | None = None, storage_url: str = "") -> Path:
     """Write report.md, trials.csv and the plots into `study_dir`; returns report.md's path.
-    `storage_url` is shown with its password redacted (tuner.study.redact_url, as training's report)."""
+    `storage_url` is shown with its password redacted (tuner.study.storage.redact_url, as training's report)."""
     d = Path(study_dir)
     write_csv(rows, d / "trials.csv", SERVE_CSV_COLS)
     measured = sorted((r for r in rows if r["state"] == "COMPLETE"), key=lambda r: r["number"])
@@ -123,7 +123,7 @@ def write_serve_report(study_dir, *, task, prereg: dict, rows: list[dict], calib
         if task.backend == "vllm":
             from specs.models import hf_id
             from specs.serve_plan import ServePlan
-            from tuner.emit_vllm import vllm_command
+            from tuner.emit.vllm import vllm_command
             # the published checkpoint when the model has one (real weights); else the config-only
             # directory the trials served, with random weights
             repo = hf_id(task.model)

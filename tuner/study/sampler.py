@@ -72,7 +72,7 @@ def expected_improvement(mean_s: float, sigma: float, best_s: float | None) -> f
 class GuidedSampler:
     def __init__(self, pool, *, length: float = 1.5, parse=Plan.parse, fit=None, calibration=None,
                  scale: float = 1.0, parts=None, classes=None):
-        """pool: Scored rows (tuner.screen) or dicts with plan/raw_step_time_s. parse: the plan
+        """pool: Scored rows (tuner.rank.train) or dicts with plan/raw_step_time_s. parse: the plan
         class's parser (serving plans: ServePlan.parse). fit: pairs [(raw, measured, plan)] ->
         (calibration, report with rows[].loo_rel_err), a one-scale fit (the serving study's); default
         `cost_model.calibration.fit_calibration`. calibration: the calibration before the first

@@ -4,10 +4,8 @@
 rules (tuner/serve_realize: reason codes in `reasons`, any reason makes it infeasible) and prices
 the *effective* plan, the one SGLang runs after its silent rewrites (specs.serve_resolve); an
 unrealizable plan is priced as SGLang would resolve it, indicative only. Callers that know more reasons pass them
-in `extra_reasons`. `--what-if megakernel` adds the Weave megakernel what-if (tuner/whatif.py)."""
+in `extra_reasons`. `--what-if megakernel` adds the Weave megakernel what-if (tuner/rank/whatif.py)."""
 from __future__ import annotations
-
-import json
 
 from specs.errors import UsageError
 
@@ -47,13 +45,13 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     from cost_model.serving import predict_serve
     from cost_model.tables import load_tables, tables_dir_for
     from specs.models import load_model
-    from tuner.serve_complete import complete_serve
-    from tuner.serve_realize import realize
+    from tuner.rank.serve_complete import complete_serve
+    from tuner.space.sglang_rules import realize
     if args.isl is None or args.osl is None:
         raise UsageError("--mode serve needs --isl and --osl")
     if args.routing_skew < 0:
         raise UsageError(f"--routing-skew must be >= 0, got {args.routing_skew}")
-    from tuner.serve_precision import resolve as resolve_weights
+    from tuner.space.serve_precision import resolve as resolve_weights
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
     weights = resolve_weights(args, model)
@@ -95,7 +93,7 @@ def serve_prediction(args, extra_reasons=()) -> dict:
     if any(slo.values()):  # None when a bound is given but the phase has no such latency
         out["slo_met"] = all(v is None or (out[k] is not None and out[k] <= v) for k, v in slo.items())
     if getattr(args, "what_if", None) == "megakernel":
-        from tuner.whatif import megakernel_serving
+        from tuner.rank.whatif import megakernel_serving
         out["what_if"] = megakernel_serving(model, cluster, priced, w, pred, precision=precision,
                                             tables=tables, calibration=cal, imbalance=args.imbalance,
                                             routing_skew=args.routing_skew)
@@ -104,7 +102,7 @@ def serve_prediction(args, extra_reasons=()) -> dict:
                 "precision": precision, "weight_dtype": weights["dtype"], "weight_source": weights["source"],
                 "hbm_gib": cluster.hbm_gib, "instance_gpus": (verdict.effective.plan if verdict.ok else priced).instance_gpus,
                 "tables_digest": tables.digest})
-    from tuner.emit_header import serve_memory_problem, what_would_fit
+    from tuner.emit.header import serve_memory_problem, what_would_fit
     if serve_memory_problem(out):
         out["would_fit"] = what_would_fit(out, weights["dtype"])
     return out
@@ -113,46 +111,7 @@ def serve_prediction(args, extra_reasons=()) -> dict:
 def exit_code(d: dict, force: bool = False) -> int:
     """The CLI's exit code for a printed serving prediction: 3 when it does not fit in memory, 2
     when SGLang cannot run the plan (unless --force), else 0 (README "Exit codes")."""
-    from tuner.emit_header import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, serve_memory_problem
+    from tuner.emit.header import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, serve_memory_problem
     if serve_memory_problem(d):
         return EXIT_DOES_NOT_FIT
     return EXIT_BAD_INPUT if not d["realizable"] and not force else 0
-def _describe(c: dict) -> str:
-    from tuner.serve_complete import ServeCompletion
-    return ServeCompletion(None, c["how"], tuple(c["given"]), c["completed"], c["candidates"], c["note"]).describe()
-
-
-def run_serve(args, extra_reasons=()) -> int:
-    d = serve_prediction(args, extra_reasons)
-    rc = exit_code(d, getattr(args, "force", False))
-    if args.json:
-        print(json.dumps(d, indent=1))
-        return rc
-
-    def f(x, unit="s"):
-        return "n/a" if x is None else f"{x * 1e3:.1f} ms" if unit == "s" else f"{x:,.0f}"
-    print(f"plan           {d['plan']}")
-    print(f"completion     {_describe(d['completion'])}")
-    print(f"priced as      {d['effective_plan']}")
-    print(f"workload       {d['model']} on {d['gpus']}x {d['cluster']}, phase {d['phase']}, isl {d['isl']}, "
-          f"osl {d['osl']}, concurrency {d['concurrency']}")
-    print(f"weights        {d['weight_dtype']} ({d['weight_source']})")
-    print(f"feasible       {'yes' if d['feasible'] else 'no'}")
-    for r in d["reasons"]:
-        print(f"reason         {r}")
-    if d.get("would_fit"):
-        print(f"hint           {d['would_fit']}")
-    print(f"input tok/s/GPU  {d['input_tokens_per_s_per_gpu']:,.0f}")
-    print(f"output tok/s/GPU {d['output_tokens_per_s_per_gpu']:,.0f}")
-    x = d["extra"]
-    print(f"TTFT p90       {f(d['ttft_p90_s'])}" + (f"   p50 {f(x['ttft_p50_s'])}   mean with warm-up {f(x['ttft_mean_with_warmup_s'])}"
-                                                     if "ttft_p50_s" in x else ""))
-    print(f"TPOT p90       {f(d['tpot_p90_s'])}" + (f"   p50 {f(x['tpot_p50_s'])}" if x.get("tpot_p50_s") is not None else ""))
-    print(f"max batch/GPU  {d['max_batch']:.1f}   memory {d['memory_gib']:.1f} GiB/GPU "
-          f"(weights {d['extra']['weights_gib']:.1f}, mem_frac {d['extra']['mem_frac']:.3f})")
-    if "what_if" in d:
-        from tuner.whatif import describe
-        print(f"what-if        {describe(d['what_if'])}")
-    print(f"method         {d['extra']['method']}; calibration {d['extra']['calibration_id']} "
-          f"(scale {d['extra']['calibration_scale']:.2f})")
-    return rc

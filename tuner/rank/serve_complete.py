@@ -64,7 +64,7 @@ class ServeCompletion:
 
 def complete_serve(text: str, model, cluster, workload, how: str = "best", **price) -> ServeCompletion:
     """The user's `text` completed as `how` says; `price`: keyword arguments of
-    tuner.serve_price.score (precision, tables, calibration, imbalance, routing_skew)."""
+    tuner.rank.serve_price.score (precision, tables, calibration, imbalance, routing_skew)."""
     given_fields = parse_serve_fields(text or "")
     base = ServePlan(**given_fields)
     open_knobs = [k for k in KNOBS if k not in given_fields]
@@ -72,8 +72,8 @@ def complete_serve(text: str, model, cluster, workload, how: str = "best", **pri
     if how == "defaults" or not open_knobs:
         return ServeCompletion(base, "defaults" if how == "defaults" else how, given,
                                {k: getattr(base, k) for k in open_knobs})
-    from tuner.serve_price import score
-    from tuner.serve_realize import realize
+    from tuner.rank.serve_price import score
+    from tuner.space.sglang_rules import realize
     choices = dict(CHOICES)
     # the running requests the workload keeps in flight on one instance (decode: a batch per GPU)
     inst = base.instance_gpus

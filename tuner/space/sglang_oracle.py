@@ -56,7 +56,7 @@ def resolve_many(argvs: list[list[str]], gpu_mem_mib, timeout: float = 1800, pla
         req, out = os.path.join(d, "req.json"), os.path.join(d, "out.json")
         with open(req, "w") as f:
             json.dump({"gpu_mem_mib": mems, "platforms": facts, "argvs": argvs}, f)
-        proc = subprocess.run([sys.executable, "-m", "tuner.sglang_oracle", req, out], capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "tuner.space.sglang_oracle", req, out], capture_output=True,
                               text=True, timeout=timeout,
                               env={**os.environ, "SGLANG_LOGGING_LEVEL": "error"})
         if proc.returncode != 0 or not os.path.exists(out):

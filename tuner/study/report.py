@@ -1,6 +1,6 @@
 """`<study dir>/report.md` for `moetune tune`: trials.csv, PNG plots (matplotlib Agg), measured vs
 predicted, the winner's predicted breakdown, failures with reasons, baseline comparison and
-adjudication, and the winner's Megatron-LM launch script (`tuner.emit.megatron_script`)."""
+adjudication, and the winner's Megatron-LM launch script (`tuner.emit.megatron.megatron_script`)."""
 from __future__ import annotations
 
 import csv
@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 
 from specs.fileio import write_atomic
-from tuner.study import redact_url
-from tuner.whatif import describe, megakernel_training
+from tuner.rank.whatif import describe, megakernel_training
+from tuner.study.storage import redact_url
 
 CSV_COLS = ("number", "state", "plan", "roles", "predicted_step_time_s", "predicted_raw_step_time_s",
             "measured_step_time_s", "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
@@ -30,7 +30,7 @@ def contenders(rows: list[dict], prereg: dict) -> tuple[dict | None, dict | None
 
 def adjudicate(rows: list[dict], prereg: dict, remeasured: list[dict] | None = None) -> dict:
     """Verdict: {'verdict': PASS|FAIL|INCONCLUSIVE|INCOMPLETE, 'ratio', 'low', 'high', 'baseline',
-    'best', 'line'}. With a pre-registered adjudication protocol (tuner/verdict.py) the verdict is
+    'best', 'line'}. With a pre-registered adjudication protocol (tuner/study/verdict.py) the verdict is
     the bootstrap interval's on the interleaved re-measurements `remeasured` (ProtocolError if they
     break the protocol); without one (older studies, serving), the single measurements' ratio."""
     ratio_bar = prereg["acceptance"]["ratio"]
@@ -57,7 +57,7 @@ def adjudicate(rows: list[dict], prereg: dict, remeasured: list[dict] | None = N
 
 
 def _noise_aware(out: dict, proto: dict, remeasured: list[dict], single_ratio: float) -> dict:
-    from tuner import verdict as verdict_mod
+    from tuner.study import verdict as verdict_mod
     verdict_mod.check_protocol(proto)
     base, best = out["baseline"], out["best"]
     if best["plan"] == base["plan"]:
@@ -78,7 +78,7 @@ def _noise_aware(out: dict, proto: dict, remeasured: list[dict], single_ratio: f
 
 
 def write_csv(rows: list[dict], path: Path, cols=CSV_COLS) -> None:
-    """`rows` (tuner.study.trial_rows) as CSV, the `cols` columns, written atomically."""
+    """`rows` (tuner.study.storage.trial_rows) as CSV, the `cols` columns, written atomically."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
@@ -147,14 +147,14 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
 
     Args:
         study_dir: the study folder. workload, profile: what was tuned, on which stack profile.
-        prereg: the verified pre-registration. rows: `tuner.study.trial_rows` of the study.
+        prereg: the verified pre-registration. rows: `tuner.study.storage.trial_rows` of the study.
         backend: the trial backend name, or "predict-only" (then the top predicted plan wins).
         tables, calibration: the cost model's inputs for the winner's predicted breakdown.
-        cal_report: the last calibration refit's report (tuner.sampler.GuidedSampler.refit).
+        cal_report: the last calibration refit's report (tuner.study.sampler.GuidedSampler.refit).
         predict_only_pool: the screened pool, listed when no trial ran.
         wall_s: wall time of the run. storage_url: where the study is stored (shown with its
             password redacted).
-        remeasured: the adjudication protocol's interleaved re-measurements (tuner/verdict.py).
+        remeasured: the adjudication protocol's interleaved re-measurements (tuner/study/verdict.py).
     """
     import cost_model
     from specs.plan import Plan
@@ -222,10 +222,10 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
         L.append("")
     L += ["## Winner launch script (Megatron-LM pretrain_gpt.py)", ""]
     try:
-        from tuner.emit import megatron_script
+        from tuner.emit.megatron import megatron_script
         L += ["```bash", megatron_script(workload, plan, profile).rstrip(), "```", ""]
     except ImportError:
-        L += ["(tuner.emit is not available in this checkout)", ""]
+        L += ["(tuner.emit.megatron is not available in this checkout)", ""]
     except Exception as e:  # noqa: BLE001 - the report must still be written
         L += [f"(emit failed: {e})", ""]
     L += ["Files: trials.csv, preregistration.json (+ .sha256)" + "".join(f", {p}" for p in pngs), ""]

@@ -10,14 +10,14 @@ import shlex
 
 from specs.serve_plan import ServePlan
 from trials.serving.vllm_args import VLLM_SERVER_MODULE, vllm_flags, vllm_reasons
-from tuner.serve_precision import KV_CACHE_FLAG
+from tuner.space.serve_precision import KV_CACHE_FLAG
 
 
 def vllm_command(plan: ServePlan, model_path: str, *, served_name: str, port: int = 8000,
                  max_model_len: int | None = None, dummy: bool = False, cpu: bool = False,
                  host: str = "0.0.0.0", quantization: str | None = None) -> tuple[str | None, list[tuple[str, str]]]:
     """(command line, []) or (None, reasons). `quantization`: the weight format the plan was priced
-    with (None = the checkpoint's bf16); the KV cache as priced (auto, tuner.serve_precision)."""
+    with (None = the checkpoint's bf16); the KV cache as priced (auto, tuner.space.serve_precision)."""
     why = vllm_reasons(plan, cpu=cpu)
     if why:
         return None, why
