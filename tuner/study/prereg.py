@@ -24,7 +24,7 @@ FORMAT = "moetune-preregistration/1"
 NAME = "preregistration.json"
 SIDECAR = "preregistration.sha256"
 ACCEPTANCE_RATIO = 0.98
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # tuner/study/prereg.py -> the root holding the packages
 # Every package of the distribution (pyproject's [tool.setuptools.packages.find]; a test keeps the
 # two lists equal): each computes part of a prediction - plan semantics and the SGLang defaults
 # (specs), cluster data and shipped tables (clusters), the model (cost_model), the kernel what-ifs
@@ -52,6 +52,8 @@ def code_version() -> dict:
     files, sources and data alike (a preset's YAML or a shipped table predicts as much as code)}."""
     h = hashlib.sha256()
     for d in SOURCE_DIRS:
+        if not (REPO_ROOT / d / "__init__.py").is_file():  # a hash of nothing would verify anything
+            raise PreregistrationError(f"code hash: package {d!r} not found under {REPO_ROOT}")
         for p in sorted((REPO_ROOT / d).rglob("*")):
             if p.is_file() and "__pycache__" not in p.parts:
                 h.update(str(p.relative_to(REPO_ROOT)).encode())
