@@ -43,6 +43,18 @@ def _isolated_moetune_home(tmp_path_factory):
         os.environ["MOETUNE_HOME"] = old
 
 
+@pytest.fixture(autouse=True)
+def _own_moetune_home(_isolated_moetune_home, tmp_path_factory, monkeypatch):
+    """Every test writes its own MOETUNE_HOME: what one test profiles, calibrates or caches is
+    never read by another (a shared home made test outcomes depend on their order). It starts as a
+    copy of the session's home, which holds only what module- and session-scoped fixtures wrote."""
+    import shutil
+    home = tmp_path_factory.mktemp("home")
+    shutil.copytree(_isolated_moetune_home, home, dirs_exist_ok=True)
+    monkeypatch.setenv("MOETUNE_HOME", str(home))
+    yield home
+
+
 @pytest.fixture(scope="session")
 def postgres():
     """A real PostgreSQL server on 127.0.0.1 for the session (tests/pg.py); `.url` logs in with a
