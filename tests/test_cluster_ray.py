@@ -152,12 +152,13 @@ def _metrics_text() -> str:
     return text
 
 
+@pytest.mark.timeout(1200)
 def test_tune_with_ray_address_auto_runs_a_study_on_the_cluster(cluster, tmp_path):
     study_dir = tmp_path / "study"
     cmd = [sys.executable, "-m", "tuner.cli", "tune", "--model", "tiny-moe", "--cluster", "cpu-local",
            "--gpus", "2", "--gbs", "4", "--seq", "64", "--study", "cluster", "--study-dir", str(study_dir),
            "--trials", "2", "--preregister", "2", "--iters", "2", "--warmup", "1", "--screen-actors", "2",
-           "--trial-timeout", "400", "--ray-address", "auto", "--no-progress"]
+           "--trial-timeout", "400", "--adjudicate-rounds", "2", "--ray-address", "auto", "--no-progress"]
     log = tmp_path / "tune.log"
     with log.open("w") as f:
         p = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=f, stderr=subprocess.STDOUT, text=True)
@@ -187,11 +188,12 @@ def test_tune_with_ray_address_auto_runs_a_study_on_the_cluster(cluster, tmp_pat
     assert seen == set(STUDY_METRICS), seen
 
 
+@pytest.mark.timeout(1200)  # a whole study through the job agent: minutes when the other worker is busy
 def test_ray_job_submit_runs_a_study(cluster, tmp_path):
     study_dir = tmp_path / "jobstudy"
     entry = (f"{sys.executable} -m tuner.cli tune --model tiny-moe --cluster cpu-local --gpus 2 --gbs 4 --seq 64 "
              f"--study job --study-dir {study_dir} --trials 1 --preregister 1 --iters 2 --warmup 1 "
-             f"--screen-actors 2 --trial-timeout 400 --ray-address auto --no-progress")
+             f"--screen-actors 2 --trial-timeout 400 --adjudicate-rounds 2 --ray-address auto --no-progress")
     for _ in range(6):  # a just-started node's job agent may not be up yet (Ray: "try again later")
         p = subprocess.run(["ray", "job", "submit", "--address", DASHBOARD, "--", *entry.split()], cwd=ROOT,
                            env=_env(), capture_output=True, text=True, timeout=1500)
