@@ -14,11 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from clusters import is_blackwell
 from cost_model.flops import param_counts
 from cost_model.ops import TableOps
-from clusters import is_blackwell
-from cost_model.serving.constants import (GPU_KERNEL_GAP_S, KERNEL_MIN_S, KERNELS_PER_LAYER, PRICED_KERNELS,
-                                          SCHED_OVERHEAD_S, SMALL_KERNELS_PER_LAYER)
+from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNEL_MIN_S, KERNELS_PER_LAYER, PRICED_KERNELS, SCHED_OVERHEAD_S, SMALL_KERNELS_PER_LAYER
 from cost_model.serving.memory import kv_bytes_per_token
 from specs.errors import InputError
 
