@@ -104,6 +104,8 @@ def fit(prior_sd: float | None = None) -> tuple[Calibration, list[dict]]:
                     "loo_error": round(loo / pub - 1, 4)})
     prov = dict(cal.provenance)
     prov.pop("residuals", None)  # the rows below carry them, re-checked by simulation
+    if prior_sd is None:
+        prov["method"] = prov["method"].split("; prior")[0] + "; no prior"
     prov.update({"data": "cost_model/data/published_serving_reference.csv",
                  "metric": "total_tokens_per_s (fitted as seconds per token, split by phase)",
                  "one_scale_for_comparison": one, "rows": out})
