@@ -110,3 +110,23 @@ def test_serving_parts_map_to_phase_classes_and_unknown_parts_raise():
     assert class_parts({"prefill_step": 1.0, "decode_step": 2.0}, SERVE_COMPONENT_CLASS) == {"prefill": 1.0, "decode": 2.0}
     with pytest.raises(KeyError, match="no calibration class"):
         class_parts({"sampling": 1.0}, SERVE_COMPONENT_CLASS)
+
+
+def test_fused_moe_bandwidth_rises_with_shard_row_bytes():
+    from cost_model.serving.fused_moe import expert_bandwidth_efficiency, fitted_shapes
+    shapes = fitted_shapes()
+    assert len(shapes) >= 2 and all(0.2 < s["eff"] < 1.0 for s in shapes)
+    thin, wide = (float(expert_bandwidth_efficiency(n, 1.0)) for n in (192, 2048))
+    assert thin < wide
+    # held at the measured ends, never extrapolated
+    assert float(expert_bandwidth_efficiency(8, 1.0)) == pytest.approx(shapes[0]["eff"])
+    assert float(expert_bandwidth_efficiency(1e6, 2.0)) == pytest.approx(shapes[-1]["eff"])
+
+
+def test_thin_expert_tp_shards_read_their_weights_slower_than_expert_parallel():
+    qwen235 = load_model("qwen3-235b-a22b")
+    tp, ep = step_model("tp=8", model=qwen235), step_model("tp=8,ep=8", model=qwen235)
+    T = np.array([64.0])
+    # the same bytes per GPU (all experts / 8), read at the thin-shard kernel's lower bandwidth
+    assert float(tp.expert_weight_bytes(T)[0]) == pytest.approx(float(ep.expert_weight_bytes(T)[0]), rel=0.25)
+    assert float(tp._experts(T)[0]) > 1.15 * float(ep._experts(T)[0])

@@ -18,6 +18,7 @@ from clusters import is_blackwell
 from cost_model.flops import param_counts
 from cost_model.ops import TableOps
 from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNEL_MIN_S, KERNELS_PER_LAYER, PRICED_KERNELS, SCHED_OVERHEAD_S, SMALL_KERNELS_PER_LAYER
+from cost_model.serving.fused_moe import expert_bandwidth_efficiency
 from cost_model.serving.memory import kv_bytes_per_token
 from specs.errors import InputError
 
@@ -73,6 +74,10 @@ class StepModel:
         self.imb = imbalance
         self.pc = param_counts(spec)
         self.hbm_bw = self.ops.bw["elementwise"]  # achieved bytes/s of a memory-bound kernel
+        # achieved bytes/s of the routed-expert kernel (GPU: measured fused-MoE timings by shard row bytes)
+        self.expert_bw = (cluster.hbm_tbps * 1e12 * expert_bandwidth_efficiency(spec.moe_ffn_hidden_size / c.moe_tp,
+                                                                               self.wbytes)
+                          if cluster.is_gpu and spec.num_experts else self.hbm_bw)
         self.kvt = kv_bytes_per_token(spec, c)  # per GPU, per token, one stage
         self.layers = spec.num_layers / c.pp
         self.L_moe = self.pc["num_moe_layers"] / c.pp
@@ -160,8 +165,9 @@ class StepModel:
         g = np.maximum(active, 1.0)  # as `grouped` clamps it
         up = up + self.ops.fp8_cast(g * m * h)  # w8a8: each expert GEMM's input cast
         down = down + self.ops.fp8_cast(g * m * f_loc)
-        # decode: the weights the batch activates
-        return np.maximum(up + down, self.expert_weight_bytes(tokens_inst) / self.hbm_bw)
+        # decode: the weights the batch activates, read at the bandwidth the fused-MoE kernel
+        # reaches at this shard width (thin expert-TP shards far below the HBM peak; `fused_moe`)
+        return np.maximum(up + down, self.expert_weight_bytes(tokens_inst) / self.expert_bw)
 
     def _comm(self, tokens_inst, decode: bool = False):
         """Communication seconds on one GPU per (MoE layer, dense layer).
