@@ -130,3 +130,15 @@ def test_thin_expert_tp_shards_read_their_weights_slower_than_expert_parallel():
     # the same bytes per GPU (all experts / 8), read at the thin-shard kernel's lower bandwidth
     assert float(tp.expert_weight_bytes(T)[0]) == pytest.approx(float(ep.expert_weight_bytes(T)[0]), rel=0.25)
     assert float(tp._experts(T)[0]) > 1.15 * float(ep._experts(T)[0])
+
+
+def test_cli_refuses_a_training_calibration_for_serving(tmp_path):
+    import subprocess
+    import sys
+    f = tmp_path / "train.json"
+    f.write_text('{"scale": 1.0, "kind": "per-component", "factors": {"gemm": 1.2}}')
+    r = subprocess.run([sys.executable, "-m", "tuner.cli", "predict", "--mode", "serve", "--model", "qwen3-30b-a3b",
+                        "--cluster", "h200-sxm", "--gpus", "8", "--plan", "tp=2", "--isl", "100", "--osl", "10",
+                        "--concurrency", "1", "--calibration", str(f)], capture_output=True, text=True)
+    err = r.stderr.strip()
+    assert r.returncode == 2 and "not a serving calibration" in err and "\n" not in err
