@@ -51,7 +51,9 @@ def main() -> int:
         lat = f"TTFT {cal.ttft_p90_s:.2f} s" if metric == "input" else f"TPOT {cal.tpot_p90_s * 1e3:.0f} ms"
         lines.append(f"| {name} | {text} | {pub:.0f} | {getattr(raw, key):.0f} | {getattr(cal, key):.0f} | {lat} | "
                      f"{raw.max_batch:.0f}{'' if raw.feasible else ' (' + ','.join(raw.reasons) + ')'} | {raw.extra['mem_frac']:.3f} |")
-    lines += ["", f"calibration scale {load_default().scale:.4f} (fitted on cost_model/data/published_serving_reference.csv only)"]
+    cal = load_default()
+    lines += ["", "calibration: " + ", ".join(f"{k} x{cal.factor(k):.4f}" for k in ("prefill", "decode"))
+              + " (per phase, fitted on cost_model/data/published_serving_reference.csv only)"]
     OUT.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

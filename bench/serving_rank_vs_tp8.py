@@ -6,10 +6,10 @@ the winner is predicted to beat it, with the spread the model's own error implie
 
 DeepSeek-R1 is the deepseek-v3 preset (same architecture). Plans are grouped by layout (tp, pp, dp,
 attn_dp, ep, a2a, deepep mode, TBO, EPLB, pd; the best knobs of each layout represent it). "Plain TP8"
-is tp=8 with everything else at SGLang's defaults. The spread: the log-space standard deviation s of
-the shipped serving calibration's per-row errors (cost_model/serving/calibration_default.json, the
-fit rows); a ratio of two predictions with independent errors of that size is uncertain by
-exp(+-sqrt(2) s) (an upper bound: errors of two plans on one machine are correlated).
+is tp=8 with everything else at SGLang's defaults. The spread: the shipped per-phase serving
+calibration's leave-one-out log error s (`resid_sd` of cost_model/serving/calibration_default.json,
+fitted on the shared rows only); a ratio of two predictions with independent errors of that size is
+uncertain by exp(+-sqrt(2) s) (an upper bound: errors of two plans on one machine are correlated).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cost_model.calibration import Calibration
 from specs.serve_plan import ServePlan
 
 LAYOUT = ("tp", "pp", "dp", "attn_dp", "ep", "a2a", "deepep_mode", "tbo", "eplb_redundant", "pd")
@@ -32,10 +33,7 @@ def layout(p: ServePlan) -> str:
 
 
 def spread() -> float:
-    rows = json.loads(CAL.read_text())["provenance"]["rows"]
-    logs = [math.log(1 + r["error"]) for r in rows]
-    m = sum(logs) / len(logs)
-    return math.sqrt(sum((x - m) ** 2 for x in logs) / (len(logs) - 1))
+    return float(Calibration.load(CAL).resid_sd)
 
 
 def main(argv=None) -> int:
@@ -50,7 +48,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     s = spread()
     band = math.exp(math.sqrt(2) * s)
-    print(f"model error: log-sd {s:.3f} over the calibration rows -> a ratio of two predictions within x/{band:.2f}")
+    print(f"model error: leave-one-out log-sd {s:.3f} of the per-phase calibration -> a ratio of two predictions "
+          f"within x/{band:.2f}")
     for conc in a.concurrency:
         out = subprocess.run([sys.executable, "-m", "tuner.cli", "plans", "--mode", "serve", "--model", a.model,
                               "--cluster", a.cluster, "--gpus", a.gpus, "--isl", a.isl, "--osl", a.osl,

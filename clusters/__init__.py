@@ -172,6 +172,12 @@ def is_hopper(cluster) -> bool:
     return any(tag in cluster.device_name.upper() for tag in ("H100", "H200", "H800", "H20", "GH200"))
 
 
+def is_blackwell(cluster) -> bool:
+    """Blackwell (sm100) GPUs: B200/B300 and the GB200/GB300 racks (their collective latencies differ
+    from Hopper's)."""
+    return any(tag in cluster.device_name.upper() for tag in ("B200", "B300", "BLACKWELL"))
+
+
 def precision_recipe(precision: str, cluster) -> str:
     """Map `--precision` (bf16 | fp8 | a recipe) to one recipe for this hardware."""
     if precision in PRECISIONS:

@@ -58,21 +58,25 @@ COMPONENT_CLASS = {
     "embedding": "elementwise", "optimizer_step": "elementwise",
     "pipeline_bubble": "pipeline_bubble",
 }
+# The serving model's parts and their classes: a step's time belongs to its phase.
+SERVE_COMPONENT_CLASS = {"prefill_step": "prefill", "decode_step": "decode"}
 NOT_A_CLASS = ("calibration",)  # the breakdown's own calibration term is the output, not an input
 PRIOR_SD = 0.5  # prior sd of log f_k: a factor within x0.61..x1.65 at one sd before any trial
 OBS_SD = 0.1  # the soft-L1 scale of a log-time residual (host noise of a step, ~10%)
 Z90 = 1.645  # two-sided 90% normal quantile: the intervals of `interval`
 
 
-def class_parts(breakdown: dict) -> dict:
-    """{class: seconds} (floats or arrays) from a training prediction's `breakdown_s`."""
+def class_parts(breakdown: dict, component_class: dict | None = None) -> dict:
+    """{class: seconds} (floats or arrays) from a prediction's breakdown: a training prediction's
+    `breakdown_s` (COMPONENT_CLASS), or a serving one's step seconds (SERVE_COMPONENT_CLASS)."""
+    component_class = COMPONENT_CLASS if component_class is None else component_class
     out: dict = {}
     for comp, v in breakdown.items():
         if comp in NOT_A_CLASS:
             continue
-        if comp not in COMPONENT_CLASS:
+        if comp not in component_class:
             raise KeyError(f"breakdown component {comp!r} has no calibration class (cost_model.calibration)")
-        c = COMPONENT_CLASS[comp]
+        c = component_class[comp]
         out[c] = out[c] + v if c in out else v
     return out
 

@@ -100,8 +100,12 @@ def test_shipped_calibration_is_the_fit_on_the_reference_rows():
     from cost_model.serving.fit_calibration import fit
     cal, rows = fit()
     shipped = load_default()
-    assert shipped.scale == pytest.approx(cal.scale, rel=1e-9)
+    assert shipped.kind == "per-component" and set(shipped.factors) == {"prefill", "decode"}
+    for k in ("prefill", "decode"):
+        assert shipped.factor(k) == pytest.approx(cal.factor(k), rel=1e-6)
     assert [r["id"] for r in rows] == ["r01", "r02", "r03", "r04", "r05"]
+    # the per-phase term fits the shared rows at least as well as one scale did
+    assert (sum(abs(r["error"]) for r in rows) <= sum(abs(r["error_one_scale"]) for r in rows) + 1e-9)
 
 
 def test_ranks_thousands_of_plans_in_seconds():

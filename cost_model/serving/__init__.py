@@ -17,12 +17,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from cost_model.serving.calibration import load_default
+from cost_model.serving.calibration import load_default, phase_factors
 from cost_model.serving.constants import DEFAULT_MAX_RUNNING
 from cost_model.serving.memory import capacity
 from cost_model.serving.pd import pd_arrays
 from cost_model.serving.plans import effective_plans, to_cols
-from cost_model.serving.sim import simulate
+from cost_model.serving.sim import request_ttft, simulate
 from cost_model.serving.step import StepModel
 from cost_model.tables import load_tables, tables_dir_for
 
@@ -85,7 +85,7 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
     cap = capacity(model, cluster, c, isl, osl, sm.wbytes, role={"prefill": "prefill", "decode": "decode"}.get(w.phase, "agg"))
     gpus_inst = c.tp * c.pp
     replicas = np.maximum(cluster.num_devices // gpus_inst, 1)
-    s_pre, s_dec = cal.factor("prefill"), cal.factor("decode")  # per phase (one-scale: both the scale)
+    s_pre, s_dec = phase_factors(cal)  # per phase (one-scale: both the scale)
     if w.phase == "decode":
         B = np.full(len(c), float(max(w.concurrency, 1))) * gpus_inst / c.attn_dp
         over = B > cap["max_batch_rank"]
@@ -98,11 +98,13 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
         conc = max(w.concurrency, 1)
         K = np.maximum(conc / replicas / c.attn_dp, 1.0)
         C = np.minimum(c.chunk, isl * K).astype(float)
-        t_pre = s_pre * sm.prefill(C, isl / 2 if w.phase != "prefill" else 0.0)[0]
+        # a prompt longer than the chunk runs as ceil(isl / C) chunks, chunk i attending to the
+        # i C tokens before it: the mean prefix of its chunks is (chunks - 1) C / 2
+        t_pre = s_pre * sm.prefill(C, (np.ceil(isl / C) - 1) * C / 2)[0]
         per_in = t_pre / C  # seconds per prompt token
         if w.phase == "prefill":
             in_rank = 1.0 / per_in
-            ttft = np.ceil(isl / C) * t_pre + np.maximum(K - 1, 0) * isl * per_in
+            ttft = request_ttft(np.ceil(isl / C) * t_pre + np.maximum(K - 1, 0) * isl * per_in)
             res = {"input_tokens_per_s_per_gpu": in_rank * c.attn_dp / gpus_inst,
                    "output_tokens_per_s_per_gpu": np.zeros(len(c)), "ttft_s": ttft,
                    "tpot_s": np.full(len(c), np.nan), "batch_rank": K}
@@ -114,7 +116,7 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
             out_rank = 1.0 / per_out
             tpot = t_dec + B / osl * isl * per_in
             req_rate = out_rank / osl
-            ttft = np.ceil(isl / C) * t_pre + np.maximum(K - B, 0) / req_rate
+            ttft = request_ttft(np.ceil(isl / C) * t_pre + np.maximum(K - B, 0) / req_rate)
             res = {"output_tokens_per_s_per_gpu": out_rank * c.attn_dp / gpus_inst,
                    "input_tokens_per_s_per_gpu": out_rank * c.attn_dp / gpus_inst * isl / osl,
                    "ttft_s": ttft, "tpot_s": tpot, "batch_rank": B}
@@ -180,6 +182,7 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
         extra={"method": "steady-state", "weights_gib": float(est["weights_gib"][0]),
                "mem_frac": float(est["mem_frac"][0]), "kv_pool_tokens_per_gpu": float(est["kv_pool_tokens"][0]),
                "replicas": int(est["replicas"][0]), "calibration_scale": cal.scale, "calibration_id": cal.id,
+               "calibration_factors": dict(zip(("prefill", "decode"), phase_factors(cal))),
                "cuda_graphs_decode": bool(c.graph_bs[0] > 0)})
     if c.pd_p[0] > 0 and w.phase == "both":
         out.extra.update({"method": "pd-steady-state", "pd_bound": str(est["pd_bound"][0])})
@@ -187,7 +190,7 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     if w.phase == "decode" or est["reason"][0] in ("weights_exceed_hbm", "weights_exceed_mem_fraction",
                                                      "kv_pool_below_one_request"):
         return out
-    s_pre, s_dec = cal.factor("prefill"), cal.factor("decode")
+    s_pre, s_dec = phase_factors(cal)
     max_b = int(max(est["max_batch_per_gpu"][0] * gpus_inst / a, 1))
     if burst and requests is not None:
         # lengths vary: the running cap is SGLang's request limit, the KV pool is enforced per request
@@ -236,12 +239,13 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     # closed loop: the first K requests all arrive at t=0 (a warm-up burst); percentiles are taken
     # over the requests after them (FIFO: the first K prefills and, mostly, the first K completions)
     skip = 0 if burst else min(K, max(len(r["ttft"]) - K, 0))
-    out.ttft_p90_s = float(np.percentile(r["ttft"][skip:], 90))
+    ttft = request_ttft(r["ttft"])
+    out.ttft_p90_s = float(np.percentile(ttft[skip:], 90))
     # medians beside p90 (published results often quote medians or means), and the closed loop's
     # TTFT including its warm-up burst (the first K requests arrive together, as a benchmark client
     # starts them): what a published mean over all requests contains
-    out.extra["ttft_p50_s"] = float(np.percentile(r["ttft"][skip:], 50))
-    out.extra["ttft_mean_with_warmup_s"] = float(np.mean(r["ttft"]))
+    out.extra["ttft_p50_s"] = float(np.percentile(ttft[skip:], 50))
+    out.extra["ttft_mean_with_warmup_s"] = float(np.mean(ttft))
     if w.phase != "prefill":
         tp = r["tpot"][skip:]
         tp = tp[tp > 0]

@@ -12,6 +12,32 @@ KERNELS_PER_LAYER = 22
 # assumed 1.5 us, the usual figure for back-to-back launches on Hopper.
 GPU_KERNEL_GAP_S = 1.5e-6
 
+# Minimum duration of one GPU kernel in a step, back to back (gap included): a kernel with almost
+# no work still pays its launch ramp, one HBM round trip and its tail. Public figures for the
+# smallest kernels of a decode layer: RMSNorm with residual at DeepSeek's hidden 7168, batch 1-2,
+# replayed from a CUDA graph, 5.2 us on H100 (vllm-project/vllm PR #36899, FlashInfer column);
+# RMSNorm 1 x 4096 bf16, 6.1 us on H100 and 6.4 us on B200 (linkedin/Liger-Kernel PR #1462).
+# Taken as 5 us on every GPU. Small decode batches are bound by it (floor x kernels x layers).
+KERNEL_MIN_S = 5e-6
+
+# Of KERNELS_PER_LAYER, the kernels the step prices by their work (each then floored at
+# KERNEL_MIN_S): attention projections (MLA: q_a, q_b, kv_a, o; GQA: qkv, o and the rest fused),
+# the attention kernel, the dense/shared MLP's two GEMMs, the routed experts' two grouped GEMMs,
+# two collectives (priced by their own latency tables). The others (norms, rope, KV write, router,
+# top-k, activation, permute/unpermute, quantize) do almost no work and cost KERNEL_MIN_S each.
+PRICED_KERNELS = {"attention_proj": 4, "attention_core": 1, "mlp": 2, "experts": 2, "collectives": 2}
+SMALL_KERNELS_PER_LAYER = KERNELS_PER_LAYER - sum(PRICED_KERNELS.values())
+
+# Fixed cost of one request outside the GPU steps, added to its TTFT: HTTP handling, tokenization,
+# the hop tokenizer -> scheduler, and streaming the first token back. Measured for SGLang with a
+# mock model whose forward busy-waits 2.63 ms: median TTFT 9.54 ms at concurrency 1 for a 128-token
+# prompt (tenstorrent/tt-inference-server issue #3560, tt-sglang-plugin CPU mock, TSU=380), i.e.
+# ~6.9 ms beside the one forward. It runs in SGLang's tokenizer/detokenizer processes, apart from
+# the scheduler, so it adds latency, not step time (throughput is unchanged).
+REQUEST_FIXED_S = 6.9e-3
+# Across nodes the first token is also gathered from the node that samples it: one more
+# scale-out round trip, far below REQUEST_FIXED_S; not priced apart.
+
 # CPU cost of scheduling one step when the overlap scheduler cannot hide it (SGLang disables it
 # with pp > 1): assumed 2 ms (Python batch assembly per step).
 SCHED_OVERHEAD_S = 2e-3

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_model.serving.calibration import phase_factors
 from cost_model.serving.memory import capacity
+from cost_model.serving.sim import request_ttft
 
 
 def pd_arrays(model, cluster, c, sm, w, cal) -> dict:
@@ -31,8 +33,9 @@ def pd_arrays(model, cluster, c, sm, w, cal) -> dict:
     cap_p = capacity(model, cluster, c, isl, 1.0, sm.wbytes, role="prefill")
     cap_d = capacity(model, cluster, c, isl, osl, sm.wbytes, role="decode")
     # prefill pool: tokens/s of the unit
+    s_pre, s_dec = phase_factors(cal)
     C = np.minimum(c.chunk, isl).astype(float)
-    t_pre = cal.factor("prefill") * sm.prefill(C, 0.0)[0]
+    t_pre = s_pre * sm.prefill(C, (np.ceil(isl / C) - 1) * C / 2)[0]
     pre_tok_s = P * c.attn_dp * C / t_pre
     # KV transfer: bytes of one request's KV leaving its prefill GPUs, each over its own NIC
     nic = cluster.scaleout_gbps / 8 * 1e9
@@ -42,14 +45,14 @@ def pd_arrays(model, cluster, c, sm, w, cal) -> dict:
     # decode pool
     conc_unit = max(w.concurrency, 1) / units
     B = np.clip(conc_unit / (D * c.attn_dp), 1.0, np.maximum(cap_d["max_batch_rank"], 1.0))
-    t_dec = cal.factor("decode") * sm.decode(B, isl + osl / 2)[0]
+    t_dec = s_dec * sm.decode(B, isl + osl / 2)[0]
     dec_req_s = D * c.attn_dp * B / t_dec / osl
     req_s = np.minimum(np.minimum(pre_tok_s / isl, xfer_req_s), dec_req_s)
     out_gpu = req_s * osl / unit_gpus
     # TTFT: one prompt's prefill chunks + its transfer + waiting for a decode slot when the unit
     # holds more requests than its decode ranks can run
     waiting = np.maximum(conc_unit - D * c.attn_dp * B, 0.0)
-    ttft = np.ceil(isl / C) * t_pre + t_xfer + waiting / req_s
+    ttft = request_ttft(np.ceil(isl / C) * t_pre + t_xfer + waiting / req_s)
     fits = cap_p["fits"] & cap_d["fits"]
     reason = np.where(cap_p["reason"] != "", cap_p["reason"], cap_d["reason"])
     return {"output_tokens_per_s_per_gpu": out_gpu, "input_tokens_per_s_per_gpu": out_gpu * isl / osl,

@@ -14,6 +14,14 @@ from collections import deque
 
 import numpy as np
 
+from cost_model.serving.constants import REQUEST_FIXED_S
+
+
+def request_ttft(gpu_ttft):
+    """A request's TTFT: what the GPU steps give it (queueing, its prefill chunks) plus the fixed
+    per-request cost outside them (constants.REQUEST_FIXED_S: HTTP, tokenize, stream back)."""
+    return np.asarray(gpu_ttft, float) + REQUEST_FIXED_S
+
 
 def _step_seconds(x, what: str) -> float:
     """A step time the clock can advance by: finite and >= 0. A NaN would freeze the clock (arrivals

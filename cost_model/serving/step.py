@@ -14,9 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from clusters import is_blackwell
 from cost_model.flops import param_counts
 from cost_model.ops import TableOps
-from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNELS_PER_LAYER, SCHED_OVERHEAD_S
+from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNEL_MIN_S, KERNELS_PER_LAYER, PRICED_KERNELS, SCHED_OVERHEAD_S, SMALL_KERNELS_PER_LAYER
+from cost_model.serving.fused_moe import expert_bandwidth_efficiency
 from cost_model.serving.memory import kv_bytes_per_token
 from specs.errors import InputError
 
@@ -36,22 +38,22 @@ def _low_latency_rates() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 _LL = None
 CUSTOM_AR = Path(__file__).resolve().parent.parent / "data" / "custom_allreduce_latency.csv"
-_CAR = None
+_CAR: dict = {}
 
 
-def _custom_ar_rows() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tp sizes, log message bytes, latency seconds [tp, bytes]) of SGLang's custom all-reduce
-    (cost_model/data/custom_allreduce_latency.csv: sglang PR #2904, H100)."""
-    global _CAR
-    if _CAR is None:
-        rows = list(csv.DictReader(CUSTOM_AR.open()))
+def _custom_ar_rows(hw: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tp sizes, log message bytes, latency seconds [tp, bytes]) of SGLang's custom all-reduce on
+    `hw` (cost_model/data/custom_allreduce_latency.csv: h100 from sglang PR #2904; b200 derived
+    from it by Blackwell's own small-message latency and NVLink bandwidth, sources in the rows)."""
+    if hw not in _CAR:
+        rows = [r for r in csv.DictReader(CUSTOM_AR.open()) if r["hw"] == hw]
         tps = np.array(sorted({int(r["tp"]) for r in rows}), float)
         sizes = np.array(sorted({int(r["bytes"]) for r in rows}), float)
         lat = np.zeros((len(tps), len(sizes)))
         for r in rows:
             lat[list(tps).index(float(r["tp"])), list(sizes).index(float(r["bytes"]))] = float(r["latency_us"]) * 1e-6
-        _CAR = (tps, np.log(sizes), lat)
-    return _CAR
+        _CAR[hw] = (tps, np.log(sizes), lat)
+    return _CAR[hw]
 
 
 class StepModel:
@@ -67,9 +69,15 @@ class StepModel:
         self.fp8 = fp8
         self.ops = TableOps(tables, cluster, np.full(len(c), fp8))
         self.wbytes = 1.0 if fp8 else 2.0
+        # a GPU kernel's minimum duration (constants.KERNEL_MIN_S); on CPU only the launch gap
+        self.kmin = KERNEL_MIN_S if cluster.is_gpu else GPU_KERNEL_GAP_S
         self.imb = imbalance
         self.pc = param_counts(spec)
         self.hbm_bw = self.ops.bw["elementwise"]  # achieved bytes/s of a memory-bound kernel
+        # achieved bytes/s of the routed-expert kernel (GPU: measured fused-MoE timings by shard row bytes)
+        self.expert_bw = (cluster.hbm_tbps * 1e12 * expert_bandwidth_efficiency(spec.moe_ffn_hidden_size / c.moe_tp,
+                                                                               self.wbytes)
+                          if cluster.is_gpu and spec.num_experts else self.hbm_bw)
         self.kvt = kv_bytes_per_token(spec, c)  # per GPU, per token, one stage
         self.layers = spec.num_layers / c.pp
         self.L_moe = self.pc["num_moe_layers"] / c.pp
@@ -88,8 +96,8 @@ class StepModel:
         1 MiB, interpolated in log bytes and in n; larger messages: the collectives table, never
         below the table's 1 MiB latency); NCCL (the collectives table) across nodes. The custom
         kernel's figures are H100's, measured without CUDA graphs (an upper bound inside a decode
-        graph): no public table exists for other GPUs, so every NVLink node uses them."""
-        tps, lsz, lat = _custom_ar_rows()
+        graph), used for every Hopper/Ampere node; Blackwell nodes use their own rows."""
+        tps, lsz, lat = _custom_ar_rows("b200" if is_blackwell(self.cl) else "h100")
         nccl = self.ops.collective("all_reduce", nbytes, n, 1)
         nb = np.maximum(np.asarray(nbytes, float), 1.0)
         n = np.asarray(n, float) * np.ones_like(nb)
@@ -157,8 +165,9 @@ class StepModel:
         g = np.maximum(active, 1.0)  # as `grouped` clamps it
         up = up + self.ops.fp8_cast(g * m * h)  # w8a8: each expert GEMM's input cast
         down = down + self.ops.fp8_cast(g * m * f_loc)
-        # decode: the weights the batch activates
-        return np.maximum(up + down, self.expert_weight_bytes(tokens_inst) / self.hbm_bw)
+        # decode: the weights the batch activates, read at the bandwidth the fused-MoE kernel
+        # reaches at this shard width (thin expert-TP shards far below the HBM peak; `fused_moe`)
+        return np.maximum(up + down, self.expert_weight_bytes(tokens_inst) / self.expert_bw)
 
     def _comm(self, tokens_inst, decode: bool = False):
         """Communication seconds on one GPU per (MoE layer, dense layer).
@@ -208,14 +217,24 @@ class StepModel:
         tbo = 2.0 * np.maximum(comp_h, comm_h)
         return np.where(self.c.tbo, tbo, comp + comm)
 
+    def _floor(self, t, group: str):
+        """The priced kernels of `group` (constants.PRICED_KERNELS) each last at least a kernel's
+        minimum duration: small batches are floor-bound, not bandwidth-bound."""
+        return np.maximum(t, PRICED_KERNELS[group] * self.kmin)
+
     def _launch(self, gpu_s, graphs):
-        """Launch cost: eager steps are floored by the CPU enqueueing every kernel; CUDA graphs
-        replay them with only the GPU gap between kernels. A TBO step launches every kernel twice
-        (once per half batch)."""
+        """Launch cost and the kernels the step does not price by work. `gpu_s` holds the priced
+        kernels (each already floored); the small kernels of every layer (norms, rope, router,
+        activation, ...) add a kernel's minimum duration each, and the priced ones the GPU gap
+        between kernels. Eager steps are floored by the CPU enqueueing every kernel, and each of
+        their kernels also waits a launch gap (a graph replays them back to back, as the kernel
+        minimum was measured). A TBO step launches every kernel twice (once per half batch)."""
         c = self.c
-        kernels = KERNELS_PER_LAYER * self.layers * np.where(c.tbo, 2, 1)
-        eager = np.maximum(gpu_s, kernels * self.ops.gap)
-        t = np.where(graphs, gpu_s, eager) + kernels * GPU_KERNEL_GAP_S
+        per_layer = self.layers * np.where(c.tbo, 2, 1)
+        kernels = KERNELS_PER_LAYER * per_layer
+        gpu = (gpu_s + SMALL_KERNELS_PER_LAYER * per_layer * self.kmin
+               + (KERNELS_PER_LAYER - SMALL_KERNELS_PER_LAYER) * per_layer * GPU_KERNEL_GAP_S)
+        t = np.where(graphs, gpu, np.maximum(gpu, kernels * self.ops.gap) + kernels * GPU_KERNEL_GAP_S)
         return t + np.where(c.overlap_sched, 0.0, SCHED_OVERHEAD_S)
 
     # ---- steps ----------------------------------------------------------------------------
@@ -223,7 +242,7 @@ class StepModel:
         """(compute, communication, parts) seconds of one decode step at `B` requests per rank."""
         s, c, pl = self.s, self.c, self.pc["per_layer"]
         T = B * c.attn_dp
-        proj = self._gemm(B, pl["attention"] / c.attn_tp)
+        proj = self._floor(self._gemm(B, pl["attention"] / c.attn_tp), "attention_proj")
         kv_read = B * ctx * self.kvt / self.layers
         heads = s.num_attention_heads / c.attn_tp
         if s.mla:  # absorbed MLA: scores and values against the latent
@@ -234,10 +253,10 @@ class StepModel:
             hd = s.head_dim
         # one call over the rank's B requests x its heads (the table's bh axis)
         core_f, _ = self.ops.attention(fl, np.maximum(ctx, 16), min(hd, 256), B * heads)
-        core = np.maximum(kv_read / self.hbm_bw, core_f)
-        dense = self._gemm(T, pl["dense_mlp"] / c.tp)
-        shared = self._gemm(T, (pl["shared_expert"] + pl["router"]) / c.tp)
-        experts = self._experts(T)
+        core = self._floor(np.maximum(kv_read / self.hbm_bw, core_f), "attention_core")
+        dense = self._floor(self._gemm(T, pl["dense_mlp"] / c.tp), "mlp")
+        shared = self._floor(self._gemm(T, (pl["shared_expert"] + pl["router"]) / c.tp), "mlp")
+        experts = self._floor(self._experts(T), "experts") if s.num_experts else 0.0
         comm, comm_dense = self._comm(T, decode=True)
         head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp) / c.pp
         comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts) + head
@@ -263,7 +282,7 @@ class StepModel:
         """(compute, communication, parts) seconds of one prefill step of `C` tokens per rank."""
         s, c, pl = self.s, self.c, self.pc["per_layer"]
         T = C * c.attn_dp
-        proj = self._gemm(C, pl["attention"] / c.attn_tp)
+        proj = self._floor(self._gemm(C, pl["attention"] / c.attn_tp), "attention_proj")
         heads = s.num_attention_heads / c.attn_tp
         if s.mla:  # prefill runs MLA un-absorbed: q.k over (nope + rope) dims, values over v dim
             dqk, dv = s.qk_head_dim + s.qk_pos_emb_head_dim, s.v_head_dim
@@ -272,9 +291,10 @@ class StepModel:
         fl = 2.0 * heads * C * (prefix + C / 2.0) * (dqk + dv)
         # priced as one sequence of prefix + C tokens (as `fl` counts it): bh = the rank's heads
         core, _ = self.ops.attention(fl, prefix + C, min(dqk, 256), heads)
-        dense = self._gemm(T, pl["dense_mlp"] / c.tp)
-        shared = self._gemm(T, (pl["shared_expert"] + pl["router"]) / c.tp)
-        experts = self._experts(T)
+        core = self._floor(core, "attention_core")
+        dense = self._floor(self._gemm(T, pl["dense_mlp"] / c.tp), "mlp")
+        shared = self._floor(self._gemm(T, (pl["shared_expert"] + pl["router"]) / c.tp), "mlp")
+        experts = self._floor(self._experts(T), "experts") if s.num_experts else 0.0
         comm, comm_dense = self._comm(T)
         comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts)
         comm_t = self.L_moe * comm + self.L_dense * comm_dense

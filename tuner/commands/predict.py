@@ -198,6 +198,6 @@ def run_serve(args, extra_reasons=()) -> int:
     if "what_if" in d:
         from tuner.rank.whatif import describe
         print(f"what-if        {describe(d['what_if'])}")
-    print(f"method         {d['extra']['method']}; calibration {d['extra']['calibration_id']} "
-          f"(scale {d['extra']['calibration_scale']:.2f})")
+    print(f"method         {d['extra']['method']}; calibration {d['extra']['calibration_id']}: "
+          + ", ".join(f"{k} x{v:.2f}" for k, v in d['extra']['calibration_factors'].items()))
     return rc

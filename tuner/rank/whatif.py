@@ -118,6 +118,7 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
     with dense layers (DeepSeek-V3: 3 of 61) is priced with that small bias, stated here.
     """
     from cost_model.serving import load_default
+    from cost_model.serving.calibration import phase_factors
     from cost_model.serving.plans import effective_plans, to_cols
     from cost_model.serving.step import StepModel
     from cost_model.tables import load_tables, tables_dir_for
@@ -131,7 +132,7 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
     if plan.ep > cluster.scaleup_domain:
         return _not_applicable(f"the EP group ({plan.ep} GPUs) spans more than one NVLink domain "
                                f"({cluster.scaleup_domain} GPUs): Weave's kernel moves tokens through peer memory")
-    cal = calibration or load_default()
+    s_pre, s_dec = phase_factors(calibration or load_default())  # step-time factors per phase
     tables = tables if tables is not None else load_tables(tables_dir_for(cluster.kind))
     c = to_cols([eff])
     sm = StepModel(model, cluster, tables, c, fp8=precision.startswith(("fp8", "mxfp8")),
@@ -146,13 +147,13 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
     replicas = max(int(pred.extra.get("replicas", 1)), 1)
     K_req = max(max(workload.concurrency, 1) / replicas / a, 1.0)
 
-    def layer(step_s, parts, tokens_gpu, tokens_inst):
+    def layer(step_s, parts, tokens_gpu, tokens_inst, f):
         base_ms = (float(parts["experts"][0]) / n_moe + float(parts["communication"][0]) / n_layers) * 1e3
         r = megakernel_whatif(shape, tokens_gpu, plan.ep, imbalance, base_ms, cv)
         floor_ms = float(np.ravel(sm.expert_weight_bytes(tokens_inst))[0]) / (cluster.hbm_tbps * 1e12) * 1e3
         ms, saving, floor = _floored(r, base_ms, floor_ms)
         new_s = float(step_s[0]) - n_moe * base_ms * 1e-3 * saving
-        return base_ms, dict(r, weave_ms=ms, **floor), cal.scale * float(step_s[0]), cal.scale * new_s
+        return base_ms, dict(r, weave_ms=ms, **floor), f * float(step_s[0]), f * new_s
 
     C = float(min(c.chunk[0], isl * K_req)) if workload.phase != "decode" else 0.0
     out = {"what_if": "megakernel", "applicable": True, "reason_code": REASON_CODE,
@@ -161,7 +162,7 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
     if C > 0:
         t, parts = sm.prefill(C, isl / 2 if workload.phase != "prefill" else 0.0)
         tok = C * a / tp  # tokens of one prefill step entering one GPU's MoE layer
-        b_ms, r, pre_old, pre_new = layer(t, parts, tok, C * a)
+        b_ms, r, pre_old, pre_new = layer(t, parts, tok, C * a, s_pre)
         out.update({"c": int(r["c"]), "K": int(r["K"]), "n_steal": int(r["n_steal"]),
                     "prefill_tokens_per_gpu": tok, "prefill_baseline_ms": b_ms,
                     "prefill_weave_ms": float(r["weave_ms"]), "prefill_hbm_floor_ms": r["hbm_floor_ms"],
@@ -173,7 +174,7 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
             B = max(min(K_req, pred.max_batch * tp * pp / a), 1.0)
         t, parts = sm.decode(B, isl + osl / 2)
         tok = B * a / tp
-        b_ms, r, dec_old, dec_new = layer(t, parts, tok, B * a)
+        b_ms, r, dec_old, dec_new = layer(t, parts, tok, B * a, s_dec)
         out.update({"decode_batch_tokens_per_gpu": tok, "decode_baseline_ms": b_ms,
                     "decode_weave_ms": float(r["weave_ms"]), "decode_weave_model_ms": r["weave_model_ms"],
                     "decode_hbm_floor_ms": r["hbm_floor_ms"], "floored": r["floored"]})

@@ -1,0 +1,144 @@
+"""Serving physics (cost_model/serving): the kernel minimum at small decode batches, chunked prefill
+over a growing prefix, TTFT's fixed request cost and queueing, Blackwell's own all-reduce rows, and
+the per-phase calibration (each factor moves only its phase; a foreign calibration raises)."""
+import numpy as np
+import pytest
+
+from clusters import load_cluster
+from cost_model.calibration import Calibration, CalibrationError, class_parts
+from cost_model.serving import predict_serve, rank_arrays
+from cost_model.serving.calibration import IDENTITY, phase_factors
+from cost_model.serving.constants import KERNEL_MIN_S, KERNELS_PER_LAYER, REQUEST_FIXED_S
+from cost_model.serving.plans import effective_plans, to_cols
+from cost_model.serving.step import StepModel
+from cost_model.tables import load_tables, tables_dir_for
+from specs.models import load_model
+from specs.serve_plan import ServePlan, ServeWorkload
+
+QWEN = load_model("qwen3-30b-a3b")
+H200 = load_cluster("h200-sxm", 8)
+
+
+def step_model(plan="tp=2", cluster=H200, model=QWEN):
+    c = to_cols(effective_plans([ServePlan.parse(plan)], model, cluster))
+    return StepModel(model, cluster, load_tables(tables_dir_for(cluster.kind)), c, fp8=False)
+
+
+def test_small_decode_batches_are_floor_bound():
+    sm = step_model()
+    t1, t2, t64 = (float(sm.decode(b, 1000.0)[0][0]) for b in (1, 2, 64))
+    # every kernel of every layer lasts at least the kernel minimum
+    assert t1 >= QWEN.num_layers * KERNELS_PER_LAYER * KERNEL_MIN_S
+    # doubling a batch of one barely moves the step (the floor, not the bytes, decides it)
+    assert t2 / t1 < 1.1
+    assert t64 > t1
+
+
+def test_prefill_attention_grows_with_the_prefix_and_prompts_are_superlinear():
+    sm = step_model()
+    steps = [float(sm.prefill(4096.0, p)[0][0]) for p in (0.0, 16384.0, 65536.0)]
+    assert steps[0] < steps[1] < steps[2]
+
+    def prompt(isl, chunk=4096):  # the chunks of one prompt, each attending to those before it
+        return sum(float(sm.prefill(chunk, i * chunk)[0][0]) for i in range(isl // chunk))
+    assert prompt(65536) > 2.05 * prompt(32768)
+
+
+def test_each_prefill_chunk_pays_a_fixed_cost():
+    sm = step_model()
+    one = float(sm.prefill(1.0, 0.0)[0][0])
+    assert one >= QWEN.num_layers * KERNELS_PER_LAYER * KERNEL_MIN_S
+    # one 8k prompt in 16 chunks of 512 costs more than in one chunk of 8192
+    small = sum(float(sm.prefill(512.0, i * 512.0)[0][0]) for i in range(16))
+    assert small > float(sm.prefill(8192.0, 0.0)[0][0])
+
+
+def test_longer_prompt_longer_ttft_and_ttft_has_its_fixed_cost():
+    p = ServePlan.parse("tp=2")
+    t = [predict_serve(QWEN, H200, p, ServeWorkload(isl=i, osl=64, concurrency=4), calibration=IDENTITY)
+         for i in (256, 2048, 16384)]
+    assert t[0].ttft_p90_s < t[1].ttft_p90_s < t[2].ttft_p90_s
+    assert t[0].extra["ttft_p50_s"] > REQUEST_FIXED_S
+    r = rank_arrays(QWEN, H200, [p], ServeWorkload(isl=256, osl=64, concurrency=1, phase="prefill"),
+                    calibration=IDENTITY)
+    assert r["ttft_s"][0] > REQUEST_FIXED_S
+
+
+def test_more_concurrency_no_lower_tpot_and_queueing_raises_ttft():
+    p = ServePlan.parse("tp=2,max_running=16")
+    preds = [predict_serve(QWEN, H200, p, ServeWorkload(isl=1000, osl=200, concurrency=k), calibration=IDENTITY)
+             for k in (1, 8, 256)]
+    tpot = [x.tpot_p90_s for x in preds]
+    assert tpot[0] <= tpot[1] <= tpot[2] * (1 + 1e-9)
+    # 256 requests over 4 replicas of tp=2: 64 per instance for 16 running slots; the rest queue
+    assert preds[2].ttft_p90_s > 2 * preds[1].ttft_p90_s
+
+
+def test_blackwell_uses_its_own_all_reduce_rows():
+    b200 = load_cluster("b200", 8)
+    h, b = step_model("tp=8"), step_model("tp=8", cluster=b200)
+    small, big = np.array([512.0]), np.array([1048576.0])
+    # Blackwell: higher small-message latency (NCCL issue #1940), twice the NVLink bandwidth
+    assert b.all_reduce(small, 8)[0] > h.all_reduce(small, 8)[0]
+    assert b.all_reduce(big, 8)[0] < h.all_reduce(big, 8)[0]
+
+
+def test_each_phase_factor_moves_only_its_phase():
+    p = ServePlan.parse("tp=2")
+    dec_w = ServeWorkload(isl=1000, osl=200, concurrency=8, phase="decode")
+    pre_w = ServeWorkload(isl=1000, osl=1, concurrency=8, phase="prefill")
+    slow_pre = Calibration(factors={"prefill": 2.0, "decode": 1.0})
+    base_d, slow_d = (predict_serve(QWEN, H200, p, dec_w, calibration=c).tpot_p90_s for c in (IDENTITY, slow_pre))
+    assert slow_d == pytest.approx(base_d, rel=1e-9)
+    base_p, slow_p = (rank_arrays(QWEN, H200, [p], pre_w, calibration=c)["input_tokens_per_s_per_gpu"][0]
+                      for c in (IDENTITY, slow_pre))
+    assert slow_p == pytest.approx(base_p / 2.0, rel=1e-9)
+
+
+def test_a_calibration_of_other_classes_is_refused():
+    train = Calibration(factors={"gemm": 1.2, "ep_comm": 1.5})
+    with pytest.raises(CalibrationError, match="not a serving calibration"):
+        phase_factors(train)
+    with pytest.raises(CalibrationError):
+        predict_serve(QWEN, H200, ServePlan.parse("tp=2"), ServeWorkload(isl=100, osl=10, concurrency=1),
+                      calibration=train)
+    assert phase_factors(Calibration(scale=1.5)) == (1.5, 1.5)  # one-scale: both phases
+
+
+def test_serving_parts_map_to_phase_classes_and_unknown_parts_raise():
+    from cost_model.calibration import SERVE_COMPONENT_CLASS
+    assert class_parts({"prefill_step": 1.0, "decode_step": 2.0}, SERVE_COMPONENT_CLASS) == {"prefill": 1.0, "decode": 2.0}
+    with pytest.raises(KeyError, match="no calibration class"):
+        class_parts({"sampling": 1.0}, SERVE_COMPONENT_CLASS)
+
+
+def test_fused_moe_bandwidth_rises_with_shard_row_bytes():
+    from cost_model.serving.fused_moe import expert_bandwidth_efficiency, fitted_shapes
+    shapes = fitted_shapes()
+    assert len(shapes) >= 2 and all(0.2 < s["eff"] < 1.0 for s in shapes)
+    thin, wide = (float(expert_bandwidth_efficiency(n, 1.0)) for n in (192, 2048))
+    assert thin < wide
+    # held at the measured ends, never extrapolated
+    assert float(expert_bandwidth_efficiency(8, 1.0)) == pytest.approx(shapes[0]["eff"])
+    assert float(expert_bandwidth_efficiency(1e6, 2.0)) == pytest.approx(shapes[-1]["eff"])
+
+
+def test_thin_expert_tp_shards_read_their_weights_slower_than_expert_parallel():
+    qwen235 = load_model("qwen3-235b-a22b")
+    tp, ep = step_model("tp=8", model=qwen235), step_model("tp=8,ep=8", model=qwen235)
+    T = np.array([64.0])
+    # the same bytes per GPU (all experts / 8), read at the thin-shard kernel's lower bandwidth
+    assert float(tp.expert_weight_bytes(T)[0]) == pytest.approx(float(ep.expert_weight_bytes(T)[0]), rel=0.25)
+    assert float(tp._experts(T)[0]) > 1.15 * float(ep._experts(T)[0])
+
+
+def test_cli_refuses_a_training_calibration_for_serving(tmp_path):
+    import subprocess
+    import sys
+    f = tmp_path / "train.json"
+    f.write_text('{"scale": 1.0, "kind": "per-component", "factors": {"gemm": 1.2}}')
+    r = subprocess.run([sys.executable, "-m", "tuner.cli", "predict", "--mode", "serve", "--model", "qwen3-30b-a3b",
+                        "--cluster", "h200-sxm", "--gpus", "8", "--plan", "tp=2", "--isl", "100", "--osl", "10",
+                        "--concurrency", "1", "--calibration", str(f)], capture_output=True, text=True)
+    err = r.stderr.strip()
+    assert r.returncode == 2 and "not a serving calibration" in err and "\n" not in err
