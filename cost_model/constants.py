@@ -249,7 +249,11 @@ KERNELS_CORE_ATTENTION = 1    # cuDNN / flash fused attention
 KERNELS_GEMM_ROUTER = 1
 # Whether an expert GEMM is one kernel: TE GroupedLinear launches one cuBLAS GEMM per local expert
 # (over 4 streams; common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm) on Hopper and for fp8
-# everywhere; Blackwell bf16 runs one cuBLASLt grouped GEMM (docs/DESIGN.md, issue 10 notes).
+# everywhere; Blackwell bf16 runs one cuBLASLt grouped GEMM (docs/DESIGN.md, issue 10 notes). The
+# per-expert GEMMs go round-robin over TE's compute streams (transformer_engine/common/util/
+# multi_stream.cpp num_compute_streams = 4), so their fixed device slots overlap that many ways; the
+# host still launches each one.
+TE_GEMM_STREAMS = 4
 
 # ---- wgrad into fp32 main grads ------------------------------------------------------------------
 # Megatron's gradient_accumulation_fusion: the weight-gradient GEMM accumulates into the main_grad

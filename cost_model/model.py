@@ -498,10 +498,11 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
             pre = dispatcher_preprocess(x)
             terms.add("dispatcher_preprocess", "moe", pre, pre)
         # every kernel's fixed slot: the fp8 quantisation kernels' in fp8_quantize, the rest here
-        for group, k, f8 in (("layer", lk.attn, lk.attn_fp8), ("dense", lk.dense, lk.dense_fp8),
-                             ("moe", lk.moe if spec.is_moe else z, lk.moe_fp8 if spec.is_moe else z),
+        s_attn, s_dense, s_moe = lk.device_slots()
+        for group, k, f8 in (("layer", s_attn, lk.attn_fp8), ("dense", s_dense, lk.dense_fp8),
+                             ("moe", s_moe if spec.is_moe else z, lk.moe_fp8 if spec.is_moe else z),
                              ("embedding", z + KERNELS_EMBEDDING, z), ("loss", z + KERNELS_LM_HEAD_LOSS, z)):
-            lf, lb = latency(k - f8)
+            lf, lb = latency(k)
             terms.add("kernel_latency", group, lf, lf)
             terms.add("kernel_latency", group, lb)
             qf, qb = latency(f8)

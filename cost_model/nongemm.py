@@ -38,6 +38,7 @@ from cost_model.constants import (
     KERNELS_ROUTER_SCORE,
     KERNELS_TP_ATTENTION,
     KERNELS_TP_DENSE_MLP,
+    TE_GEMM_STREAMS,
     WGRAD_OUTPUT_BYTES,
 )
 from specs.ranks import group_size_stride
@@ -123,6 +124,14 @@ class LayerKernels:
     moe_fp8: np.ndarray
     router: np.ndarray
     preprocess: np.ndarray
+    moe_streamed: np.ndarray  # per-expert GEMM launches spread over TE's compute streams
+
+    def device_slots(self):
+        """(attention, dense MLP, MoE MLP) forward kernels that each take a fixed device slot, the
+        fp8 quantisation kernels left out (`fp8_quantize` charges theirs); per-expert GEMMs on TE's
+        parallel streams count 1 / TE_GEMM_STREAMS each."""
+        streamed = self.moe_streamed * (1.0 - 1.0 / TE_GEMM_STREAMS)
+        return self.attn - self.attn_fp8, self.dense - self.dense_fp8, self.moe - self.moe_fp8 - streamed
 
 
 def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, blackwell=False) -> LayerKernels:
@@ -153,7 +162,7 @@ def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, 
     moe_fp8 = fp8_kernels(precision, 2 * launches + (2 if shared else 0))
     moe = (moe_ng + KERNELS_GEMM_ROUTER + KERNELS_EP_COMM + 2 * launches + (2 if shared else 0) + moe_fp8)
     return LayerKernels(attn, dense, moe, attn_fp8, dense_fp8, moe_fp8,
-                        router + KERNELS_GEMM_ROUTER, pre)
+                        router + KERNELS_GEMM_ROUTER, pre, np.where(launches > 1, 2 * launches, 0.0) * one)
 
 
 def latency(fwd_kernels):
