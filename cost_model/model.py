@@ -559,10 +559,18 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         # such layer's forward is a segment of its own, max(its GPU seconds, sync idle included;
         # its launches x gap + the copy). The rest of the microbatch (dense layers, embedding, loss,
         # the whole backward, where the host runs ahead) is one segment, max(GPU, host). Without
-        # syncs this is max(compute, floor) over the microbatch.
+        # syncs this is max(compute, floor) over the microbatch. Under EP a2a overlap the host issues
+        # one microbatch's forward and another's backward of a layer interleaved (the merged
+        # forward-backward), so the sync drains both: the segment is the layer's whole forward +
+        # backward, GPU and host (issue 22: with the forward alone, extra forward compute hid the
+        # backward's communication outside its segment and more work could shorten the step).
         seg = nm * col((pa.dispatch != 1).astype(float) if spec.is_moe else z)
-        u_f = col(terms.unit_fwd("moe")) if spec.is_moe else col(z)
-        h_f = col(np.where(gr.full_iteration, 0.0, (k_attn + k_moe + gr.regions_moe) * ops.gap))
+        a2o = col(pa.a2a_overlap.astype(bool))
+        u_moe = col(_chain(t.seconds for t in terms._of("moe"))) if spec.is_moe else col(z)
+        u_f = np.where(a2o, u_moe, col(terms.unit_fwd("moe")) if spec.is_moe else col(z))
+        k_layer = np.where(pa.a2a_overlap.astype(bool), KERNEL_PASSES * (k_attn + k_moe)
+                           + GRAPH_LAUNCHES_PER_REGION * gr.regions_moe, k_attn + k_moe + gr.regions_moe)
+        h_f = col(np.where(gr.full_iteration, 0.0, k_layer * ops.gap))
         moe_wall = seg * np.maximum(u_f, h_f + D2H_SYNC_S)
 
         def wall(gpu, host):
@@ -611,6 +619,12 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     # the param all-gather hides under the forward's wall time, not its GPU seconds (the same reason
     # as bwd_wall): on a launch-bound stage extra forward work widens no window (issue 22 item 7)
     dpc = dp_collectives(x, Pd, Pe, fwd_win, bwd_wall)
+    # the compute slowed by the SMs the hidden DP collectives hold: every stage's own, the step
+    # waiting for the most slowed (max over stages: more parameters on any stage never shortens it)
+    if ops.async_launch:
+        dpc.sm_share = np.max(np.stack([dp_collectives(x, params.dense[:, s], params.expert[:, s], fwd_win,
+                                                       bwd_wall).sm_share for s in range(params.dense.shape[1])],
+                                       axis=1) * smask, axis=1)
     opt_t = np.max(np.stack([optimizer_step(x, params.dense[:, s], params.expert[:, s], st.layers[:, s])
                              for s in range(params.dense.shape[1])], axis=1), axis=1)
 
