@@ -40,7 +40,6 @@ from cost_model.constants import (
     KERNELS_SHARED_EXPERT,
     KERNELS_TP_ATTENTION,
     KERNELS_TP_DENSE_MLP,
-    MOE_KERNELS_AFTER_SYNC,
     NCCL_COMM_SMS,
 )
 from cost_model.nongemm import comm_hbm_share, hbm_contention
@@ -277,9 +276,14 @@ def shared_experts(x: Inputs, tp: TPComm) -> FwdBwd:
     ops, T, h, tpd = x.ops, x.tokens, x.hidden, x.tp
     s1 = ops.gemm(T, x.mlp_matrices * fs / tpd, h)
     s2 = ops.gemm(T, h, fs / tpd)
-    BWe = x.bw_elementwise
-    return FwdBwd(s1[0] + s2[0] + 3 * 2.0 * T * fs / tpd / BWe + tp.block,
-                  s1[1] + s2[1] + 2 * 3 * 2.0 * T * fs / tpd / BWe + tp.block)
+    act = shared_expert_activation(x)
+    return FwdBwd(s1[0] + s2[0] + act + tp.block,
+                  s1[1] + s2[1] + 2 * act + tp.block)
+
+
+def shared_expert_activation(x: Inputs):
+    """Forward seconds of the shared expert's activation (memory-bound; bwd = 2x); 0 without one."""
+    return 3 * 2.0 * x.tokens * (x.spec.moe_shared_expert_ffn or 0) / x.tp / x.bw_elementwise
 
 
 # ---- EP dispatch / combine ---------------------------------------------------------------------------
@@ -499,17 +503,14 @@ def fp8_quantize(x: Inputs, experts: RoutedExperts | None) -> Fp8Quantize:
                        FwdBwd(m_in * bpe, m_out * bpe))
 
 
-def moe_host_sync(x: Inputs, after: np.ndarray | None = None) -> np.ndarray:
+def moe_host_sync(x: Inputs, after: np.ndarray, after_gpu_s: np.ndarray) -> np.ndarray:
     """Seconds per MoE layer and microbatch (forward) the GPU idles after the dropless
     dispatcher's device-to-host sync of the token counts (`constants`, "MoE host
-    synchronisation"); the allgather dispatcher keeps the counts on the device. `after`: the
-    forward kernels launched after the sync (GPUs: `nongemm.layer_kernels`), else the structural
-    estimate."""
-    if after is None:
-        grouped = x.pa.grouped_gemm.astype(bool)
-        G = max(x.spec.num_experts, 1) / x.ep
-        after = MOE_KERNELS_AFTER_SYNC + np.where(grouped, KERNELS_PER_EXPERT_GEMMS, KERNELS_PER_EXPERT_GEMMS * G)
-    t = after * x.ops.gap + D2H_SYNC_S
+    synchronisation"): the round trip, the first launch, and what launching the `after` kernels
+    takes beyond their `after_gpu_s` GPU seconds; the allgather dispatcher keeps the counts on the
+    device. GPUs only (CPU devices execute on the dispatching thread)."""
+    gap = x.ops.gap
+    t = D2H_SYNC_S + gap + np.maximum(0.0, after * gap - after_gpu_s)
     return np.where(x.pa.dispatch == 1, 0.0, t) * (1.0 if x.ops.async_launch else 0.0)
 
 

@@ -164,13 +164,13 @@ FP8_QUANT_BYTES_PER_ELEMENT = (0.0, 2 + 2 + 1 + 1, 2 + 1 + 1, 2 + 1 + 1 + 2 * 4 
 # Dropless token dispatchers copy the per-expert token counts to the host before the expert GEMMs
 # (Megatron-core moe/token_dispatcher.py `_maybe_dtoh_and_synchronize`, the alltoall and flex
 # dispatchers; TE GroupedLinear takes the split sizes as host ints). The stream drains at that
-# point, so the kernels the host launches after it run at launch pace until the queue refills:
-# exposed per MoE layer forward = the MoE kernels after the sync x the dispatch gap, plus one
-# device-to-host round trip. Design choice: the kernels after the sync are the expert GEMMs,
-# activation and unpermute/combine (KERNELS_PER_EXPERT_GEMMS + MOE_KERNELS_AFTER_SYNC); the round
-# trip is the CUDA D2H small-copy latency, ~10 us (NVIDIA CUDA C++ Best Practices Guide,
-# "Data Transfer Between Host and Device": small transfers are latency-bound at ~10 us).
-MOE_KERNELS_AFTER_SYNC = 8
+# point: the GPU waits one device-to-host round trip and the first launch, and then for the host
+# wherever the kernels after the sync are issued slower than they run (the host cannot have queued
+# them ahead): exposed per MoE layer forward = D2H + one dispatch gap + max(0, the MoE kernels after
+# the sync x the gap - their GPU seconds) (`blocks.moe_host_sync`; the kernels after the sync from
+# `nongemm.layer_kernels`: the MoE block less its router and preprocess). The round trip is the CUDA
+# D2H small-copy latency, ~10 us (NVIDIA CUDA C++ Best Practices Guide, "Data Transfer Between Host
+# and Device": small transfers are latency-bound at ~10 us).
 D2H_SYNC_S = 10e-6
 
 # ---- DeepEP / HybridEP: what their bandwidth figures count, and the per-token cost ------------------
@@ -261,7 +261,8 @@ TE_GEMM_STREAMS = 4
 # and writes the main grad (2 x grad bytes) where a plain bf16 GEMM output writes 2 B: the extra
 # HBM bytes are priced memory-bound at the `membw` "elementwise" rate (megatron-core
 # tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication, main_grad dtype fp32
-# with grad_reduce_in_fp32, else the param dtype).
+# with grad_reduce_in_fp32, else the param dtype). Added to the GEMM's table time, not folded into
+# its roofline: an upper bound where the accumulate epilogue overlaps the next tile's main loop.
 WGRAD_OUTPUT_BYTES = 2.0
 
 # ---- HBM traffic of overlapped communication ------------------------------------------------------

@@ -78,6 +78,7 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
     pipeline,
     routed_experts,
     router_permutation,
+    shared_expert_activation,
     shared_experts,
     structural_kernels,
     tp_comm,
@@ -445,9 +446,11 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         mlp_node = FwdBwd(experts.f + shared.f, experts.b + shared.b)
         # the memory-bound kernels of each node lose HBM bandwidth to the communication beside them
         # (GPUs; issue 22 item 1): norms, residuals, RoPE, router and permute; the expert activation
+        # (the shared expert's activation: the same bytes as `blocks.shared_experts` charges)
+        sh_act = shared_expert_activation(x)
         mb_attn = FwdBwd(attn.elem_f + router.f, 2 * attn.elem_f + router.b)
-        mb_mlp = FwdBwd(experts.act_f, 2 * experts.act_f)
-        mb_shared = FwdBwd(z, z)
+        mb_mlp = FwdBwd(experts.act_f + sh_act, 2 * (experts.act_f + sh_act))
+        mb_shared = FwdBwd(sh_act, 2 * sh_act)
         membound = (mb_attn, mb_mlp, mb_shared) if ops.async_launch else None
         epx = ep_exposed(x, ep_total, shared, attn_node, mlp_node, _unpaired_share(x), membound)
         ep = epx.total
@@ -468,7 +471,10 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
                        local_experts=experts.local_experts if experts is not None else z + 1,
                        precision=pa.precision, dispatch=pa.dispatch,
                        blackwell=bool(getattr(cl, "mxfp8", False))) if gpu else None
-    sync = (moe_host_sync(x, lk.moe - lk.router - lk.preprocess if gpu else None) if spec.is_moe else z)
+    # the GPU seconds after the sync: dispatch / combine as exposed, the experts, the shared expert
+    # and the experts' fp8 casts
+    sync = (moe_host_sync(x, lk.moe - lk.router - lk.preprocess, epx.total.f + expert_t.f + shared.f + q8.moe.f)
+            if (gpu and spec.is_moe) else z)
 
     # -- one list of terms: the stage time and the breakdown both sum it -----------------------------
     terms = StepTerms()
