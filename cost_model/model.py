@@ -96,7 +96,14 @@ from cost_model.constants import (
 )
 from cost_model.flops import model_flops_per_token
 from cost_model.memory import OFFLOAD_MODULES, col, memory_by_stage, offload_bytes, stage_params
-from cost_model.nongemm import dispatcher_preprocess, latency, layer_kernels, layer_weights, wgrad_main_grad
+from cost_model.nongemm import (
+    dispatcher_preprocess,
+    latency,
+    layer_kernels,
+    layer_weights,
+    qk_norm,
+    wgrad_main_grad,
+)
 from cost_model.ops import TableOps
 from cost_model.plans import PlanArrays
 from specs.errors import LayoutError
@@ -514,6 +521,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
             qf, qb = latency(f8)
             terms.add("fp8_quantize", group, qf, qf)
             terms.add("fp8_quantize", group, qb)
+        qn = qk_norm(x)
+        terms.add("elementwise", "layer", 3 * qn, qn)  # bwd = 2x fwd, as the attention block's norms
         wa, wd, wm = wgrad_main_grad(x, layer_weights(x))
         terms.add("wgrad_main_grad", "layer", wa)
         terms.add("wgrad_main_grad", "dense", wd)

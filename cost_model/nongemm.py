@@ -53,8 +53,23 @@ def norm_kernels(n=1):
 
 
 def qk_norm_kernels(spec):
-    """Qwen3 / OLMoE q and k norms (megatron-core attention.py q_layernorm / k_layernorm)."""
+    """Qwen3 / OLMoE q and k norms (megatron-core attention.py q_layernorm / k_layernorm; MLA: the
+    q and kv latent norms)."""
     return 2 * KERNELS_NORM if getattr(spec, "qk_layernorm", False) else 0
+
+
+def qk_norm(x):
+    """Forward seconds per layer and microbatch of the q/k norms' bytes (read + write bf16 of the
+    normed tensors: q and k per rank, or MLA's q and kv latents), memory-bound; the backward moves
+    twice that (the `blocks.attention` norms' convention). 0 without qk_layernorm."""
+    spec = x.spec
+    if not getattr(spec, "qk_layernorm", False):
+        return x.zero
+    if spec.mla:
+        width = (spec.q_lora_rank or 0) + spec.kv_lora_rank + x.zero
+    else:
+        width = (spec.num_attention_heads + spec.query_groups) * spec.head_dim / x.tp
+    return 2 * 2.0 * x.tokens * width / x.bw_elementwise
 
 
 def rope_kernels(spec):
@@ -140,7 +155,7 @@ def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, 
     one = np.ones(np.broadcast(tp, cp, np.asarray(precision), np.asarray(dispatch)).shape)
     # attention: input norm (in LayerNormLinear), q/k norms, RoPE, projections, core, residual
     attn_ng = (norm_kernels() + qk_norm_kernels(spec) + rope_kernels(spec) + residual_kernels()) * one
-    attn_gemm = (KERNELS_GEMM_ATTENTION_MLA + 2 * KERNELS_NORM if spec.mla else KERNELS_GEMM_ATTENTION)
+    attn_gemm = KERNELS_GEMM_ATTENTION_MLA if spec.mla else KERNELS_GEMM_ATTENTION
     attn_comm = KERNELS_TP_ATTENTION * (tp > 1) + KERNELS_CP_PER_STEP * (cp > 1) * (cp - 1)
     attn_fp8 = fp8_kernels(precision, 5 if spec.mla else 2) * one
     attn = attn_ng + attn_gemm + KERNELS_CORE_ATTENTION + attn_comm + attn_fp8

@@ -151,3 +151,11 @@ def test_fp8_is_not_predicted_faster_than_bf16_on_fine_grained_moe():
             step[a2a, prec] = predict(w, _hybridep(a2a_overlap=a2a, precision=prec), calibration=IDENTITY).step_time_s
     assert step[False, "fp8-tensorwise"] > 0.95 * step[False, "bf16"]
     assert step[True, "fp8-tensorwise"] > step[True, "bf16"]
+
+
+def test_qk_norms_move_bytes_only_where_the_model_has_them():
+    with_norms = _bd(_w(), _hybridep())["elementwise"]
+    without = _bd(_w(qk_layernorm=False), _hybridep())["elementwise"]
+    assert with_norms > without
+    longer = _bd(_w(seq=8192, gbs=32), _hybridep())["elementwise"]  # same tokens per step, 2x per microbatch
+    assert longer == pytest.approx(with_norms, rel=0.05)
