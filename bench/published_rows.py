@@ -6,9 +6,10 @@ Part 1, the four calibration rows (cost_model/data/published_training_calibratio
 completed with the flags its recipe sets: cost_model/fit_default_calibration.py OVERRIDES):
 raw prediction, calibrated with the scale fitted on all four, leave-one-out (scale fitted on the
 other three), measured step time, and the fitted scale.
-Per row, the components issue 22 added or split (EP serial / beyond its pair / SM share, the
-dispatcher's host sync, the launch floor, fp8 casts, the bubble) and the row's split and CUDA graph
-fields.
+Per row, the components issue 22 added or split (EP serial / beyond its pair / SM share / HBM
+share, the dispatcher's metadata preprocess, every kernel's fixed slot, the wgrad's main-grad
+accumulation, the SMs hidden DP collectives hold, the dispatcher's host sync, the launch floor, fp8
+casts, router/permute and elementwise bytes, the bubble) and the row's split and CUDA graph fields.
 Part 2, memory: every calibration row plus the published layouts named in issue 10, with their
 recipe flags (sources below), must fit the card; prints peak GiB per stage and the usable HBM.
 Nothing here is fitted to the part-2 layouts' throughputs (their step times are not used).
@@ -76,15 +77,19 @@ def main() -> int:
               f"{m * (1 + r['loo_rel_err']):7.2f} {m:7.2f} {r['calibrated_rel_err']:+8.1%} {r['loo_rel_err']:+8.1%}")
     print(f"max |cal err| {rep['max_abs_rel_err']:.1%}   max |LOO err| {rep['loo_max_abs_rel_err']:.1%}")
     print("\nper row, the issue-22 components (raw seconds per step; plan's split and CUDA graph fields):")
-    parts = ("ep_dispatch_combine", "ep_overlap_beyond", "ep_overlap_sm_share", "moe_host_sync",
-             "cpu_launch_floor", "fp8_quantize", "pipeline_bubble")
-    print(f"  {'row':58s} " + " ".join(f"{k[:14]:>14s}" for k in parts) + "  split / graphs")
+    parts = ("ep_dispatch_combine", "ep_overlap_beyond", "ep_overlap_sm_share", "ep_overlap_hbm_share",
+             "dispatcher_preprocess", "kernel_latency", "wgrad_main_grad", "dp_overlap_sm_share",
+             "moe_host_sync", "cpu_launch_floor", "fp8_quantize", "router_permutation", "elementwise",
+             "pipeline_bubble")
+    for i, k in enumerate(parts):
+        print(f"  [{i:2d}] {k}")
+    print(f"  {'row':58s} " + " ".join(f"{f'[{i}]':>7s}" for i in range(len(parts))) + "  split / graphs")
     for r in rows():
         w, p, _m, label, opts = row_case(r)
         bd = predict(w, p, calibration=IDENTITY, **opts).breakdown_s
         split = f"emb={int(p.pp_embedding)} loss={int(p.pp_loss)} layout={p.pp_layout or '-'}"
         graphs = f"{p.cuda_graph_impl}:{'+'.join(p.cuda_graph_scope) or '-'}"
-        print(f"  {label:58s} " + " ".join(f"{bd.get(k, 0.0):14.3f}" for k in parts) + f"  {split} / {graphs}")
+        print(f"  {label:58s} " + " ".join(f"{bd.get(k, 0.0):7.3f}" for k in parts) + f"  {split} / {graphs}")
     print("\nmemory (peak GiB per stage; usable = HBM x (1 - reserve)):")
     bad = 0
     cases = []

@@ -40,8 +40,9 @@ from cost_model.constants import (
     KERNELS_SHARED_EXPERT,
     KERNELS_TP_ATTENTION,
     KERNELS_TP_DENSE_MLP,
-    MOE_KERNELS_AFTER_SYNC,
+    NCCL_COMM_SMS,
 )
+from cost_model.nongemm import comm_hbm_share, hbm_contention
 from cost_model.ops import TableOps
 from cost_model.plans import GRAPH_BIT, MODULE_BIT, WHOLE_LAYER_GRAPH, PlanArrays
 from specs.ranks import group_size_stride
@@ -275,9 +276,14 @@ def shared_experts(x: Inputs, tp: TPComm) -> FwdBwd:
     ops, T, h, tpd = x.ops, x.tokens, x.hidden, x.tp
     s1 = ops.gemm(T, x.mlp_matrices * fs / tpd, h)
     s2 = ops.gemm(T, h, fs / tpd)
-    BWe = x.bw_elementwise
-    return FwdBwd(s1[0] + s2[0] + 3 * 2.0 * T * fs / tpd / BWe + tp.block,
-                  s1[1] + s2[1] + 2 * 3 * 2.0 * T * fs / tpd / BWe + tp.block)
+    act = shared_expert_activation(x)
+    return FwdBwd(s1[0] + s2[0] + act + tp.block,
+                  s1[1] + s2[1] + 2 * act + tp.block)
+
+
+def shared_expert_activation(x: Inputs):
+    """Forward seconds of the shared expert's activation (memory-bound; bwd = 2x); 0 without one."""
+    return 3 * 2.0 * x.tokens * (x.spec.moe_shared_expert_ffn or 0) / x.tp / x.bw_elementwise
 
 
 # ---- EP dispatch / combine ---------------------------------------------------------------------------
@@ -354,7 +360,7 @@ def ep_dispatch_combine(x: Inputs, experts: RoutedExperts) -> FwdBwd:
     d = ep_d + ops.collective("all_gather", 2.0 * R * h, x.etp, 1)
     c = ep_c + ops.collective("reduce_scatter", 2.0 * R * h, x.etp, 1)
     total = d + c
-    return EPComm(total, total.copy(), d, c)
+    return EPComm(total, total.copy(), d, c, d_bytes, c_bytes)
 
 
 @dataclass
@@ -364,6 +370,8 @@ class EPComm(FwdBwd):
     forward's combine and vice versa)."""
     dispatch: np.ndarray = None
     combine: np.ndarray = None
+    dispatch_bytes: np.ndarray = None  # per-GPU payload of one dispatch / combine (all copies)
+    combine_bytes: np.ndarray = None
 
 
 @dataclass
@@ -371,14 +379,18 @@ class EPExposed:
     """What of dispatch/combine lengthens the step, per layer and microbatch, in three parts:
     `serial` runs with nothing beside it (no overlap, or the unpaired first forward / last
     backward of a virtual stage under a2a overlap), `beyond` outlasts the compute it is paired
-    with, `sm_share` is the paired compute slowed down while the communication kernels hold SMs."""
+    with, `sm_share` is the paired compute slowed down while the communication kernels hold SMs,
+    `hbm_share` its memory-bound kernels slowed down by the HBM bandwidth the communication takes."""
     serial: FwdBwd
     beyond: FwdBwd
     sm_share: FwdBwd
+    hbm_share: FwdBwd = None
 
     @property
     def total(self) -> FwdBwd:
-        return FwdBwd(self.serial.f + self.beyond.f + self.sm_share.f, self.serial.b + self.beyond.b + self.sm_share.b)
+        h = self.hbm_share if self.hbm_share is not None else FwdBwd(0.0, 0.0)
+        return FwdBwd(self.serial.f + self.beyond.f + self.sm_share.f + h.f,
+                      self.serial.b + self.beyond.b + self.sm_share.b + h.b)
 
 
 def comm_sm_share(x: Inputs) -> np.ndarray:
@@ -399,7 +411,7 @@ def paired_exposure(comm, compute, share):
 
 
 def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: FwdBwd, mlp_node: FwdBwd,
-               unpaired: np.ndarray) -> EPExposed:
+               unpaired: np.ndarray, membound: tuple | None = None) -> EPExposed:
     """Dispatch/combine on the critical path.
 
     Shared-expert overlap: the shared expert runs on a side stream beside the whole dispatch +
@@ -411,7 +423,9 @@ def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: FwdBwd, mlp_nod
     attention block, router and dispatch preprocess; `mlp_node`: the experts and the shared
     expert). `unpaired`: the share of a stage's forward (and backward) chunks that run without a
     partner (the first forwards and last backwards of each virtual stage), whose communication is
-    serial. Communication kernels hold SMs the paired compute would use (`comm_sm_share`)."""
+    serial. Communication kernels hold SMs the paired compute would use (`comm_sm_share`) and HBM
+    bandwidth its memory-bound kernels would use: `membound` = (attention node, MLP node, shared
+    expert) memory-bound FwdBwd seconds (`nongemm.hbm_contention`; None: not charged)."""
     z = x.zero
     s = comm_sm_share(x)
     seo = x.pa.shared_expert_overlap.astype(bool)
@@ -434,7 +448,21 @@ def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: FwdBwd, mlp_nod
                     np.where(a2o, paired * (bb1 + bb2), np.where(seo, bsb, z)))
     sm = FwdBwd(np.where(a2o, paired * (sf1 + sf2), np.where(seo, ssf, z)),
                 np.where(a2o, paired * (sb1 + sb2), np.where(seo, ssb, z)))
-    return EPExposed(serial, beyond, sm)
+    if membound is None or ep.dispatch_bytes is None:
+        return EPExposed(serial, beyond, sm, FwdBwd(z, z))
+    mb_attn, mb_mlp, mb_shared = membound
+    hbm = float(getattr(x.ops.c, "hbm_tbps", 0.0) or 0.0) * 1e12
+    if hbm <= 0:
+        return EPExposed(serial, beyond, sm, FwdBwd(z, z))
+    hd = comm_hbm_share(ep.dispatch_bytes, disp, hbm)
+    hc = comm_hbm_share(ep.combine_bytes, comb, hbm)
+    # the same pairs as above; the backward's dispatch moves the forward combine's bytes
+    hf = hbm_contention(mb_mlp.b, disp, hd) + hbm_contention(mb_attn.b, comb, hc)
+    hb = hbm_contention(mb_attn.f, disp, hc) + hbm_contention(mb_mlp.f, comb, hd)
+    hall = comm_hbm_share(ep.dispatch_bytes + ep.combine_bytes, ep.f, hbm)
+    hsf, hsb = hbm_contention(mb_shared.f, ep.f, hall), hbm_contention(mb_shared.b, ep.b, hall)
+    hs = FwdBwd(np.where(a2o, paired * hf, np.where(seo, hsf, z)), np.where(a2o, paired * hb, np.where(seo, hsb, z)))
+    return EPExposed(serial, beyond, sm, hs)
 
 
 # ---- fp8 quantization ------------------------------------------------------------------------------
@@ -475,14 +503,14 @@ def fp8_quantize(x: Inputs, experts: RoutedExperts | None) -> Fp8Quantize:
                        FwdBwd(m_in * bpe, m_out * bpe))
 
 
-def moe_host_sync(x: Inputs) -> np.ndarray:
+def moe_host_sync(x: Inputs, after: np.ndarray, after_gpu_s: np.ndarray) -> np.ndarray:
     """Seconds per MoE layer and microbatch (forward) the GPU idles after the dropless
     dispatcher's device-to-host sync of the token counts (`constants`, "MoE host
-    synchronisation"); the allgather dispatcher keeps the counts on the device."""
-    grouped = x.pa.grouped_gemm.astype(bool)
-    G = max(x.spec.num_experts, 1) / x.ep
-    after = MOE_KERNELS_AFTER_SYNC + np.where(grouped, KERNELS_PER_EXPERT_GEMMS, KERNELS_PER_EXPERT_GEMMS * G)
-    t = after * x.ops.gap + D2H_SYNC_S
+    synchronisation"): the round trip, the first launch, and what launching the `after` kernels
+    takes beyond their `after_gpu_s` GPU seconds; the allgather dispatcher keeps the counts on the
+    device. GPUs only (CPU devices execute on the dispatching thread)."""
+    gap = x.ops.gap
+    t = D2H_SYNC_S + gap + np.maximum(0.0, after * gap - after_gpu_s)
     return np.where(x.pa.dispatch == 1, 0.0, t) * (1.0 if x.ops.async_launch else 0.0)
 
 
@@ -536,13 +564,15 @@ class Graphs:
     attn: np.ndarray  # 1.0 where the attention block is one graph replay (a recompute replays it)
 
 
-def cuda_graphs(spec, pa: PlanArrays, k_attn, k_dense, k_moe) -> Graphs:
+def cuda_graphs(spec, pa: PlanArrays, k_attn, k_dense, k_moe, k_router=KERNELS_MOE_ROUTER,
+                k_preprocess=KERNELS_MOE_PREPROCESS) -> Graphs:
     """What each plan's CUDA graphs leave of the structural kernel counts (`structural_kernels`).
 
     Scopes (megatron-core 0.16.1 arguments.py --cuda-graph-scope help): attn = the attention part
     of the layer; mlp = a dense layer's MLP; moe = a whole MoE MLP; moe_router = up to the router
     (with the shared expert unless it overlaps EP comm); moe_preprocess = MoELayer.preprocess;
-    the empty scope = whole layers; full_iteration = the whole forward-backward."""
+    the empty scope = whole layers; full_iteration = the whole forward-backward. `k_router` /
+    `k_preprocess`: the launches of the moe_router / moe_preprocess scopes."""
     g = pa.cuda_graph
     on = g != 0
 
@@ -556,7 +586,7 @@ def cuda_graphs(spec, pa: PlanArrays, k_attn, k_dense, k_moe) -> Graphs:
     router = bit("moe_router") & ~moe
     pre = bit("moe_preprocess") & router
     shared = KERNELS_SHARED_EXPERT * (~pa.shared_expert_overlap.astype(bool)) if spec.moe_shared_expert_ffn else 0
-    k_moe_left = np.where(moe, 0.0, k_moe - router * (KERNELS_MOE_ROUTER + shared) - pre * KERNELS_MOE_PREPROCESS)
+    k_moe_left = np.where(moe, 0.0, k_moe - router * (k_router + shared) - pre * k_preprocess)
     one = np.ones(pa.n)
     regions_dense = np.where(whole, one, attn + mlp)
     regions_moe = np.where(whole, one, attn + (router | moe))
@@ -590,6 +620,7 @@ class DPComm:
     """Per step: exposed gradient reduce(-scatter) and parameter all-gather."""
     grad: np.ndarray
     param_gather: np.ndarray
+    sm_share: np.ndarray = None  # compute slowed while the hidden collectives hold SMs
 
 
 def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,
@@ -618,7 +649,12 @@ def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarra
     opg = pa.overlap_param_gather.astype(bool) & dist
     grad = np.where(ogr, np.maximum(grad_t - stage_bwd_s, grad_t * last_bucket), grad_t)
     gather = np.where(opg, np.maximum(ag_t - stage_fwd_s, ag_t * last_bucket), ag_t)
-    return DPComm(grad, gather)
+    # the hidden part runs NCCL kernels beside the backward / forward, one SM per channel
+    # (`constants` NCCL_COMM_SMS): the compute under it loses that share of the SMs
+    n = float(getattr(ops.c, "sm_count", 0) or 0)
+    share = min(NCCL_COMM_SMS / n, 0.9) if (n > 1 and ops.async_launch) else 0.0
+    sm = share * ((grad_t - grad) + (ag_t - gather))
+    return DPComm(grad, gather, sm)
 
 
 def optimizer_step(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,

@@ -51,6 +51,15 @@ COMPONENT_CLASS = {
     # a2a overlap as it runs: the communication a paired compute node cannot hide, and the compute
     # slowed by the SMs the communication kernels hold: both are the EP communication's cost
     "ep_overlap_beyond": "ep_comm", "ep_overlap_sm_share": "ep_comm",
+    # issue 22 part two: the HBM bandwidth overlapped EP communication takes from memory-bound
+    # compute, and the dispatcher's metadata exchange, are the EP communication's cost too
+    "ep_overlap_hbm_share": "ep_comm", "dispatcher_preprocess": "ep_comm",
+    # the hidden DP collectives' SMs taken from the compute they hide under
+    "dp_overlap_sm_share": "other_comm",
+    # fp32 main-grad accumulation of the weight-gradient GEMMs
+    "wgrad_main_grad": "gemm",
+    # the fixed per-kernel slot of the non-GEMM kernels
+    "kernel_latency": "elementwise",
     "tp_comm": "other_comm", "cp_comm": "other_comm", "pp_p2p": "other_comm",
     "dp_grad_reduce_scatter": "other_comm", "dp_param_all_gather": "other_comm", "activation_offload": "other_comm",
     "moe_host_sync": "host_launch", "cpu_launch_floor": "host_launch",

@@ -164,13 +164,13 @@ FP8_QUANT_BYTES_PER_ELEMENT = (0.0, 2 + 2 + 1 + 1, 2 + 1 + 1, 2 + 1 + 1 + 2 * 4 
 # Dropless token dispatchers copy the per-expert token counts to the host before the expert GEMMs
 # (Megatron-core moe/token_dispatcher.py `_maybe_dtoh_and_synchronize`, the alltoall and flex
 # dispatchers; TE GroupedLinear takes the split sizes as host ints). The stream drains at that
-# point, so the kernels the host launches after it run at launch pace until the queue refills:
-# exposed per MoE layer forward = the MoE kernels after the sync x the dispatch gap, plus one
-# device-to-host round trip. Design choice: the kernels after the sync are the expert GEMMs,
-# activation and unpermute/combine (KERNELS_PER_EXPERT_GEMMS + MOE_KERNELS_AFTER_SYNC); the round
-# trip is the CUDA D2H small-copy latency, ~10 us (NVIDIA CUDA C++ Best Practices Guide,
-# "Data Transfer Between Host and Device": small transfers are latency-bound at ~10 us).
-MOE_KERNELS_AFTER_SYNC = 8
+# point: the GPU waits one device-to-host round trip and the first launch, and then for the host
+# wherever the kernels after the sync are issued slower than they run (the host cannot have queued
+# them ahead): exposed per MoE layer forward = D2H + one dispatch gap + max(0, the MoE kernels after
+# the sync x the gap - their GPU seconds) (`blocks.moe_host_sync`; the kernels after the sync from
+# `nongemm.layer_kernels`: the MoE block less its router and preprocess). The round trip is the CUDA
+# D2H small-copy latency, ~10 us (NVIDIA CUDA C++ Best Practices Guide, "Data Transfer Between Host
+# and Device": small transfers are latency-bound at ~10 us).
 D2H_SYNC_S = 10e-6
 
 # ---- DeepEP / HybridEP: what their bandwidth figures count, and the per-token cost ------------------
@@ -218,3 +218,56 @@ HBM_RESERVE_FRACTION = 0.10
 # of the PCIe link's per-direction rate for large pinned copies: ~0.8 (NVIDIA CUDA samples
 # `bandwidthTest` reports ~52-55 GB/s pinned D2H on a Gen5 x16 link of 64 GB/s per direction).
 PCIE_ACHIEVABLE_FRACTION = 0.8
+
+# ---- kernels outside the GEMM / attention tables, priced per kernel (issue 22 item 4) ---------------
+# Every kernel pays, on the GPU, a fixed slot beyond its work: grid launch, ramp-up and tail of a
+# kernel in a stream. ~3 us: the launch-to-launch time of back-to-back null kernels on recent GPUs
+# and drivers (NVIDIA developer forum, "Too much time for kernel launch latency",
+# forums.developer.nvidia.com/t/233645, reply 3: "about 3 microseconds ... a new speed of light").
+# The byte terms (bytes / `membw`) and the GEMM tables (a roofline fitted to DeepGEMM's kernel
+# durations, `build_default_tables`) have no such term, so every kernel `cost_model.nongemm`
+# counts is charged it once (`nongemm.latency`).
+KERNEL_LATENCY_S = 3e-6
+# Forward kernels per op of megatron-core 0.16.1's TransformerEngine layer spec (backward launches
+# twice as many, KERNEL_PASSES); design choice, counted from the module structure, each op in its
+# own function of `cost_model.nongemm` (which cites the modules):
+KERNELS_NORM = 1              # TE RMSNorm / LayerNorm (fused into LayerNormLinear or standalone)
+KERNELS_ROPE = 2              # TE fused RoPE, one kernel per rotated tensor (q, k)
+KERNELS_RESIDUAL = 1          # bias-dropout-add after the attention / MLP block
+KERNELS_ROUTER_SCORE = 5      # fp32 input cast, softmax/sigmoid, top-k, routing-map scatter, prob gather/normalise
+KERNELS_ROUTER_GROUP = 3      # group-limited routing (DeepSeek): group scores, group top-k, mask
+KERNELS_AUX_LOSS = 5          # load-balancing loss: tokens per expert, prob sums, product, scale, tracker copy
+KERNELS_PREPROCESS = (5, 2, 3, 3)  # per dispatcher code: alltoall (counts, all-to-all of counts, D2H, cumsums),
+#                                    allgather (counts, D2H), flex DeepEP / HybridEP (metadata, notify, D2H)
+KERNELS_PERMUTE = 4           # permute (index sort + gather) and unpermute (weighted scatter-add); none
+#                               under HybridEP, which permutes inside its dispatch / combine kernels
+KERNELS_EP_COMM = 2           # dispatch + combine kernels (NCCL all-to-all, DeepEP / HybridEP, all-gather/RS)
+KERNELS_ACTIVATION = 1        # fused (Sw)iGLU per activation call
+KERNELS_GEMM_ATTENTION = 2    # QKV and output projection GEMMs (MLA: its 5 projections)
+KERNELS_GEMM_ATTENTION_MLA = 5
+KERNELS_CORE_ATTENTION = 1    # cuDNN / flash fused attention
+KERNELS_GEMM_ROUTER = 1
+# Whether an expert GEMM is one kernel: TE GroupedLinear launches one cuBLAS GEMM per local expert
+# (over 4 streams; common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm) on Hopper and for fp8
+# everywhere; Blackwell bf16 runs one cuBLASLt grouped GEMM (docs/DESIGN.md, issue 10 notes). The
+# per-expert GEMMs go round-robin over TE's compute streams (transformer_engine/common/util/
+# multi_stream.cpp num_compute_streams = 4), so their fixed device slots overlap that many ways; the
+# host still launches each one.
+TE_GEMM_STREAMS = 4
+
+# ---- wgrad into fp32 main grads ------------------------------------------------------------------
+# Megatron's gradient_accumulation_fusion: the weight-gradient GEMM accumulates into the main_grad
+# buffer (beta = 1; TE `fuse_wgrad_accumulation`), so per weight element and microbatch it reads
+# and writes the main grad (2 x grad bytes) where a plain bf16 GEMM output writes 2 B: the extra
+# HBM bytes are priced memory-bound at the `membw` "elementwise" rate (megatron-core
+# tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication, main_grad dtype fp32
+# with grad_reduce_in_fp32, else the param dtype). Added to the GEMM's table time, not folded into
+# its roofline: an upper bound where the accumulate epilogue overlaps the next tile's main loop.
+WGRAD_OUTPUT_BYTES = 2.0
+
+# ---- HBM traffic of overlapped communication ------------------------------------------------------
+# A communication kernel beside compute reads what it sends and writes what it receives from HBM,
+# so while it runs the compute's memory-bound kernels have the rest of the bandwidth: per GPU, 2 x
+# the payload over the communication's duration (design choice: send and receive volumes taken
+# equal, as they are under balanced routing and for ring collectives).
+COMM_HBM_BYTES_PER_PAYLOAD = 2.0

@@ -78,6 +78,7 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
     pipeline,
     routed_experts,
     router_permutation,
+    shared_expert_activation,
     shared_experts,
     structural_kernels,
     tp_comm,
@@ -95,6 +96,14 @@ from cost_model.constants import (
 )
 from cost_model.flops import model_flops_per_token
 from cost_model.memory import OFFLOAD_MODULES, col, memory_by_stage, offload_bytes, stage_params
+from cost_model.nongemm import (
+    dispatcher_preprocess,
+    latency,
+    layer_kernels,
+    layer_weights,
+    qk_norm,
+    wgrad_main_grad,
+)
 from cost_model.ops import TableOps
 from cost_model.plans import PlanArrays
 from specs.errors import LayoutError
@@ -220,7 +229,8 @@ def _recompute_fraction(pa: PlanArrays, vpp: np.ndarray, nlay: np.ndarray) -> np
 # ---- the step as one list of terms ---------------------------------------------------------------
 # Breakdown components, in the order `breakdown_s` lists them.
 COMPONENTS = ("attention_proj", "core_attention", "dense_mlp", "router_permutation", "ep_dispatch_combine",
-              "ep_overlap_beyond", "ep_overlap_sm_share", "expert_gemm", "shared_expert", "elementwise",
+              "ep_overlap_beyond", "ep_overlap_sm_share", "ep_overlap_hbm_share", "dispatcher_preprocess",
+              "expert_gemm", "shared_expert", "elementwise", "kernel_latency", "wgrad_main_grad",
               "fp8_quantize", "moe_host_sync", "tp_comm", "cp_comm", "embedding", "lm_head_ce", "mtp",
               "activation_offload", "recompute")
 # What a term is counted per: every transformer layer, dense layers, MoE layers, the embedding
@@ -441,17 +451,37 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         attn_node = FwdBwd(attn.proj_f + attn.core_f + attn.elem_f + router.f,
                            attn.proj_b + attn.core_b + 2 * attn.elem_f + router.b)
         mlp_node = FwdBwd(experts.f + shared.f, experts.b + shared.b)
-        epx = ep_exposed(x, ep_total, shared, attn_node, mlp_node, _unpaired_share(x))
+        # the memory-bound kernels of each node lose HBM bandwidth to the communication beside them
+        # (GPUs; issue 22 item 1): norms, residuals, RoPE, router and permute; the expert activation
+        # (the shared expert's activation: the same bytes as `blocks.shared_experts` charges)
+        sh_act = shared_expert_activation(x)
+        mb_attn = FwdBwd(attn.elem_f + router.f, 2 * attn.elem_f + router.b)
+        mb_mlp = FwdBwd(experts.act_f + sh_act, 2 * (experts.act_f + sh_act))
+        mb_shared = FwdBwd(sh_act, 2 * sh_act)
+        membound = (mb_attn, mb_mlp, mb_shared) if ops.async_launch else None
+        epx = ep_exposed(x, ep_total, shared, attn_node, mlp_node, _unpaired_share(x), membound)
         ep = epx.total
         expert_t = FwdBwd(experts.f, experts.b)
     else:
         experts = None
         router = ep_total = shared = ep = expert_t = FwdBwd(z, z)
-        epx = EPExposed(ep, ep, ep)
+        epx = EPExposed(ep, ep, ep, ep)
     emb = embedding(x, tp)
     head = lm_head_loss(x, tp, attn)
     q8 = fp8_quantize(x, experts)
-    sync = moe_host_sync(x) if spec.is_moe else z
+    # GPUs (TE layer spec): the kernel counts per op (`cost_model.nongemm`) set the host's launches,
+    # each non-GEMM kernel's fixed device slot, the kernels after the dispatcher sync; the dispatcher's
+    # metadata exchange and the wgrad's main-grad accumulation are priced. CPU devices keep the
+    # structural counts their stack floor was fitted with and none of these terms.
+    gpu = ops.async_launch
+    lk = layer_kernels(spec, tp=x.tp, cp=x.cp, grouped=pa.grouped_gemm.astype(bool),
+                       local_experts=experts.local_experts if experts is not None else z + 1,
+                       precision=pa.precision, dispatch=pa.dispatch,
+                       blackwell=bool(getattr(cl, "mxfp8", False))) if gpu else None
+    # the GPU seconds after the sync: dispatch / combine as exposed, the experts, the shared expert
+    # and the experts' fp8 casts
+    sync = (moe_host_sync(x, lk.moe - lk.router - lk.preprocess, epx.total.f + expert_t.f + shared.f + q8.moe.f)
+            if (gpu and spec.is_moe) else z)
 
     # -- one list of terms: the stage time and the breakdown both sum it -----------------------------
     terms = StepTerms()
@@ -474,6 +504,30 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     for group, blk in (("layer", q8.attn), ("dense", q8.dense), ("moe", q8.moe)):
         terms.add("fp8_quantize", group, blk.f, blk.f)
         terms.add("fp8_quantize", group, blk.b)
+    if gpu:
+        terms.add("ep_overlap_hbm_share", "moe", epx.hbm_share.f, epx.hbm_share.f)
+        terms.add("ep_overlap_hbm_share", "moe", epx.hbm_share.b)
+        if spec.is_moe:
+            pre = dispatcher_preprocess(x)
+            terms.add("dispatcher_preprocess", "moe", pre, pre)
+        # every kernel's fixed slot: the fp8 quantisation kernels' in fp8_quantize, the rest here
+        s_attn, s_dense, s_moe = lk.device_slots()
+        for group, k, f8 in (("layer", s_attn, lk.attn_fp8), ("dense", s_dense, lk.dense_fp8),
+                             ("moe", s_moe if spec.is_moe else z, lk.moe_fp8 if spec.is_moe else z),
+                             ("embedding", z + KERNELS_EMBEDDING, z), ("loss", z + KERNELS_LM_HEAD_LOSS, z)):
+            lf, lb = latency(k)
+            terms.add("kernel_latency", group, lf, lf)
+            terms.add("kernel_latency", group, lb)
+            qf, qb = latency(f8)
+            terms.add("fp8_quantize", group, qf, qf)
+            terms.add("fp8_quantize", group, qb)
+        qn = qk_norm(x)
+        terms.add("elementwise", "layer", 3 * qn, qn)  # bwd = 2x fwd, as the attention block's norms
+        wa, wd, wm = wgrad_main_grad(x, layer_weights(x))
+        terms.add("wgrad_main_grad", "layer", wa)
+        terms.add("wgrad_main_grad", "dense", wd)
+        if spec.is_moe:
+            terms.add("wgrad_main_grad", "moe", wm)
     terms.add("moe_host_sync", "moe", sync, sync)
     terms.add("embedding", "embedding", emb.f, emb.f)
     terms.add("embedding", "embedding", emb.b)
@@ -494,9 +548,12 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     # CPU floor: kernels per microbatch x dispatch gap (structural kernel counts, fwd; bwd = 2x)
     # CUDA graphs: a graphed region's kernels become one replay per pass (`blocks.cuda_graphs`);
     # a full-iteration graph launches nothing per kernel
-    gr = cuda_graphs(spec, pa, *structural_kernels(spec, x.tp, x.cp, pa.grouped_gemm.astype(bool),
-                                                    experts.local_experts if experts is not None else z,
-                                                    pa.precision))
+    if gpu:
+        gr = cuda_graphs(spec, pa, lk.attn, lk.dense, lk.moe, lk.router, lk.preprocess)
+    else:
+        gr = cuda_graphs(spec, pa, *structural_kernels(spec, x.tp, x.cp, pa.grouped_gemm.astype(bool),
+                                                        experts.local_experts if experts is not None else z,
+                                                        pa.precision))
     k_attn, k_dense, k_moe = gr.k_attn, gr.k_dense, gr.k_moe
     launches = nd * col(gr.regions_dense) + nm * col(gr.regions_moe)
     kern = KERNEL_PASSES * (nd * col(k_attn + k_dense) + nm * col(k_attn + k_moe) + st.embedding * KERNELS_EMBEDDING
@@ -517,10 +574,18 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         # such layer's forward is a segment of its own, max(its GPU seconds, sync idle included;
         # its launches x gap + the copy). The rest of the microbatch (dense layers, embedding, loss,
         # the whole backward, where the host runs ahead) is one segment, max(GPU, host). Without
-        # syncs this is max(compute, floor) over the microbatch.
+        # syncs this is max(compute, floor) over the microbatch. Under EP a2a overlap the host issues
+        # one microbatch's forward and another's backward of a layer interleaved (the merged
+        # forward-backward), so the sync drains both: the segment is the layer's whole forward +
+        # backward, GPU and host (issue 22: with the forward alone, extra forward compute hid the
+        # backward's communication outside its segment and more work could shorten the step).
         seg = nm * col((pa.dispatch != 1).astype(float) if spec.is_moe else z)
-        u_f = col(terms.unit_fwd("moe")) if spec.is_moe else col(z)
-        h_f = col(np.where(gr.full_iteration, 0.0, (k_attn + k_moe + gr.regions_moe) * ops.gap))
+        a2o = col(pa.a2a_overlap.astype(bool))
+        u_moe = col(_chain(t.seconds for t in terms._of("moe"))) if spec.is_moe else col(z)
+        u_f = np.where(a2o, u_moe, col(terms.unit_fwd("moe")) if spec.is_moe else col(z))
+        k_layer = np.where(pa.a2a_overlap.astype(bool), KERNEL_PASSES * (k_attn + k_moe)
+                           + GRAPH_LAUNCHES_PER_REGION * gr.regions_moe, k_attn + k_moe + gr.regions_moe)
+        h_f = col(np.where(gr.full_iteration, 0.0, k_layer * ops.gap))
         moe_wall = seg * np.maximum(u_f, h_f + D2H_SYNC_S)
 
         def wall(gpu, host):
@@ -569,11 +634,17 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     # the param all-gather hides under the forward's wall time, not its GPU seconds (the same reason
     # as bwd_wall): on a launch-bound stage extra forward work widens no window (issue 22 item 7)
     dpc = dp_collectives(x, Pd, Pe, fwd_win, bwd_wall)
+    # the compute slowed by the SMs the hidden DP collectives hold: every stage's own, the step
+    # waiting for the most slowed (max over stages: more parameters on any stage never shortens it)
+    if ops.async_launch:
+        dpc.sm_share = np.max(np.stack([dp_collectives(x, params.dense[:, s], params.expert[:, s], fwd_win,
+                                                       bwd_wall).sm_share for s in range(params.dense.shape[1])],
+                                       axis=1) * smask, axis=1)
     opt_t = np.max(np.stack([optimizer_step(x, params.dense[:, s], params.expert[:, s], st.layers[:, s])
                              for s in range(params.dense.shape[1])], axis=1), axis=1)
 
     # -- step ---------------------------------------------------------------------------------------
-    raw = m * C + pipe.bubble + pipe.p2p + dpc.grad + dpc.param_gather + opt_t
+    raw = m * C + pipe.bubble + pipe.p2p + dpc.grad + dpc.param_gather + dpc.sm_share + opt_t
     step = raw * calibration_scale
     tokens = workload.gbs * workload.seq
     out = {"step_time_s": step, "tokens_per_s_per_gpu": tokens / step / W, "microbatches": m,
@@ -593,7 +664,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         # what the host clock adds to the GPU's (the whole dispatch time on CPU devices)
         bd["cpu_launch_floor"] = m * np.maximum(0.0, stage_time[rows, slow] - stage_compute[rows, slow])
         bd.update(pipeline_bubble=pipe.bubble, pp_p2p=pipe.p2p, dp_grad_reduce_scatter=dpc.grad,
-                  dp_param_all_gather=dpc.param_gather, optimizer_step=opt_t,
+                  dp_param_all_gather=dpc.param_gather, dp_overlap_sm_share=dpc.sm_share, optimizer_step=opt_t,
                   calibration=raw * (calibration_scale - 1.0))
         out["breakdown_s"] = bd
         out["memory_by_stage_gib"] = mem

@@ -1,0 +1,56 @@
+"""Per-component raw breakdown of the issue-22 workload, Qwen3-30B-A3B on 16 H100 (gbs 1024, seq
+4096, tp1 pp1 ep16 mbs1, flex/HybridEP as the 26.04 recipe runs it), bf16 and fp8 (current scaling),
+without and with EP a2a overlap; then the overlap A/B (step ratio) and fp8 / bf16.
+
+    PYTHONPATH=$PWD python bench/qwen3_30b_components.py
+
+Raw seconds per step (calibration off). Measured references (not fitted): the overlap A/B on this
+workload, BF16 HybridEP, is -15% step time (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap
+SKILL.md "Measured Evidence"); fp8 vs bf16 equal or slower (../issue 22's sources).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from clusters import load_cluster  # noqa: E402
+from cost_model import predict  # noqa: E402
+from cost_model.calibration import IDENTITY  # noqa: E402
+from specs.models import load_model  # noqa: E402
+from specs.plan import Plan  # noqa: E402
+from specs.workload import Workload  # noqa: E402
+
+
+def cases():
+    w = Workload(load_model("qwen3-30b-a3b"), load_cluster("h100-sxm", 16), 1024, 4096)
+    out = {}
+    for prec in ("bf16", "fp8-tensorwise"):
+        for a2a in (False, True):
+            p = Plan(tp=1, pp=1, ep=16, mbs=1, precision=prec, dispatcher="flex", flex_backend="hybridep",
+                     a2a_overlap=a2a)
+            out[(prec, a2a)] = predict(w, p, calibration=IDENTITY, grad_reduce_in_fp32=False)
+    return out
+
+
+def main() -> int:
+    res = cases()
+    keys = list(res)
+    comps = sorted({k for r in res.values() for k, v in r.breakdown_s.items() if abs(v) > 1e-9},
+                   key=lambda k: list(res[keys[0]].breakdown_s).index(k))
+    print(f"{'component (raw s/step)':28s} " + " ".join(f"{p[:6] + (' a2a' if a else ''):>12s}" for p, a in keys))
+    for c in comps:
+        print(f"{c:28s} " + " ".join(f"{res[k].breakdown_s.get(c, 0.0):12.3f}" for k in keys))
+    print(f"{'step (raw)':28s} " + " ".join(f"{res[k].step_time_s:12.3f}" for k in keys))
+    for prec in ("bf16", "fp8-tensorwise"):
+        r = res[(prec, True)].step_time_s / res[(prec, False)].step_time_s - 1
+        print(f"a2a overlap A/B {prec}: {r:+.1%} step time (measured bf16: -15%)")
+    for a in (False, True):
+        r = res[("fp8-tensorwise", a)].step_time_s / res[("bf16", a)].step_time_s - 1
+        print(f"fp8 vs bf16 (a2a={a}): {r:+.1%} step time (public: equal or slower)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

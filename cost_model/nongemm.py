@@ -1,0 +1,252 @@
+"""Kernels outside the GEMM and attention tables, one kernel at a time (issue 22 item 4).
+
+How many kernels each op of megatron-core 0.16.1's TransformerEngine layer launches (one function
+per op; the counts and their sources are in `cost_model.constants`), what they cost on the GPU
+beyond their bytes (a fixed slot per kernel, `KERNEL_LATENCY_S`), and three costs the byte terms of
+`cost_model.blocks` leave out: the MoE dispatcher's metadata preprocess, the weight gradient's
+accumulation into the main grads, and the HBM bandwidth overlapped communication takes.
+
+The bytes / bandwidth part of each op stays in its block (`blocks.attention` norms and RoPE,
+`blocks.router_permutation`, `blocks.routed_experts` activation, `blocks.fp8_quantize`); the counts
+here are also the host's launch counts on GPUs (`cost_model.model`, the host timeline).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_model.constants import (
+    COMM_HBM_BYTES_PER_PAYLOAD,
+    KERNEL_LATENCY_S,
+    KERNEL_PASSES,
+    KERNELS_ACTIVATION,
+    KERNELS_AUX_LOSS,
+    KERNELS_CORE_ATTENTION,
+    KERNELS_CP_PER_STEP,
+    KERNELS_EP_COMM,
+    KERNELS_FP8_PER_OPERAND,
+    KERNELS_GEMM_ATTENTION,
+    KERNELS_GEMM_ATTENTION_MLA,
+    KERNELS_GEMM_ROUTER,
+    KERNELS_NORM,
+    KERNELS_PERMUTE,
+    KERNELS_PREPROCESS,
+    KERNELS_RESIDUAL,
+    KERNELS_ROPE,
+    KERNELS_ROUTER_GROUP,
+    KERNELS_ROUTER_SCORE,
+    KERNELS_TP_ATTENTION,
+    KERNELS_TP_DENSE_MLP,
+    TE_GEMM_STREAMS,
+    WGRAD_OUTPUT_BYTES,
+)
+from specs.ranks import group_size_stride
+
+HYBRIDEP = 3  # cost_model.plans.DISPATCH_CODES: alltoall 0, allgather 1, deepep 2, hybridep 3
+
+
+# ---- kernels per op (forward; the backward launches KERNEL_PASSES - 1 times as many) ------------
+def norm_kernels(n=1):
+    """`n` RMSNorm / LayerNorm calls (TE rmsnorm_fwd; bwd: the dx kernel and the dgamma finalize)."""
+    return KERNELS_NORM * n
+
+
+def qk_norm_kernels(spec):
+    """Qwen3 / OLMoE q and k norms (megatron-core attention.py q_layernorm / k_layernorm; MLA: the
+    q and kv latent norms)."""
+    return 2 * KERNELS_NORM if getattr(spec, "qk_layernorm", False) else 0
+
+
+def qk_norm(x):
+    """Forward seconds per layer and microbatch of the q/k norms' bytes (read + write bf16 of the
+    normed tensors: q and k per rank, or MLA's q and kv latents), memory-bound; the backward moves
+    twice that (the `blocks.attention` norms' convention). 0 without qk_layernorm."""
+    spec = x.spec
+    if not getattr(spec, "qk_layernorm", False):
+        return x.zero
+    if spec.mla:
+        width = (spec.q_lora_rank or 0) + spec.kv_lora_rank + x.zero
+    else:
+        width = (spec.num_attention_heads + spec.query_groups) * spec.head_dim / x.tp
+    return 2 * 2.0 * x.tokens * width / x.bw_elementwise
+
+
+def rope_kernels(spec):
+    """TE fused RoPE on q and k (megatron-core rope_utils apply_rotary_pos_emb, fused)."""
+    return KERNELS_ROPE
+
+
+def residual_kernels():
+    """The bias-dropout-add after one block (transformer_layer.py self_attn_bda / mlp_bda)."""
+    return KERNELS_RESIDUAL
+
+
+def activation_kernels(calls):
+    """Fused (Sw)iGLU, once per activation call (one per grouped GEMM, else one per expert)."""
+    return KERNELS_ACTIVATION * np.asarray(calls, float)
+
+
+def router_kernels(spec):
+    """Router non-GEMM kernels: score, top-k and the routing map (moe/router.py TopKRouter.routing),
+    group-limited routing's extra selection, and the load-balancing loss when it is on."""
+    k = KERNELS_ROUTER_SCORE
+    if int(getattr(spec, "moe_router_num_groups", 0) or 0):
+        k += KERNELS_ROUTER_GROUP
+    if float(getattr(spec, "moe_aux_loss_coeff", 0.0) or 0.0) > 0:
+        k += KERNELS_AUX_LOSS
+    return k
+
+
+def preprocess_kernels(dispatch):
+    """The dispatcher's metadata preprocess (token_dispatcher.py dispatch_preprocess / the flex
+    dispatcher's setup_metadata) per dispatcher code."""
+    return np.asarray(KERNELS_PREPROCESS, float)[np.asarray(dispatch)]
+
+
+def permute_kernels(dispatch):
+    """Token permute + unpermute (moe_utils.permute / unpermute); HybridEP fuses them into its
+    dispatch and combine kernels."""
+    return np.where(np.asarray(dispatch) == HYBRIDEP, 0.0, float(KERNELS_PERMUTE))
+
+
+def fp8_kernels(precision, operands):
+    """fp8 quantisation kernels (amax, cast-transpose, scale swizzle per recipe) of `operands`
+    quantised GEMM inputs."""
+    return np.asarray(KERNELS_FP8_PER_OPERAND, float)[np.asarray(precision)] * np.asarray(operands, float)
+
+
+def expert_gemm_launches(blackwell, precision, grouped, local_experts):
+    """GEMM kernels per expert linear (fc1 or fc2): one grouped kernel on Blackwell bf16, one
+    cuBLAS GEMM per local expert on Hopper and for fp8 (`constants`, TE GroupedLinear), one per
+    expert without grouped GEMM."""
+    one_kernel = np.asarray(grouped, bool) & bool(blackwell) & (np.asarray(precision) == 0)
+    return np.where(one_kernel, 1.0, np.maximum(np.asarray(local_experts, float), 1.0))
+
+
+# ---- one layer --------------------------------------------------------------------------------------
+@dataclass
+class LayerKernels:
+    """Forward kernels per layer and microbatch, [P] arrays: all launches per block (attention,
+    dense MLP, MoE MLP: the host's count, each charged KERNEL_LATENCY_S on the device) and the fp8
+    quantisation ones among them; `router` / `preprocess`: the launches the moe_router /
+    moe_preprocess graph scopes cover."""
+    attn: np.ndarray
+    dense: np.ndarray
+    moe: np.ndarray
+    attn_fp8: np.ndarray
+    dense_fp8: np.ndarray
+    moe_fp8: np.ndarray
+    router: np.ndarray
+    preprocess: np.ndarray
+    moe_streamed: np.ndarray  # per-expert GEMM launches spread over TE's compute streams
+
+    def device_slots(self):
+        """(attention, dense MLP, MoE MLP) forward kernels that each take a fixed device slot, the
+        fp8 quantisation kernels left out (`fp8_quantize` charges theirs); per-expert GEMMs on TE's
+        parallel streams count 1 / TE_GEMM_STREAMS each."""
+        streamed = self.moe_streamed * (1.0 - 1.0 / TE_GEMM_STREAMS)
+        return self.attn - self.attn_fp8, self.dense - self.dense_fp8, self.moe - self.moe_fp8 - streamed
+
+
+def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, blackwell=False) -> LayerKernels:
+    """Kernel counts of one layer of the TE spec, per block, by op (functions above)."""
+    tp, cp = np.asarray(tp, float), np.asarray(cp, float)
+    one = np.ones(np.broadcast(tp, cp, np.asarray(precision), np.asarray(dispatch)).shape)
+    # attention: input norm (in LayerNormLinear), q/k norms, RoPE, projections, core, residual
+    attn_ng = (norm_kernels() + qk_norm_kernels(spec) + rope_kernels(spec) + residual_kernels()) * one
+    attn_gemm = KERNELS_GEMM_ATTENTION_MLA if spec.mla else KERNELS_GEMM_ATTENTION
+    attn_comm = KERNELS_TP_ATTENTION * (tp > 1) + KERNELS_CP_PER_STEP * (cp > 1) * (cp - 1)
+    attn_fp8 = fp8_kernels(precision, 5 if spec.mla else 2) * one
+    attn = attn_ng + attn_gemm + KERNELS_CORE_ATTENTION + attn_comm + attn_fp8
+    # dense MLP: pre-MLP norm, fc1, activation, fc2, residual
+    dense_ng = (norm_kernels() + activation_kernels(1) + residual_kernels()) * one
+    dense_fp8 = fp8_kernels(precision, 2) * one
+    dense = dense_ng + 2 + KERNELS_TP_DENSE_MLP * (tp > 1) + dense_fp8
+    # MoE: pre-MLP norm, router (GEMM + score/top-k/aux), preprocess, permute, dispatch/combine,
+    # expert GEMMs (fc1, activation, fc2), shared expert (fc1, activation, fc2, add), residual
+    launches = expert_gemm_launches(blackwell, precision, grouped, local_experts)
+    act_calls = np.where(np.asarray(grouped, bool), 1.0, np.maximum(np.asarray(local_experts, float), 1.0))
+    shared = bool(spec.moe_shared_expert_ffn)
+    router = (norm_kernels() + router_kernels(spec)) * one
+    pre = preprocess_kernels(dispatch) * one
+    moe_ng = (router + pre + permute_kernels(dispatch) + activation_kernels(act_calls) + residual_kernels()
+              + (activation_kernels(1) + residual_kernels() if shared else 0.0))
+    # fp8: fc1 and fc2 inputs of every expert GEMM kernel (each local expert has its own quantizer in
+    # TE GroupedLinear), and the shared expert's two
+    moe_fp8 = fp8_kernels(precision, 2 * launches + (2 if shared else 0))
+    moe = (moe_ng + KERNELS_GEMM_ROUTER + KERNELS_EP_COMM + 2 * launches + (2 if shared else 0) + moe_fp8)
+    return LayerKernels(attn, dense, moe, attn_fp8, dense_fp8, moe_fp8,
+                        router + KERNELS_GEMM_ROUTER, pre, np.where(launches > 1, 2 * launches, 0.0) * one)
+
+
+def latency(fwd_kernels):
+    """(fwd, bwd) device seconds of the fixed per-kernel slot of `fwd_kernels` forward kernels."""
+    f = np.asarray(fwd_kernels, float) * KERNEL_LATENCY_S
+    return f, (KERNEL_PASSES - 1) * f
+
+
+# ---- costs the byte terms leave out ------------------------------------------------------------------
+def dispatcher_preprocess(x) -> np.ndarray:
+    """Forward seconds per MoE layer and microbatch of the dispatcher's metadata exchange before the
+    token dispatch: the flex dispatcher (DeepEP / HybridEP) all-gathers every rank's routing map
+    ([tokens, experts] bool) over the EP group to size its buffers (HybridEP metadata preprocessing;
+    DeepEP get_dispatch_layout + notify), the alltoall dispatcher exchanges the per-expert token
+    counts (token_dispatcher.py preprocess: an all-to-all of num_local_tokens_per_expert). The
+    kernels' fixed slots and the D2H sync are charged in `latency` and `blocks.moe_host_sync`."""
+    ops, pa = x.ops, x.pa
+    E = max(x.spec.num_experts, 1)
+    ep_size, ep_stride = group_size_stride("ep", *x.ranks, x.world)
+    routing_map = ops.collective("all_gather", x.tokens_sp * E * x.ep, ep_size, ep_stride)
+    counts = ops.collective("all_to_all", 8.0 * E + 0.0 * x.tokens_sp, ep_size, ep_stride)
+    return np.where(pa.dispatch >= 2, routing_map, np.where(pa.dispatch == 0, counts, 0.0))
+
+
+@dataclass
+class LayerWeights:
+    """Weight elements per GPU of one layer's blocks: attention, dense MLP, MoE (router, local
+    experts, shared expert), [P] arrays."""
+    attn: np.ndarray
+    dense: np.ndarray
+    moe: np.ndarray
+
+
+def layer_weights(x) -> LayerWeights:
+    spec, h, tp = x.spec, x.hidden, x.tp
+    nh = spec.num_attention_heads
+    if spec.mla:
+        dq, dv = spec.qk_head_dim + spec.qk_pos_emb_head_dim, spec.v_head_dim
+        ql, kvl, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.qk_pos_emb_head_dim
+        q = (ql * h + nh * dq * ql / tp) if ql else nh * dq * h / tp
+        attn = q + (kvl + rope) * h + nh * (spec.qk_head_dim + dv) * kvl / tp + h * nh * dv / tp
+    else:
+        attn = (nh + 2 * spec.query_groups) * spec.head_dim * h / tp + h * nh * spec.head_dim / tp
+    nmat = x.mlp_matrices
+    dense = (nmat + 1) * spec.ffn_hidden_size * h / tp
+    E = max(spec.num_experts, 1)
+    fs = spec.moe_shared_expert_ffn or 0
+    moe = E * h + E / x.ep * (nmat + 1) * spec.moe_ffn_hidden_size * h / x.etp + (nmat + 1) * fs * h / tp
+    return LayerWeights(attn + x.zero, dense + x.zero, moe + x.zero)
+
+
+def wgrad_main_grad(x, weights: LayerWeights):
+    """Backward seconds per layer and microbatch (attention, dense MLP, MoE) of the weight-gradient
+    GEMMs accumulating into the main grads: read + write of the main grad in place of the GEMM's
+    own output write (`constants` WGRAD_OUTPUT_BYTES), memory-bound."""
+    extra = (2.0 * x.grad_bytes - WGRAD_OUTPUT_BYTES) / x.bw_elementwise
+    return weights.attn * extra, weights.dense * extra, weights.moe * extra
+
+
+def comm_hbm_share(payload_bytes, comm_s, hbm_bytes_per_s):
+    """Share of HBM bandwidth a communication kernel takes while it runs: it reads what it sends and
+    writes what it receives (`constants` COMM_HBM_BYTES_PER_PAYLOAD) over its own duration; capped
+    at one half."""
+    rate = COMM_HBM_BYTES_PER_PAYLOAD * np.asarray(payload_bytes, float) / np.maximum(np.asarray(comm_s, float), 1e-12)
+    return np.clip(rate / hbm_bytes_per_s, 0.0, 0.5)
+
+
+def hbm_contention(membound_s, comm_s, share):
+    """Seconds memory-bound compute gains while a communication holding `share` of HBM runs beside
+    it: the part of it under the communication (at most `comm_s`) runs at 1 - share of its rate."""
+    under = np.minimum(np.asarray(membound_s, float), np.asarray(comm_s, float))
+    return under * share / (1.0 - share)
