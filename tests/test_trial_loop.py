@@ -30,7 +30,8 @@ from tests import trial_double  # noqa: E402
 from trials.ray_runtime import init_ray  # noqa: E402
 from tuner.space.train import default_space, iter_realizable  # noqa: E402
 from tuner.study import storage as study_mod  # noqa: E402
-from tuner.study.loop import TrainMode, TrialLoop, TuneOptions  # noqa: E402
+from tuner.study import TrainMode, TuneOptions  # noqa: E402
+from tuner.study.loop import TrialLoop  # noqa: E402
 from tuner.study.sampler import GuidedSampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,9 +63,9 @@ def setting():
             plans.append(p.canonical())
         if len(plans) == 10:
             break
-    mode = TrainMode(wl)
+    mode = TrainMode(wl, cpu_profile())
     raw = {p: mode.predict(p)[0] for p in plans}
-    return wl, plans, raw
+    return mode, plans, raw
 
 
 def _prereg(plans, raw, base, pre):
@@ -74,13 +75,13 @@ def _prereg(plans, raw, base, pre):
 
 
 def _loop(tmp_path, setting, *, trials, base_i=0, pre_i=(1, 2), hard_timeout_s=None):
-    wl, plans, raw = setting
+    mode, plans, raw = setting
     opts = TuneOptions(study="loop", study_dir=tmp_path, trials=trials, backend=trial_double.NAME,
                        progress=False, heartbeat_interval_s=1, trial_timeout_s=60)
     storage = study_mod.open_storage(None, tmp_path, heartbeat_interval=1)
     study = study_mod.open_study("loop", storage)
     pool = [{"plan": p, "raw_step_time_s": raw[p]} for p in plans]
-    loop = TrialLoop(study, storage, workload=wl, prereg=_prereg(plans, raw, plans[base_i], [plans[i] for i in pre_i]),
+    loop = TrialLoop(study, storage, mode=mode, prereg=_prereg(plans, raw, plans[base_i], [plans[i] for i in pre_i]),
                      sampler=GuidedSampler(pool), options=opts)
     loop.observe_ready = functools.partial(loop.observe_ready, timeout_s=0.2)  # poll the state often
     if hard_timeout_s is not None:

@@ -1,7 +1,7 @@
 """A scripted trial backend for the trial-loop tests (tests/test_trial_loop.py), registered through
 the real backend registry (`trials._REGISTRY`, what `trials.get_backend` reads) in the test process
 and, via Ray's `worker_process_setup_hook`, in every Ray worker, so the loop's real Ray task body
-(`tuner.study.loop._run_trial`) runs it.
+(`tuner.study.train.run_train_trial`) runs it.
 
 The script is a JSON file named by $MOETUNE_TEST_SCRIPT: {plan canonical string: [action, ...]},
 the n-th run of a plan taking the n-th action (the last one repeats; a plan not listed: "ok"). Each

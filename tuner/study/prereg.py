@@ -24,7 +24,7 @@ FORMAT = "moetune-preregistration/1"
 NAME = "preregistration.json"
 SIDECAR = "preregistration.sha256"
 ACCEPTANCE_RATIO = 0.98
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # tuner/study/prereg.py -> the repository
 # Every package of the distribution (pyproject's [tool.setuptools.packages.find]; a test keeps the
 # two lists equal): each computes part of a prediction - plan semantics and the SGLang defaults
 # (specs), cluster data and shipped tables (clusters), the model (cost_model), the kernel what-ifs
