@@ -14,8 +14,8 @@ from specs.models import load_model
 from specs.serve_plan import ServePlan, ServeWorkload
 from trials.serving.vllm_args import vllm_reasons
 from tuner.cli import main
-from tuner.space.sglang_rules import realize
 from tuner.rank.candidates import select_candidates
+from tuner.space.sglang_rules import realize
 from tuner.study.serve import command_key, fit, make_task, screen, serve_layout
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None

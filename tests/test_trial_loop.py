@@ -29,8 +29,8 @@ from specs.workload import Workload  # noqa: E402
 from tests import trial_double  # noqa: E402
 from trials.ray_runtime import init_ray  # noqa: E402
 from tuner.space.train import default_space, iter_realizable  # noqa: E402
-from tuner.study import storage as study_mod  # noqa: E402
 from tuner.study import TrainMode, TuneOptions  # noqa: E402
+from tuner.study import storage as study_mod  # noqa: E402
 from tuner.study.loop import TrialLoop  # noqa: E402
 from tuner.study.sampler import GuidedSampler  # noqa: E402
 

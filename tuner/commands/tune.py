@@ -172,23 +172,22 @@ def _options(args, study: str, backend: str, timeout_s: float):
         **({} if args.adjudicate_rounds is None else {"adjudicate_rounds": args.adjudicate_rounds}))
 
 
-def _run_serve(args) -> int:
-    """`tune --mode serve` (tuner/study/serve.py)."""
-    import time
-
+def _serve_mode(args):
+    """(options, ServeMode) of `tune --mode serve` (tuner/study/serve.py), every flag checked."""
     from clusters import load_cluster
+    from cost_model.calibration import Calibration, CalibrationError
+    from cost_model.serving.calibration import load_default
     from cost_model.tables import load_tables, tables_dir_for
     from specs.errors import SpecError
     from specs.models import load_model
+    from tuner.commands._serving import require_backend_runs_on
     from tuner.rank.serve_predict import serve_workload_from_args
-    from tuner.study import run as run_study
     from tuner.study.serve import ServeMode, make_task
     backend = args.backend or "vllm"
     if backend not in ("vllm", "sglang"):
         raise UsageError(f"--mode serve runs serving trials: --backend vllm or sglang, not {backend}")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
-    from tuner.commands._serving import require_backend_runs_on
     require_backend_runs_on(backend, cluster)
     w = serve_workload_from_args(args, cluster.num_devices)
     try:
@@ -201,32 +200,19 @@ def _run_serve(args) -> int:
         tables = load_tables(args.tables or tables_dir_for(cluster.kind))
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--tables {args.tables or '(default)'}: cannot be read: {e}") from None
-    from cost_model.calibration import Calibration, CalibrationError
-    from cost_model.serving.calibration import load_default
     try:
         cal = Calibration.load(args.calibration) if args.calibration else load_default()
     except CalibrationError as e:
         raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
-    mode = ServeMode(task, tables=tables, calibration=cal)
-    if args.baseline:  # a bad --baseline is one line before anything starts
-        mode.baseline(options)
-    t0 = time.monotonic()
-    with _progress_to_stdout():
-        result = run_study(options, mode)
-    if result.verdict_line:
-        print(result.verdict_line, flush=True)
-    print(f"wall time {time.monotonic() - t0:.0f} s", flush=True)
-    print(result.report.resolve(), flush=True)
-    return 0
+    return options, ServeMode(task, tables=tables, calibration=cal)
 
 
-def run(args) -> int:
+def _train_mode(args):
+    """(options, TrainMode) of `tune --mode train` (tuner/study/train.py), every flag checked."""
+    import dataclasses
+
     from specs.stack import profile_for
-    from tuner.study import run as run_study
     from tuner.study.train import TrainMode
-
-    if args.mode == "serve":
-        return _run_serve(args)
     if args.gbs is None:
         raise UsageError("--gbs is required with --mode train")
     if args.study is None:
@@ -237,23 +223,31 @@ def run(args) -> int:
     if backend == "megatron" and importlib.util.find_spec("megatron") is None:  # the core install has neither
         raise UsageError("--backend megatron needs torch and megatron-core: pip install -e '.[megatron]' "
                          "(or --backend predict-only)")
-    # Everything is checked here, before Ray starts: a bad flag costs one line, not a cluster.
     options = _options(args, args.study, backend, 300.0 if args.trial_timeout is None else args.trial_timeout)
     workload = workload_from_args(args)
     profile = profile_for(workload.cluster, args.stack)
     tables, calibration = _cost_model_inputs(args, workload)
     if options.memory_cap_gib is None and not workload.cluster.is_gpu:  # CPU trials: a cap by default
-        import dataclasses
         options = dataclasses.replace(options, memory_cap_gib=default_cpu_memory_cap(workload.world))
-    mode = TrainMode(workload, profile, args.precision, tables=tables, calibration=calibration)
+    return options, TrainMode(workload, profile, args.precision, tables=tables, calibration=calibration)
+
+
+def run(args) -> int:
+    import time
+
+    from tuner.study import run as run_study
+    # Everything is checked here, before Ray starts: a bad flag costs one line, not a cluster.
+    options, mode = _serve_mode(args) if args.mode == "serve" else _train_mode(args)
     if args.baseline:  # a bad --baseline is one line before Ray starts, not after the screening
         try:
             mode.baseline(options)
         except InputError as e:
             raise UsageError(f"--baseline {args.baseline!r}: {e}") from None
+    t0 = time.monotonic()
     with _progress_to_stdout():
         result = run_study(options, mode)
     if result.verdict_line:
         print(result.verdict_line, flush=True)
+    print(f"wall time {time.monotonic() - t0:.0f} s", flush=True)
     print(result.report.resolve(), flush=True)
     return 0
