@@ -215,3 +215,32 @@ def test_a_trial_failed_as_stale_while_running_is_dropped_and_retried_once(env, 
     assert [r["state"] for r in rows if r["plan"] == victim] == ["FAIL", "COMPLETE"]
     assert trial_double.runs_of(d, victim) == 2
     assert len(_searched(rows)) == 2
+
+
+def test_serving_runs_through_the_one_study_skeleton(env, tmp_path):
+    """Training and serving studies were two copies of one run (`tune`, `tune_serve`); now one
+    `tuner.study.run` over a mode: a serving study (its Ray task body scripted, no server) is
+    screened, pre-registered with the serving workload, run to its budget, adjudicated and reported
+    by the same code as a training one."""
+    from cost_model.serving.calibration import load_default
+    from cost_model.tables import load_tables, tables_dir_for
+    from specs.serve_plan import ServeWorkload
+    from tuner.study import prereg, run
+    from tuner.study.serve import ServeMode, make_task
+
+    class ScriptedServe(ServeMode):
+        run_trial = staticmethod(trial_double.serve_trial)
+    cluster = load_cluster("cpu-local", 2)
+    task = make_task(load_model("tiny-moe"), cluster, ServeWorkload(isl=128, osl=32, concurrency=16), "vllm")
+    mode = ScriptedServe(task, tables=load_tables(tables_dir_for(cluster.kind)), calibration=load_default())
+    opts = TuneOptions(study="serve", study_dir=tmp_path, trials=2, backend="vllm", progress=False,
+                       heartbeat_interval_s=1, trial_timeout_s=60)
+    result = run(opts, mode)
+    doc = prereg.load(tmp_path)
+    assert doc["workload"]["mode"] == "serve" and doc["hashes"]["tables_digest"] == mode.tables.digest
+    study = study_mod.load_study("serve", study_mod.open_storage(None, tmp_path))
+    assert study.user_attrs["mode"] == "serve"
+    done = [r for r in study_mod.trial_rows(study) if r["state"] == "COMPLETE"]
+    assert sum("baseline" in r["roles"] for r in done) == 1 and sum("searched" in r["roles"] for r in done) == 2
+    assert all(r["measured_ttft_p90_s"] == 0.2 and r["predicted_raw_ttft_p90_s"] > 0 for r in done)
+    assert result.verdict_line.startswith(("PASS:", "FAIL:")) and "## Verdict" in result.report.read_text()

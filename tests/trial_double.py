@@ -69,3 +69,12 @@ class ScriptedBackend(TrialBackend):
         t = step_time(text)
         return Measurement(text, t, 0.0, (t,) * iters, workload.tokens_per_step / (t * workload.world),
                            (1.0,) * workload.world, backend=NAME)
+
+
+def serve_trial(backend: str, plan_text: str, task, iters: int, warmup: int, timeout_s: float,
+                memory_cap_gib: float | None, layout=None) -> dict:
+    """A scripted serving trial: the serving mode's Ray task body without a server (the study
+    records seconds per objective token per GPU; TTFT / TPOT as attributes)."""
+    s = step_time(plan_text) / 1000
+    return {"ok": True, "step_time_s": s, "tokens_per_s_per_gpu": 1.0 / s, "step_times_s": [s], "peak_memory_gib": [],
+            "attrs": {"measured_ttft_p90_s": 0.2, "measured_tpot_p90_s": 0.02}}
