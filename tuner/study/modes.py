@@ -14,7 +14,7 @@ training, seconds per objective token per GPU for serving (1 / tokens/s/GPU).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 SAMPLER = "guided-ei"  # the proposer every study pre-registers (tuner/study/sampler.py)
@@ -28,7 +28,6 @@ class Screening:
     pool: list
     space: dict
     seconds: float = 0.0
-    rejected: dict = field(default_factory=dict)
 
 
 class StudyMode(ABC):

@@ -230,7 +230,7 @@ class ServeMode(StudyMode):
             raise UsageError(f"no serving plan is realizable on the {self.task.backend} stack and fits: {rejected}")
         return Screening(total, pool, {"space": "tuner/space/serve.py default", "realizable_plans_on_stack": total,
                                        "distinct_commands_scored": len(pool),
-                                       "method": "serving model, steady state"}, seconds, rejected)
+                                       "method": "serving model, steady state"}, seconds)
 
     def baseline(self, options) -> tuple[dict, str]:
         plan, src = baseline_plan(self.task, options.baseline)
