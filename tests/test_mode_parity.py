@@ -201,17 +201,17 @@ def test_predict_and_tune_serve_default_to_one_concurrency(tmp_path, monkeypatch
     8-per-device rule and the decode rule differ)."""
     import json
 
-    import tuner.study.serve as serve_tune
+    import tuner.study
     from tuner.cli import main
     flags = ["--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "4", "--isl", "128", "--osl", "32", "--phase", phase]
     assert main(["predict", "--mode", "serve", *flags, "--plan", "tp=4", "--json"]) == 0
     priced = json.loads(capsys.readouterr().out)["concurrency"]
     seen = {}
 
-    def tune_serve(options, task, **kw):
-        seen["concurrency"] = task.workload.concurrency
+    def run(options, mode):
+        seen["concurrency"] = mode.task.workload.concurrency
         raise _Captured
-    monkeypatch.setattr(serve_tune, "tune_serve", tune_serve)
+    monkeypatch.setattr(tuner.study, "run", run)
     with pytest.raises(_Captured):
         main(["tune", "--mode", "serve", *flags, "--trials", "1", "--study-dir", str(tmp_path / "s"), "--no-progress"])
     assert seen["concurrency"] == priced == (16 if phase == "decode" else 32)

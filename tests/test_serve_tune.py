@@ -14,8 +14,9 @@ from specs.models import load_model
 from specs.serve_plan import ServePlan, ServeWorkload
 from trials.serving.vllm_args import vllm_reasons
 from tuner.cli import main
+from tuner.rank.candidates import select_candidates
 from tuner.space.sglang_rules import realize
-from tuner.study.serve import command_key, fit, make_task, screen, select_candidates
+from tuner.study.serve import command_key, fit, make_task, screen, serve_layout
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 W = ServeWorkload(isl=128, osl=32, concurrency=16)
@@ -46,7 +47,7 @@ def test_screening_keeps_only_what_vllm_cpu_runs(cpu_task):
 def test_candidates_cover_layouts_first():
     pool = [{"plan": ServePlan(tp=8, chunked_prefill=c).canonical()} for c in (2048, 4096)] + \
            [{"plan": ServePlan(tp=4, dp=2).canonical()}]
-    c = select_candidates(pool, 2)
+    c = select_candidates(pool, 2, layout=serve_layout)
     assert [ServePlan.parse(r["plan"]).tp for r in c] == [8, 4]
 
 

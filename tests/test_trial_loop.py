@@ -29,8 +29,9 @@ from specs.workload import Workload  # noqa: E402
 from tests import trial_double  # noqa: E402
 from trials.ray_runtime import init_ray  # noqa: E402
 from tuner.space.train import default_space, iter_realizable  # noqa: E402
+from tuner.study import TrainMode, TuneOptions  # noqa: E402
 from tuner.study import storage as study_mod  # noqa: E402
-from tuner.study.loop import TrainMode, TrialLoop, TuneOptions  # noqa: E402
+from tuner.study.loop import TrialLoop  # noqa: E402
 from tuner.study.sampler import GuidedSampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,9 +63,9 @@ def setting():
             plans.append(p.canonical())
         if len(plans) == 10:
             break
-    mode = TrainMode(wl)
+    mode = TrainMode(wl, cpu_profile())
     raw = {p: mode.predict(p)[0] for p in plans}
-    return wl, plans, raw
+    return mode, plans, raw
 
 
 def _prereg(plans, raw, base, pre):
@@ -74,13 +75,13 @@ def _prereg(plans, raw, base, pre):
 
 
 def _loop(tmp_path, setting, *, trials, base_i=0, pre_i=(1, 2), hard_timeout_s=None):
-    wl, plans, raw = setting
+    mode, plans, raw = setting
     opts = TuneOptions(study="loop", study_dir=tmp_path, trials=trials, backend=trial_double.NAME,
                        progress=False, heartbeat_interval_s=1, trial_timeout_s=60)
     storage = study_mod.open_storage(None, tmp_path, heartbeat_interval=1)
     study = study_mod.open_study("loop", storage)
     pool = [{"plan": p, "raw_step_time_s": raw[p]} for p in plans]
-    loop = TrialLoop(study, storage, workload=wl, prereg=_prereg(plans, raw, plans[base_i], [plans[i] for i in pre_i]),
+    loop = TrialLoop(study, storage, mode=mode, prereg=_prereg(plans, raw, plans[base_i], [plans[i] for i in pre_i]),
                      sampler=GuidedSampler(pool), options=opts)
     loop.observe_ready = functools.partial(loop.observe_ready, timeout_s=0.2)  # poll the state often
     if hard_timeout_s is not None:
@@ -214,3 +215,32 @@ def test_a_trial_failed_as_stale_while_running_is_dropped_and_retried_once(env, 
     assert [r["state"] for r in rows if r["plan"] == victim] == ["FAIL", "COMPLETE"]
     assert trial_double.runs_of(d, victim) == 2
     assert len(_searched(rows)) == 2
+
+
+def test_serving_runs_through_the_one_study_skeleton(env, tmp_path):
+    """Training and serving studies were two copies of one run (`tune`, `tune_serve`); now one
+    `tuner.study.run` over a mode: a serving study (its Ray task body scripted, no server) is
+    screened, pre-registered with the serving workload, run to its budget, adjudicated and reported
+    by the same code as a training one."""
+    from cost_model.serving.calibration import load_default
+    from cost_model.tables import load_tables, tables_dir_for
+    from specs.serve_plan import ServeWorkload
+    from tuner.study import prereg, run
+    from tuner.study.serve import ServeMode, make_task
+
+    class ScriptedServe(ServeMode):
+        run_trial = staticmethod(trial_double.serve_trial)
+    cluster = load_cluster("cpu-local", 2)
+    task = make_task(load_model("tiny-moe"), cluster, ServeWorkload(isl=128, osl=32, concurrency=16), "vllm")
+    mode = ScriptedServe(task, tables=load_tables(tables_dir_for(cluster.kind)), calibration=load_default())
+    opts = TuneOptions(study="serve", study_dir=tmp_path, trials=2, backend="vllm", progress=False,
+                       heartbeat_interval_s=1, trial_timeout_s=60)
+    result = run(opts, mode)
+    doc = prereg.load(tmp_path)
+    assert doc["workload"]["mode"] == "serve" and doc["hashes"]["tables_digest"] == mode.tables.digest
+    study = study_mod.load_study("serve", study_mod.open_storage(None, tmp_path))
+    assert study.user_attrs["mode"] == "serve"
+    done = [r for r in study_mod.trial_rows(study) if r["state"] == "COMPLETE"]
+    assert sum("baseline" in r["roles"] for r in done) == 1 and sum("searched" in r["roles"] for r in done) == 2
+    assert all(r["measured_ttft_p90_s"] == 0.2 and r["predicted_raw_ttft_p90_s"] > 0 for r in done)
+    assert result.verdict_line.startswith(("PASS:", "FAIL:")) and "## Verdict" in result.report.read_text()

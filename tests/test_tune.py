@@ -276,7 +276,8 @@ def test_baseline_heuristic_keeps_ep_in_domain_and_tp1(workload):
 
 
 def test_select_candidates_diverse_layouts():
-    from tuner.rank.train import Scored, select_candidates
+    from tuner.rank.candidates import select_candidates
+    from tuner.rank.train import Scored
     pool = [Scored(f"p{i}", 1.0 + i, 1.0 + i, 100.0 - i, 0.1, (1, 1, 1, 1, 1, 1)) for i in range(10)]
     pool += [Scored("q", 20.0, 20.0, 50.0, 0.1, (1, 1, 2, 1, 1, 1)),
              Scored("r", 30.0, 30.0, 40.0, 0.1, (1, 1, 1, 1, 2, 1))]

@@ -1,7 +1,7 @@
 """A scripted trial backend for the trial-loop tests (tests/test_trial_loop.py), registered through
 the real backend registry (`trials._REGISTRY`, what `trials.get_backend` reads) in the test process
 and, via Ray's `worker_process_setup_hook`, in every Ray worker, so the loop's real Ray task body
-(`tuner.study.loop._run_trial`) runs it.
+(`tuner.study.train.run_train_trial`) runs it.
 
 The script is a JSON file named by $MOETUNE_TEST_SCRIPT: {plan canonical string: [action, ...]},
 the n-th run of a plan taking the n-th action (the last one repeats; a plan not listed: "ok"). Each
@@ -69,3 +69,12 @@ class ScriptedBackend(TrialBackend):
         t = step_time(text)
         return Measurement(text, t, 0.0, (t,) * iters, workload.tokens_per_step / (t * workload.world),
                            (1.0,) * workload.world, backend=NAME)
+
+
+def serve_trial(backend: str, plan_text: str, task, iters: int, warmup: int, timeout_s: float,
+                memory_cap_gib: float | None, layout=None) -> dict:
+    """A scripted serving trial: the serving mode's Ray task body without a server (the study
+    records seconds per objective token per GPU; TTFT / TPOT as attributes)."""
+    s = step_time(plan_text) / 1000
+    return {"ok": True, "step_time_s": s, "tokens_per_s_per_gpu": 1.0 / s, "step_times_s": [s], "peak_memory_gib": [],
+            "attrs": {"measured_ttft_p90_s": 0.2, "measured_tpot_p90_s": 0.02}}

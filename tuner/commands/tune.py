@@ -7,8 +7,8 @@ pre-registering predictions, and running real trials in an Optuna study.
       [--backend megatron|predict-only] [--ray-address ADDR] [--dashboard] [--ray-no-auth]
       [--trial-timeout S] [--iters I --warmup W] [--level core|full] [--no-progress]
 
-Stages (tuner/study/loop.py runs them; see also tuner/rank/train.py, baseline.py, prereg.py, study.py,
-sampler.py, report.py):
+Stages (tuner/study/skeleton.py runs them over a mode, tuner/study/train.py or serve.py; see also
+tuner/rank/train.py, tuner/rank/baseline.py, tuner/study/prereg.py, storage.py, loop.py, sampler.py, report.py):
 1. screening: named Ray actors `moetune-screen-<pid>-<i>` (0.25 CPU each, spread over the Ray nodes) score shards of the realizable
    space with the vectorised cost model; the top plans plus the best of distinct parallel layouts
    become the pre-registered candidates;
@@ -20,8 +20,8 @@ sampler.py, report.py):
    fields are the Optuna trial's params, the results its user attributes;
 4. feedback: after every measured trial the calibration is refitted and the rest re-ranked;
 5. report: `<study dir>/report.md`, trials.csv and plots; its path is printed last.
-`--mode serve` runs the serving study (tuner/study/serve.py: the same pre-registration, study, claim
-protocol and trial loop; vLLM or SGLang servers as trials; tuner/study/serve_report.py):
+`--mode serve` runs the same study over the serving mode (tuner/study/serve.py: vLLM or SGLang servers
+as trials; tuner/study/serve_report.py):
   moetune tune --mode serve --model tiny-moe --cluster cpu-local --gpus 2 --isl 128 --osl 32 --concurrency 16 --trials 4
 Rerunning the same command resumes the study; a tuner that died is noticed by its trials'
 heartbeats (see tuner/study/storage.py), and an interrupted plan is retried once.
@@ -155,7 +155,7 @@ def _options(args, study: str, backend: str, timeout_s: float):
     before anything is written): the study name is one folder name, the study folder can be
     written, the storage parses and answers."""
     from specs.inputs import safe_name
-    from tuner.study.loop import TuneOptions
+    from tuner.study import TuneOptions
     from tuner.study.storage import check_storage, default_study_dir
     safe_name(study, "--study", "study name", UsageError)
     study_dir = check_output_dir(args.study_dir, "--study-dir") if args.study_dir else \
@@ -164,7 +164,7 @@ def _options(args, study: str, backend: str, timeout_s: float):
     return TuneOptions(
         study=study, study_dir=study_dir,
         storage=args.storage, trials=args.trials, baseline=args.baseline, complete=args.complete, backend=backend,
-        precision=args.precision, ray_address=args.ray_address, dashboard=args.dashboard,
+        ray_address=args.ray_address, dashboard=args.dashboard,
         ray_no_auth=args.ray_no_auth,
         trial_timeout_s=timeout_s, memory_cap_gib=args.memory_cap_gib, iters=args.iters,
         warmup=args.warmup, level=args.level, screen_actors=args.screen_actors, preregister=args.preregister,
@@ -172,22 +172,22 @@ def _options(args, study: str, backend: str, timeout_s: float):
         **({} if args.adjudicate_rounds is None else {"adjudicate_rounds": args.adjudicate_rounds}))
 
 
-def _run_serve(args) -> int:
-    """`tune --mode serve` (tuner/study/serve.py)."""
-    import time
-
+def _serve_mode(args):
+    """(options, ServeMode) of `tune --mode serve` (tuner/study/serve.py), every flag checked."""
     from clusters import load_cluster
+    from cost_model.calibration import Calibration, CalibrationError
+    from cost_model.serving.calibration import load_default
     from cost_model.tables import load_tables, tables_dir_for
     from specs.errors import SpecError
     from specs.models import load_model
+    from tuner.commands._serving import require_backend_runs_on
     from tuner.rank.serve_predict import serve_workload_from_args
-    from tuner.study.serve import make_task, tune_serve
+    from tuner.study.serve import ServeMode, make_task
     backend = args.backend or "vllm"
     if backend not in ("vllm", "sglang"):
         raise UsageError(f"--mode serve runs serving trials: --backend vllm or sglang, not {backend}")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
-    from tuner.commands._serving import require_backend_runs_on
     require_backend_runs_on(backend, cluster)
     w = serve_workload_from_args(args, cluster.num_devices)
     try:
@@ -200,31 +200,19 @@ def _run_serve(args) -> int:
         tables = load_tables(args.tables or tables_dir_for(cluster.kind))
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--tables {args.tables or '(default)'}: cannot be read: {e}") from None
-    from cost_model.calibration import Calibration, CalibrationError
-    from cost_model.serving.calibration import load_default
     try:
         cal = Calibration.load(args.calibration) if args.calibration else load_default()
     except CalibrationError as e:
         raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
-    if args.baseline:  # a bad --baseline is one line before anything starts
-        from tuner.study.serve import baseline_plan
-        baseline_plan(task, args.baseline)
-    t0 = time.monotonic()
-    with _progress_to_stdout():
-        result = tune_serve(options, task, tables=tables, calibration=cal)
-    if result.verdict_line:
-        print(result.verdict_line, flush=True)
-    print(f"wall time {time.monotonic() - t0:.0f} s", flush=True)
-    print(result.report.resolve(), flush=True)
-    return 0
+    return options, ServeMode(task, tables=tables, calibration=cal)
 
 
-def run(args) -> int:
+def _train_mode(args):
+    """(options, TrainMode) of `tune --mode train` (tuner/study/train.py), every flag checked."""
+    import dataclasses
+
     from specs.stack import profile_for
-    from tuner.study.loop import tune
-
-    if args.mode == "serve":
-        return _run_serve(args)
+    from tuner.study.train import TrainMode
     if args.gbs is None:
         raise UsageError("--gbs is required with --mode train")
     if args.study is None:
@@ -235,24 +223,31 @@ def run(args) -> int:
     if backend == "megatron" and importlib.util.find_spec("megatron") is None:  # the core install has neither
         raise UsageError("--backend megatron needs torch and megatron-core: pip install -e '.[megatron]' "
                          "(or --backend predict-only)")
-    # Everything is checked here, before Ray starts: a bad flag costs one line, not a cluster.
     options = _options(args, args.study, backend, 300.0 if args.trial_timeout is None else args.trial_timeout)
     workload = workload_from_args(args)
     profile = profile_for(workload.cluster, args.stack)
     tables, calibration = _cost_model_inputs(args, workload)
     if options.memory_cap_gib is None and not workload.cluster.is_gpu:  # CPU trials: a cap by default
-        import dataclasses
         options = dataclasses.replace(options, memory_cap_gib=default_cpu_memory_cap(workload.world))
+    return options, TrainMode(workload, profile, args.precision, tables=tables, calibration=calibration)
+
+
+def run(args) -> int:
+    import time
+
+    from tuner.study import run as run_study
+    # Everything is checked here, before Ray starts: a bad flag costs one line, not a cluster.
+    options, mode = _serve_mode(args) if args.mode == "serve" else _train_mode(args)
     if args.baseline:  # a bad --baseline is one line before Ray starts, not after the screening
-        from tuner.rank.baseline import given_baseline
         try:
-            given_baseline(args.baseline, workload, profile, args.precision, calibration, tables=tables,
-                           complete=args.complete)
+            mode.baseline(options)
         except InputError as e:
             raise UsageError(f"--baseline {args.baseline!r}: {e}") from None
+    t0 = time.monotonic()
     with _progress_to_stdout():
-        result = tune(options, workload, profile, tables=tables, calibration=calibration)
+        result = run_study(options, mode)
     if result.verdict_line:
         print(result.verdict_line, flush=True)
+    print(f"wall time {time.monotonic() - t0:.0f} s", flush=True)
     print(result.report.resolve(), flush=True)
     return 0

@@ -11,8 +11,8 @@ etp). Plans that Megatron runs identically (`tuner.rank.complete.effective_plan`
 For `moetune tune`, the space (`tuner.space.train.default_space`) is cut into `num_shards` shards
 (`iter_realizable`, shard i of n); named actors `moetune-screen-<i>` (fractional CPUs, e.g. 0.25)
 each rank the shards handed to them (`score_shard`) and return their pools; the driver merges them
-into one ranked pool (`Scored` rows). `select_candidates` then takes the top plans plus a diverse set:
-the best plan of distinct layouts, not twenty variants of one.
+into one ranked pool (`Scored` rows). `tuner.rank.candidates.select_candidates` then takes the top
+plans plus a diverse set: the best plan of distinct layouts, not twenty variants of one.
 
 `score_shard`, `rank_space` and `rank_plans` are plain functions: the actors call them, and so can a
 caller without Ray.
@@ -531,35 +531,3 @@ def screen(workload, profile, precision: str = "bf16", *, level: str = "core", c
     bar.close()
     return total, sorted(pool, key=lambda s: (-s.tokens_per_s_per_gpu, s.plan))
 
-
-def select_candidates(pool: list[Scored], n: int, *, diverse_frac: float = 0.5,
-                      exclude: set | None = None) -> list[Scored]:
-    """`n` plans: about (1 - diverse_frac) of them the top predicted, the rest the best of distinct
-    layouts not yet represented (then the next-best of layouts, round robin), ranked order kept."""
-    exclude = exclude or set()
-    rows = [s for s in pool if s.plan not in exclude]
-    n_top = max(1, n - int(n * diverse_frac)) if n > 0 else 0
-    chosen, seen_layouts = [], set()
-    for s in rows[:n_top]:
-        chosen.append(s)
-        seen_layouts.add(s.layout)
-    have = {s.plan for s in chosen}
-    rounds = 0
-    while len(chosen) < n and rounds < 64:
-        added = False
-        used = set()
-        for s in rows:
-            if len(chosen) >= n:
-                break
-            if s.plan in have or s.layout in used:
-                continue
-            if rounds == 0 and s.layout in seen_layouts:
-                continue
-            chosen.append(s)
-            have.add(s.plan)
-            used.add(s.layout)
-            added = True
-        rounds += 1
-        if not added and rounds > 1:
-            break
-    return chosen

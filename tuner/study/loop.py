@@ -1,17 +1,14 @@
-"""The run behind `moetune tune`: screening -> pre-registration -> trials -> report.
+"""The trial loop of a study (`TrialLoop`), training and serving alike: claim the next plan, run it
+as a Ray task, record its result in the Optuna study, refit the calibration, re-rank the rest; and
+the end-of-study re-measurement of the pre-registered adjudication protocol. What a plan is (its
+Ray task body, its prediction) is the mode's (tuner/study/modes.py); the run around the loop is
+tuner/study/skeleton.py.
 
-`tune(options, workload, profile, tables=..., calibration=...)` runs one tuner process of a study:
-1. screening (`tuner.rank.train`): Ray actors score the realizable space with the vectorised cost model;
-2. pre-registration (`tuner.study.prereg`): the candidates and the baseline with their predictions,
-   written once, exclusively and self-hashed, before the first trial; a rerun verifies it instead;
-3. trials (`TrialLoop`): the baseline, the pre-registered plans, then the guided sampler's
-   proposals, each a Ray task holding the plan's devices (num_cpus = world on cpu-local, num_gpus =
-   world on GPUs) running a trial backend, or, when the world is wider than any Ray node, a task
-   driving one placement group with a launcher actor per node (trials/placement.py); results go to the Optuna study (`tuner.study.storage`), and after
-   every measured trial the calibration is refitted and the rest re-ranked;
-4. the report (`tuner.study.report`) and the pre-registered verdict.
-Ray is started or joined with token authentication (trials/ray_runtime.py); the study's figures go
-to Ray's metrics (tuner/study/metrics.py).
+Each trial is a Ray task holding the plan's devices (num_cpus = world on cpu-local, num_gpus =
+world on GPUs), or, when the world is wider than any Ray node and the mode allows it, a task
+driving one placement group with a launcher actor per node (trials/placement.py). Ray is started
+or joined with token authentication (`start_ray`, trials/ray_runtime.py); the study's figures go to
+Ray's metrics (tuner/study/metrics.py).
 
 Several tuner processes (on several hosts, with a shared RDB or journal storage) may run one study: plans are
 claimed through the study (lowest trial number wins) and a tuner that dies is noticed by its
@@ -24,7 +21,6 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from specs.errors import UsageError
 from tuner.study import prereg as prereg_mod
@@ -35,85 +31,6 @@ logger = logging.getLogger(__name__)
 REMEASURED = "adjudication_measurements"  # study user attribute: the protocol's re-measurements
 MAX_CLAIMS_PER_ROUND = 50  # claims lost in a row before waiting for a running trial instead
 WAIT_S = 10.0  # longest wait for a trial result before re-checking timeouts and stale trials
-
-
-@dataclass(frozen=True)
-class TuneOptions:
-    """How to run a study (the `moetune tune` flags).
-
-    Attributes:
-        study: study name. study_dir: its folder (pre-registration, report, default storage).
-        storage: Optuna storage URL or `journal:<path>`; None: SQLite in the study folder.
-        trials: searched trials to run (the baseline comes on top).
-        baseline: baseline plan text; None: the hand-tuning heuristic (tuner/rank/baseline.py).
-        backend: a trial backend name (`trials.get_backend`) or "predict-only" (no trials).
-        precision: bf16 or an fp8 recipe name (see tuner.rank.complete).
-        ray_address: an existing Ray cluster to join; None: start an embedded one.
-        dashboard: start the Ray dashboard and log its address.
-        ray_no_auth: start / join Ray without token authentication (explicit opt-out, logged as a
-            warning; trials/ray_runtime.py).
-        trial_timeout_s: seconds after which the backend kills a trial.
-        memory_cap_gib: per-rank memory cap (OOM beyond it); None: the device's.
-        iters, warmup: timed and warm-up iterations per trial.
-        level: plan-space level to screen, "core" or "full".
-        screen_actors: Ray actors scoring the space.
-        preregister: plans to pre-register; None: min(trials, max(4, trials // 2 + 1)).
-        progress: show progress bars.
-        heartbeat_interval_s: seconds between heartbeats of running trials; a trial silent for
-            3 x that is failed and retried once (tuner/study/storage.py).
-        adjudicate_rounds: rounds of the final A B A B ... re-measurement of the baseline and the
-            winner, fixed in the pre-registration's adjudication protocol (tuner/study/verdict.py).
-    """
-    study: str
-    study_dir: Path
-    storage: str | None = None
-    trials: int = 8
-    baseline: str | None = None
-    complete: str = "best"  # how a partial `baseline` is completed (tuner.rank.complete.complete)
-    backend: str = "megatron"
-    precision: str = "bf16"
-    ray_address: str | None = None
-    dashboard: bool = False
-    ray_no_auth: bool = False
-    trial_timeout_s: float = 300.0
-    memory_cap_gib: float | None = None
-    iters: int = 3
-    warmup: int = 1
-    level: str = "core"
-    screen_actors: int = 4
-    preregister: int | None = None
-    progress: bool = True
-    heartbeat_interval_s: int = study_mod.DEFAULT_HEARTBEAT_S
-    adjudicate_rounds: int = 3  # rounds of the final interleaved re-measurement (tuner/study/verdict.py)
-
-    def __post_init__(self) -> None:
-        checks = (
-            (self.trials >= 1, f"--trials must be >= 1, got {self.trials}"),
-            (self.iters >= 1, f"--iters must be >= 1, got {self.iters}"),
-            (self.warmup >= 0, f"--warmup must be >= 0, got {self.warmup}"),
-            (self.trial_timeout_s > 0, f"--trial-timeout must be positive, got {self.trial_timeout_s:g}"),
-            (self.memory_cap_gib is None or self.memory_cap_gib > 0,
-             f"--memory-cap-gib must be positive, got {self.memory_cap_gib}"),
-            (self.screen_actors >= 1, f"--screen-actors must be >= 1, got {self.screen_actors}"),
-            (self.preregister is None or self.preregister >= 1,
-             f"--preregister must be >= 1, got {self.preregister}"),
-            (self.heartbeat_interval_s >= 1, f"--heartbeat-interval must be >= 1 s, got {self.heartbeat_interval_s}"),
-            (self.adjudicate_rounds >= 2, f"--adjudicate-rounds must be >= 2, got {self.adjudicate_rounds}"),
-        )
-        for ok, message in checks:
-            if not ok:
-                raise UsageError(message)
-
-    @property
-    def n_preregister(self) -> int:
-        return self.preregister or min(self.trials, max(4, self.trials // 2 + 1))
-
-
-@dataclass(frozen=True)
-class TuneResult:
-    """What a run leaves: the report's path and the adjudication line (None for predict-only)."""
-    report: Path
-    verdict_line: str | None
 
 
 # Ray --------------------------------------------------------------------------------------------
@@ -156,24 +73,6 @@ def trial_slots(workload) -> int:
     return max(1, int(res.get(key, 1) // max(1, workload.world)))
 
 
-def _run_trial(backend: str, plan_text: str, workload, iters: int, warmup: int, timeout_s: float,
-               memory_cap_gib: float | None, layout: tuple[int, ...] | None = None) -> dict:
-    """Body of a trial's Ray task: run the plan on the backend, return its result as a dict with
-    `nodes`, the Ray node of every rank (this task's node unless the trial spans nodes)."""
-    import ray
-
-    from specs.plan import Plan
-    from trials import get_backend
-    from trials.base import Resources
-    res = get_backend(backend).run(Plan.parse(plan_text), workload,
-                                   Resources(devices=workload.world, timeout_s=timeout_s,
-                                             memory_cap_gib=memory_cap_gib, layout=layout),
-                                   iters=iters, warmup=warmup).to_dict()
-    if not res.get("nodes") and not layout:
-        res["nodes"] = [ray.get_runtime_context().get_node_id()] * workload.world
-    return res
-
-
 # the trial loop -----------------------------------------------------------------------------------
 
 @dataclass
@@ -195,24 +94,22 @@ class TrialLoop:
     Use: `TrialLoop(...).run()`; afterwards `calibration` / `cal_report` hold the last refit.
     """
 
-    def __init__(self, study, storage, *, workload, prereg: dict, sampler, options: TuneOptions,
-                 tables=None, calibration=None, mode=None):
+    def __init__(self, study, storage, *, mode, prereg: dict, sampler, options):
         """
         Args:
             study, storage: the Optuna study and the storage it was opened on (for heartbeats).
-            workload: the Workload tuned. prereg: the verified pre-registration document.
+            mode: what the plans are (tuner/study/modes.py: `TrainMode` or `ServeMode`): its
+                workload (`world`, the devices a trial holds, and `cluster`), the Ray task body
+                of a trial, the cost model's raw prediction of a plan, and the calibration the
+                study starts from.
+            prereg: the verified pre-registration document.
             sampler: a `tuner.study.sampler.GuidedSampler` over the screened pool.
             options: run options (budget, backend, per-trial limits, progress).
-            tables, calibration: the cost model's inputs for plans outside the screened pool.
-            mode: what the plans are (`TrainMode`, the default, or tuner.study.serve.ServeMode):
-                the Ray task body of a trial and the cost model's raw prediction of a plan. The
-                workload needs `world` (devices a trial holds) and `cluster`.
         """
         self.study, self.storage = study, storage
-        self.workload, self.prereg, self.sampler, self.options = workload, prereg, sampler, options
-        self.tables = tables
-        self.mode = mode or TrainMode(workload, tables, calibration)
-        self.calibration, self.cal_report = calibration, None
+        self.mode, self.workload = mode, mode.workload
+        self.prereg, self.sampler, self.options = prereg, sampler, options
+        self.calibration, self.cal_report = mode.calibration, None
         self.base_plan = prereg["baseline"]["plan"]
         self.pre_plans = [p["plan"] for p in prereg["plans"]]
         self.hard_timeout_s = options.trial_timeout_s * 1.5 + 120  # the backend's own timeout failed
@@ -485,161 +382,3 @@ class TrialLoop:
                 "predicted_step_time_high_s": hi if math.isfinite(hi) else None,
                 "calibration_id": cal.id if self.sampler.cal_report is not None else self.prereg["hashes"]["calibration_id"],
                 "sampler_mean_step_time_s": mean, "sampler_sigma": sigma}
-
-
-class TrainMode:
-    """What `TrialLoop` needs to know about training plans: the Ray task body that runs one, and
-    the cost model's raw step time of one (`predict` -> (raw step seconds, extra trial attributes)).
-    tuner/study/serve.py's `ServeMode` is the serving counterpart."""
-
-    run_trial = staticmethod(_run_trial)
-    multi_node = True  # a trial wider than one Ray node runs through a placement group
-
-    def __init__(self, workload, tables=None, calibration=None):
-        self.workload, self.tables, self.calibration = workload, tables, calibration
-
-    def predict(self, plan: str) -> tuple[float, dict]:
-        import cost_model
-        from specs.plan import Plan
-        pred = cost_model.predict(self.workload, Plan.parse(plan), tables=self.tables, calibration=self.calibration)
-        peak = float(pred.peak_memory_gib)
-        return pred.extra["raw_step_time_s"], {"predicted_peak_memory_gib": peak if math.isfinite(peak) else -1.0}
-
-    def class_parts(self, plans: list[str]) -> list[dict]:
-        """Each plan's raw step time per calibration class (what the per-component fit weighs)."""
-        import cost_model
-        from specs.plan import Plan
-        return cost_model.raw_class_parts(self.workload, [Plan.parse(p) for p in plans], tables=self.tables)
-
-    def tokens_per_s_per_gpu(self, step_s: float) -> float:
-        return self.workload.tokens_per_step / (step_s * self.workload.world)
-
-
-# the run --------------------------------------------------------------------------------------------
-
-def existing_preregistration(study_dir: Path, study: str, workload) -> dict | None:
-    """The verified pre-registration in `study_dir`, None if there is none; UsageError if it does
-    not verify or belongs to another study or workload."""
-    if not (study_dir / prereg_mod.NAME).exists():
-        return None
-    try:
-        doc = prereg_mod.load(study_dir)
-    except prereg_mod.PreregistrationError as e:
-        raise UsageError(str(e)) from None
-    if doc["study"] != study or doc["hashes"]["model_spec_sha256"] != workload.model.digest() \
-            or doc["hashes"]["cluster_sha256"] != workload.cluster.digest():
-        raise UsageError(f"{study_dir} holds a different study/workload; use another --study-dir")
-    return doc
-
-
-def preregister(options: TuneOptions, workload, profile, pool: list, total: int, *, tables, calibration) -> dict:
-    """Choose the baseline and the candidates, and register them; returns the registered document
-    (another tuner's, if it registered first)."""
-    from tuner.rank.baseline import given_baseline, hand_tuned_baseline
-    from tuner.rank.train import select_candidates
-    from tuner.study.verdict import protocol as verdict_protocol
-    if options.baseline:
-        bplan, bpred = given_baseline(options.baseline, workload, profile, options.precision, calibration,
-                                      tables=tables, complete=options.complete)
-        bsrc = f"--baseline (--complete {options.complete})"
-    else:
-        bplan, bpred = hand_tuned_baseline(workload, profile, options.precision, calibration, tables=tables)
-        bsrc = "hand-tuning heuristic (tuner/rank/baseline.py)"
-    cands = select_candidates(pool, options.n_preregister)
-    doc = prereg_mod.build(
-        study=options.study, workload=workload, precision=options.precision,
-        plans=[{"rank": i + 1, "plan": s.plan, "predicted_step_time_s": s.step_time_s,
-                "predicted_raw_step_time_s": s.raw_step_time_s,
-                "predicted_tokens_per_s_per_gpu": s.tokens_per_s_per_gpu,
-                "predicted_peak_memory_gib": s.peak_memory_gib} for i, s in enumerate(cands)],
-        baseline={"plan": bplan.canonical(), "predicted_step_time_s": bpred.step_time_s,
-                  "predicted_raw_step_time_s": bpred.extra["raw_step_time_s"],
-                  "predicted_tokens_per_s_per_gpu": bpred.tokens_per_s_per_gpu,
-                  "predicted_peak_memory_gib": bpred.peak_memory_gib},
-        baseline_source=bsrc, tables_digest=tables.digest, calibration=calibration,
-        trials_budget=options.trials, sampler="guided-ei",
-        adjudication=verdict_protocol(rounds=options.adjudicate_rounds),
-        space={"level": options.level, "realizable_plans": total, "screened_kept": len(pool)})
-    try:
-        prereg_mod.write(options.study_dir, doc)
-    except prereg_mod.PreregistrationError:  # another tuner process registered first
-        return prereg_mod.load(options.study_dir)
-    logger.info("pre-registered %d plans + baseline: %s (sha256 %s...)", len(cands),
-                options.study_dir / prereg_mod.NAME, doc["sha256"][:16])
-    return doc
-
-
-def _screen(options: TuneOptions, workload, profile, *, tables, calibration):
-    from tuner.rank.train import screen
-    t0 = time.monotonic()
-    total, pool = screen(workload, profile, options.precision, level=options.level, calibration=calibration,
-                         num_actors=options.screen_actors, progress=options.progress, tables=tables)
-    return total, pool, time.monotonic() - t0
-
-
-def tune(options: TuneOptions, workload, profile, *, tables, calibration) -> TuneResult:
-    """Run (or resume) the study of `options` for `workload` on the stack `profile`.
-
-    Args:
-        options: the run options (TuneOptions, validated when built).
-        workload: the Workload (model, cluster, batch, sequence).
-        profile: the StackProfile plans are completed and checked against.
-        tables: the cost model's performance tables (`cost_model.resolve_tables`).
-        calibration: the calibration to start from (`cost_model.resolve_calibration`); refitted on
-            every measured trial.
-
-    Returns:
-        TuneResult with the report's path and the verdict line. Raises UsageError (an InputError)
-        for a study folder holding another study, or when no plan fits.
-    """
-    from tuner.study.report import adjudicate, write_report
-    from tuner.study.sampler import GuidedSampler
-    t0 = time.monotonic()
-    study_dir = Path(options.study_dir)
-    study_dir.mkdir(parents=True, exist_ok=True)
-    storage_url = options.storage or study_mod.default_storage_url(study_dir)
-    existing = existing_preregistration(study_dir, options.study, workload)
-
-    import ray
-    started = start_ray(workload, options.ray_address, options.dashboard, options.ray_no_auth)
-    try:
-        total, pool, screen_s = _screen(options, workload, profile, tables=tables, calibration=calibration)
-        if not pool:
-            raise UsageError("no realizable plan fits in memory by the cost model")
-        logger.info("screened %d realizable plans; %d kept (%d parallel layouts)", total, len(pool),
-                    len({s.layout for s in pool}))
-        if existing is None:
-            prereg = preregister(options, workload, profile, pool, total, tables=tables, calibration=calibration)
-        else:
-            prereg = existing
-            logger.info("resuming: pre-registration %s verified (sha256 %s...)", study_dir / prereg_mod.NAME,
-                        prereg["sha256"][:16])
-
-        # every tuner of a shared study names the registration it runs under (one, whoever wrote it)
-        logger.info("study %s: pre-registration sha256 %s", options.study, prereg["sha256"])
-        storage = study_mod.open_storage(options.storage, study_dir, heartbeat_interval=options.heartbeat_interval_s)
-        study = study_mod.open_study(options.study, storage)
-        study.set_user_attr("preregistration_sha256", prereg["sha256"])
-        report_args = dict(workload=workload, profile=profile, prereg=prereg, tables=tables,
-                           storage_url=study_mod.redact_url(storage_url))
-        if options.backend == "predict-only":
-            path = write_report(study_dir, rows=study_mod.trial_rows(study), backend="predict-only",
-                                calibration=calibration, predict_only_pool=pool,
-                                wall_s=time.monotonic() - t0, **report_args)
-            return TuneResult(path, None)
-
-        mode = TrainMode(workload, tables, calibration)
-        sampler = GuidedSampler(pool, parts=mode.class_parts, calibration=calibration)
-        loop = TrialLoop(study, storage, workload=workload, prereg=prereg, sampler=sampler,
-                         options=options, tables=tables, calibration=calibration, mode=mode)
-        loop.screen_rate = (total, screen_s)
-        loop.run()
-        remeasured = loop.remeasure()
-        rows = study_mod.trial_rows(study)
-        path = write_report(study_dir, rows=rows, backend=options.backend, calibration=loop.calibration,
-                            cal_report=loop.cal_report, wall_s=time.monotonic() - t0, remeasured=remeasured,
-                            **report_args)
-        return TuneResult(path, adjudicate(rows, prereg, remeasured)["line"])
-    finally:
-        if started:
-            ray.shutdown()

@@ -1,21 +1,19 @@
-"""`moetune tune --mode serve`: the serving study, with the training study's machinery.
+"""The serving mode of a study (tuner/study/modes.py; `moetune tune --mode serve`).
 
-Stages, each the training one with serving nouns (tuner/study/loop.py holds the shared ones):
-1. screening: the serving plan space (tuner/serve_space) -> our SGLang rules (tuner/serve_realize)
-   -> the trial stack's own limits (vLLM: trials.serving.vllm_args; on cpu-local no expert
-   parallel, no pp, no a2a / TBO / EPLB) -> the serving cost model over all of them at once
-   (tuner/serve_price, steady state). Plans are run as priced (`EffectivePlan.pinned`: every default
-   resolved), and kept once per distinct server command (CUDA-graph and memory fields are not
-   flags on CPU, so many plans are one command there);
-2. pre-registration: tuner/study/prereg.py's frozen, hashed file, its `workload` the serving one;
-3. trials: `tuner.study.loop.TrialLoop` with `ServeMode`: Ray tasks running the serving backend
-   (`vllm`, or `sglang` on GPUs), the Optuna study and claim protocol of tuner/study/storage.py, the
-   guided sampler over the screened pool;
-4. calibration: the sampler refits the serving model's one labelled term (the one-scale `Calibration.scale`,
-   "serving runtime overhead") on every measured trial, with training's estimator
-   (cost_model.calibration.fit_calibration: robust LSQ on log time);
-5. report (tuner/study/serve_report.py): report.md, trials.csv, TTFT / TPOT / throughput PNGs, PASS/FAIL
-   at the 0.98x bar against the baseline.
+What differs from training, each a `ServeMode` method; the skeleton (tuner/study/skeleton.py, loop.py) is
+the one training uses:
+1. screening: the serving plan space (tuner/space/serve.py) -> our SGLang rules
+   (tuner/space/sglang_rules.py) -> the trial stack's own limits (vLLM: trials.serving.vllm_args; on
+   cpu-local no expert parallel, no pp, no a2a / TBO / EPLB) -> the serving cost model over all of
+   them at once (tuner/rank/serve_price.py, steady state). Plans are run as priced
+   (`EffectivePlan.pinned`: every default resolved), and kept once per distinct server command
+   (CUDA-graph and memory fields are not flags on CPU, so many plans are one command there);
+2. the baseline: one instance over every device (`baseline_plan`), or `--baseline`;
+3. trials: Ray tasks running the serving backend (`vllm`, or `sglang` on GPUs; `run_serve_trial`);
+4. calibration: the sampler refits the serving model's one labelled term (the one-scale
+   `Calibration.scale`, "serving runtime overhead") on every measured trial, with training's
+   estimator (`fit`: cost_model.calibration.fit_calibration, robust LSQ on log time);
+5. report (tuner/study/serve_report.py): report.md, trials.csv, TTFT / TPOT / throughput PNGs.
 
 The measured quantity the sampler and calibration see is seconds per objective token per GPU
 (1 / output tokens/s/GPU; 1 / input tokens/s/GPU for a prefill pool): the serving model's steady
@@ -31,18 +29,15 @@ from pathlib import Path
 
 from specs.errors import UsageError
 from specs.serve_plan import ServePlan, ServeWorkload
-from tuner.study import prereg as prereg_mod
-from tuner.study import storage as study_mod
+from tuner.study.modes import Screening, StudyMode
 
 logger = logging.getLogger(__name__)
-
-SAMPLER = "guided-ei"
 
 
 @dataclass(frozen=True)
 class ServeTask:
     """What a serving study tunes: the model served, the deployment, the workload. `world` is the
-    devices a trial holds (the whole deployment), as tuner/study/loop.py expects of a workload."""
+    devices a trial holds (the whole deployment), as a mode's workload needs (tuner/study/modes.py)."""
     model: object  # ModelSpec (on cpu-local with vLLM: the model vLLM's CPU kernels serve)
     cluster: object
     workload: ServeWorkload
@@ -212,104 +207,71 @@ def run_serve_trial(backend: str, plan_text: str, task: ServeTask, iters: int, w
     return res
 
 
-class ServeMode:
-    """tuner.study.loop.TrialLoop's serving mode (see `TrainMode`)."""
+class ServeMode(StudyMode):
+    """Serving plans of `task` (tuner/study/modes.py); `tables` / `calibration` the serving model's
+    inputs (calibration None: identity)."""
 
+    name = "serve"
     run_trial = staticmethod(run_serve_trial)
     multi_node = False  # one serving trial is one server on one Ray node
 
-    def __init__(self, task: ServeTask, tables=None):
-        self.task, self.tables = task, tables
+    def __init__(self, task: ServeTask, *, tables=None, calibration=None):
+        self.task = self.workload = task
+        self.precision = task.precision
+        self.tables, self.calibration = tables, calibration if calibration is not None else _identity()
+
+    def screen(self, options) -> Screening:
+        t0 = time.monotonic()
+        total, pool, rejected = screen(self.task, tables=self.tables, calibration=self.calibration)
+        seconds = time.monotonic() - t0
+        logger.info("screened %d plans realizable on the %s stack; %d distinct commands fit (%.1f s)", total,
+                    self.task.backend, len(pool), seconds)
+        if not pool:
+            raise UsageError(f"no serving plan is realizable on the {self.task.backend} stack and fits: {rejected}")
+        return Screening(total, pool, {"space": "tuner/space/serve.py default", "realizable_plans_on_stack": total,
+                                       "distinct_commands_scored": len(pool),
+                                       "method": "serving model, steady state"}, seconds)
+
+    def baseline(self, options) -> tuple[dict, str]:
+        plan, src = baseline_plan(self.task, options.baseline)
+        r = raw_seconds(self.task, [ServePlan.parse(plan)], tables=self.tables)
+        row = _row(plan, r, 0, self.calibration.scale)
+        if row["predicted_raw_step_time_s"] == float("inf"):
+            raise UsageError(f"baseline {plan} does not fit by the serving model: {r['excluded'][0]}")
+        return row, src
+
+    def entry(self, row) -> dict:
+        return row
+
+    def layout(self, row) -> tuple:
+        return serve_layout(row)
+
+    def workload_fields(self) -> dict:
+        return self.task.fields()
 
     def predict(self, plan: str) -> tuple[float, dict]:
         r = raw_seconds(self.task, [ServePlan.parse(plan)], tables=self.tables)
         row = _row(plan, r, 0, 1.0)
         return row["predicted_raw_step_time_s"], {"predicted_raw_ttft_p90_s": row["predicted_ttft_p90_s"],
-                                        "predicted_raw_tpot_p90_s": row["predicted_tpot_p90_s"]}
+                                                  "predicted_raw_tpot_p90_s": row["predicted_tpot_p90_s"]}
 
     def tokens_per_s_per_gpu(self, step_s: float) -> float:
         return 1.0 / step_s
 
+    def sampler(self, pool):
+        from tuner.study.sampler import GuidedSampler
+        return GuidedSampler([{"plan": r["plan"], "raw_step_time_s": r["predicted_raw_step_time_s"]} for r in pool],
+                             parse=ServePlan.parse, fit=fit, scale=self.calibration.scale)
 
-def select_candidates(pool: list, n: int) -> list:
-    """The best plan of each distinct layout (tp, pp, dp, attn_dp, ep, pd) in rank order, then the
-    rest of the pool by rank, `n` in all: the measurements then say which layout is right, not
-    which of a dozen near-identical knob settings of one layout is."""
-    def layout(r):
-        p = ServePlan.parse(r["plan"])
-        return (p.tp, p.pp, p.dp, p.attn_dp, p.ep, p.pd)
-    seen, first, rest = set(), [], []
-    for r in pool:
-        (rest if layout(r) in seen else first).append(r)
-        seen.add(layout(r))
-    return (first + rest)[:n]
+    def write_report(self, study_dir: Path, *, prereg: dict, rows: list[dict], backend: str, calibration,
+                     cal_report, wall_s: float, storage_url: str, remeasured: list[dict],
+                     pool: list | None) -> Path:
+        from tuner.study.serve_report import write_serve_report
+        return write_serve_report(study_dir, task=self.task, prereg=prereg, rows=rows, calibration=calibration,
+                                  cal_report=cal_report, wall_s=wall_s, storage_url=storage_url)
 
 
-def preregister(options, task: ServeTask, pool: list, total: int, *, tables, calibration) -> dict:
-    bplan, bsrc = baseline_plan(task, options.baseline)
-    r = raw_seconds(task, [ServePlan.parse(bplan)], tables=tables)
-    brow = _row(bplan, r, 0, calibration.scale)
-    if brow["predicted_raw_step_time_s"] == float("inf"):
-        raise UsageError(f"baseline {bplan} does not fit by the serving model: {r['excluded'][0]}")
-    cands = select_candidates(pool, options.n_preregister)
-    doc = prereg_mod.build(
-        study=options.study, workload=task, precision=task.precision,
-        plans=[{"rank": i + 1, **c} for i, c in enumerate(cands)],
-        baseline=brow, baseline_source=bsrc, tables_digest=tables.digest, calibration=calibration,
-        trials_budget=options.trials, sampler=SAMPLER,
-        space={"space": "tuner/serve_space default", "realizable_plans_on_stack": total,
-               "distinct_commands_scored": len(pool), "method": "serving model, steady state"},
-        workload_fields=task.fields())
-    try:
-        prereg_mod.write(options.study_dir, doc)
-    except prereg_mod.PreregistrationError:
-        return prereg_mod.load(options.study_dir)
-    logger.info("pre-registered %d plans + baseline: %s (sha256 %s...)", len(cands),
-                options.study_dir / prereg_mod.NAME, doc["sha256"][:16])
-    return doc
-
-
-def tune_serve(options, task: ServeTask, *, tables, calibration):
-    """Run (or resume) the serving study of `options` for `task` (tuner.study.loop.tune's serving twin:
-    the same pre-registration, study, claim protocol and trial loop)."""
-    import ray
-
-    from tuner.study.loop import TrialLoop, TuneResult, existing_preregistration, start_ray
-    from tuner.study.report import adjudicate
-    from tuner.study.sampler import GuidedSampler
-    from tuner.study.serve_report import write_serve_report
-    t0 = time.monotonic()
-    study_dir = Path(options.study_dir)
-    study_dir.mkdir(parents=True, exist_ok=True)
-    storage_url = options.storage or study_mod.default_storage_url(study_dir)
-    existing = existing_preregistration(study_dir, options.study, task)
-    t_s = time.monotonic()
-    total, pool, rejected = screen(task, tables=tables, calibration=calibration)
-    logger.info("screened %d plans realizable on the %s stack; %d distinct commands fit (%.1f s)", total,
-                task.backend, len(pool), time.monotonic() - t_s)
-    if not pool:
-        raise UsageError(f"no serving plan is realizable on the {task.backend} stack and fits: {rejected}")
-    if existing is None:
-        prereg = preregister(options, task, pool, total, tables=tables, calibration=calibration)
-    else:
-        prereg = existing
-        logger.info("resuming: pre-registration %s verified (sha256 %s...)", study_dir / prereg_mod.NAME,
-                    prereg["sha256"][:16])
-    started = start_ray(task, options.ray_address, options.dashboard, options.ray_no_auth)
-    try:
-        storage = study_mod.open_storage(options.storage, study_dir, heartbeat_interval=options.heartbeat_interval_s)
-        study = study_mod.open_study(options.study, storage)
-        study.set_user_attr("preregistration_sha256", prereg["sha256"])
-        study.set_user_attr("mode", "serve")
-        sampler = GuidedSampler([{"plan": r["plan"], "raw_step_time_s": r["predicted_raw_step_time_s"]} for r in pool],
-                                parse=ServePlan.parse, fit=fit, scale=calibration.scale)
-        loop = TrialLoop(study, storage, workload=task, prereg=prereg, sampler=sampler, options=options,
-                         tables=tables, calibration=calibration, mode=ServeMode(task, tables))
-        loop.run()
-        rows = study_mod.trial_rows(study)
-        path = write_serve_report(study_dir, task=task, prereg=prereg, rows=rows, calibration=loop.calibration,
-                                  cal_report=loop.cal_report, wall_s=time.monotonic() - t0, storage_url=storage_url)
-        return TuneResult(path, adjudicate(rows, prereg)["line"])
-    finally:
-        if started:
-            ray.shutdown()
+def serve_layout(row: dict) -> tuple:
+    """A serving pool row's parallel layout (tp, pp, dp, attn_dp, ep, pd)."""
+    p = ServePlan.parse(row["plan"])
+    return (p.tp, p.pp, p.dp, p.attn_dp, p.ep, p.pd)
