@@ -6,6 +6,7 @@ import json
 import shlex
 import sys
 import time
+from pathlib import Path
 
 from specs.errors import UsageError
 from tuner.commands.common import (
@@ -51,6 +52,9 @@ def add_parser(subparsers):
                    help="With --rank, score every realizable plan instead of skipping the parallel points whose "
                         "optimistic bound cannot reach the top (the same ranking, slower; for checking).")
     p.add_argument("--json", action="store_true", help="Print the counts, examples and ranking as one JSON object.")
+    p.add_argument("--plot", type=Path, default=None, metavar="DIR",
+                   help="With --mode serve --rank: write the Pareto plot (tok/s/GPU against tok/s/user, every plan at "
+                        "every swept concurrency within the SLOs) to DIR/pareto.png; nothing is written without it.")
     add_canonical_arg(p)
     from tuner.commands._serving import add_serve_args, add_weight_dtype_arg
     add_serve_args(p)
@@ -95,6 +99,8 @@ def run(args) -> int:
         return _run_serve(args)
     if args.gbs is None:
         raise UsageError("plans --mode train: --gbs is required")
+    if args.plot:
+        raise UsageError("--plot is for --mode serve --rank (the serving Pareto plot)")
     from clusters import precision_recipe
     from specs.plan import Plan
     from specs.stack import profile_for
@@ -241,14 +247,21 @@ def _mark_indistinguishable(w, rows: list[dict], tables, calibration) -> None:
         r["indistinguishable"] = bool(lead and iv and iv[0] <= lead[1])
 
 
-def rank_serve_plans(effective_plans: list, model, cluster, workload, top: int, **kw) -> dict:
-    """`plans --mode serve --rank`: the EffectivePlans (what SGLang runs) ranked by the serving cost
-    model's objective (tuner.rank.serve_price.rank: one vectorised pass over all of them)."""
-    from tuner.rank.serve_price import rank
+def rank_serve_plans(effective_plans: list, model, cluster, workload, top: int, concurrencies=None, **kw) -> dict:
+    """`plans --mode serve --rank`: the EffectivePlans (what SGLang runs), each at the concurrency of
+    the sweep where its throughput is highest within the SLOs (tuner.rank.serve_price.goodput: one
+    vectorised pass per concurrency), predicted-equal variants merged; the `top` aggregated and the
+    `top` disaggregated (prefill/decode) rows, with the simulation's p50 / p90 latencies."""
+    from tuner.rank.serve_price import goodput, with_percentiles
     t0 = time.time()
-    r = rank(effective_plans, model, cluster, workload, top=top, **kw)
-    return {"objective": workload.objective, "plans": r.plans, "scored": r.scored,
-            "excluded": dict(r.excluded.most_common()), "elapsed_s": round(time.time() - t0, 3)}
+    g = goodput(effective_plans, model, cluster, workload, concurrencies=concurrencies, **kw)
+    agg = [r for r in g.rows if r["kind"] == "aggregated"][:top]
+    pd = [r for r in g.rows if r["kind"] == "disaggregated"][:top]
+    with_percentiles(agg + pd, model, cluster, workload, **kw)
+    return {"objective": workload.objective, "plans": sorted(agg + pd, key=lambda r: -r["objective"])[:top],
+            "aggregated": agg, "disaggregated": pd, "concurrencies": g.concurrencies, "scored": g.scored,
+            "excluded": dict(g.excluded.most_common()), "frontier": g.frontier,
+            "elapsed_s": round(time.time() - t0, 3), "_points": g.points}
 
 
 def _run_serve(args) -> int:
@@ -257,6 +270,8 @@ def _run_serve(args) -> int:
     from tuner.space.serve import default_serve_space, summarize
     if args.examples < 0:
         raise UsageError(f"--examples must be 0 or more, got {args.examples}")
+    if args.plot:
+        _plot_dir(args)
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
     space = default_serve_space(cluster.num_devices)
@@ -266,7 +281,9 @@ def _run_serve(args) -> int:
     t0 = time.time()
     s = summarize(space, model, cluster, max_examples=args.examples, keep_effective=args.rank)
     elapsed = time.time() - t0
-    ranked = rank_serve_plans(s.effective, model, cluster, workload, args.top, **kw) if args.rank else None
+    ranked = rank_serve_plans(s.effective, model, cluster, workload, args.top,
+                              concurrencies=[args.concurrency] if args.concurrency else None, **kw) if args.rank else None
+    points = ranked.pop("_points") if ranked else None
     if args.json:
         from tuner.conventions import SCHEMA_VERSION
         print(json.dumps({
@@ -293,19 +310,88 @@ def _run_serve(args) -> int:
         for p in s.examples:
             print(f"  {p.canonical()}")
     if ranked is not None:
-        unit = "input" if workload.phase == "prefill" else "output"
-        print(f"top {len(ranked['plans'])} by predicted {unit} tok/s/GPU ({ranked['scored']:,} distinct effective "
-              f"plans scored in {ranked['elapsed_s']:.2f} s; phase {workload.phase}, isl {workload.isl}, "
-              f"osl {workload.osl}, concurrency {workload.concurrency}):")
-        for code, n in ranked["excluded"].items():
-            print(f"  excluded: {n:,} x {code}")
-        if not ranked["plans"] and any(c.startswith("weights_exceed") for c in ranked["excluded"]):
-            print(f"  nothing fits: {_what_would_fit(model, cluster, weights)}")
-        for r in ranked["plans"]:
-            ttft = "n/a" if r["ttft_p90_s"] is None else f"{r['ttft_p90_s'] * 1e3:.0f} ms"
-            tpot = "n/a" if r["tpot_p90_s"] is None else f"{r['tpot_p90_s'] * 1e3:.1f} ms"
-            print(f"  {r['objective']:>10,.0f}  TTFT {ttft:>8}  TPOT {tpot:>8}  {r['plan']}")
+        _print_serve_ranking(args, ranked, points, workload, model, cluster, weights)
     return 0
+
+
+def _print_serve_ranking(args, ranked: dict, points: dict, workload, model, cluster, weights) -> None:
+    """The goodput tables (aggregated, then disaggregated prefill/decode), the ratio of their bests,
+    the Pareto plot when --plot names a folder, and the next commands."""
+    from tuner.rank.serve_price import short_plan
+    unit = "input" if workload.phase == "prefill" else "output"
+    slo = [f"TTFT p90 <= {fmt_seconds(workload.ttft_p90_s)}"] * (workload.ttft_p90_s > 0) + \
+          [f"TPOT p90 <= {fmt_seconds(workload.tpot_p90_s)}"] * (workload.tpot_p90_s > 0)
+    sweep = ranked["concurrencies"]
+    how = (f"at concurrency {sweep[0]} (--concurrency)" if len(sweep) == 1 else
+           f"each at the concurrency of {{{', '.join(str(c) for c in sweep)}}} with the most {unit} tok/s/GPU "
+           f"within the SLOs")
+    print(f"goodput under {' and '.join(slo) if slo else 'no SLO (--ttft-slo / --tpot-slo)'}: {how}; "
+          f"{ranked['scored']:,} distinct effective plans scored in {ranked['elapsed_s']:.2f} s "
+          f"(phase {workload.phase}, isl {workload.isl}, osl {workload.osl})")
+    for code, n in ranked["excluded"].items():
+        print(f"  excluded: {n:,} x {code}")
+    if not ranked["plans"] and any(c.startswith("weights_exceed") for c in ranked["excluded"]):
+        print(f"  nothing fits: {_what_would_fit(model, cluster, weights)}")
+    per_user = "in tok/s/user" if workload.phase == "prefill" else "tok/s/user"
+    for kind, title in (("aggregated", "aggregated"), ("disaggregated", "disaggregated (prefill/decode pools)")):
+        rows = ranked[kind]
+        if not rows:
+            print(f"{title}: none within the SLOs" if any(True for _ in ranked["excluded"]) or kind == "aggregated"
+                  else f"{title}: none")
+            continue
+        print(f"{title}, top {len(rows)} (TTFT/TPOT p50 and p90 from the simulation at that concurrency; "
+              f"!: simulated p90 misses an SLO; xN: N variants predicted equal, one row):")
+        print(f"  {'#':>3} {unit[:3] + ' tok/s/GPU':>14} {per_user:>12} {'req/s':>8} {'conc':>5} "
+              f"{'TTFT p50':>9} {'p90':>9} {'TPOT p50':>9} {'p90':>9} {'batch':>6} {'GiB':>6} {'same':>4}  plan")
+        for i, r in enumerate(rows, 1):
+            ms = lambda x: "-" if x is None else (f"{x * 1e3:.0f}ms" if x >= 0.1 else f"{x * 1e3:.1f}ms")
+            flag = " " if r.get("slo_met_simulated", True) else "!"
+            same = f"x{r['variants']}" if r["variants"] > 1 else ""
+            user = "-" if r["tokens_per_s_per_user"] is None else f"{r['tokens_per_s_per_user']:,.1f}"
+            batch = "-" if r["batch_per_rank"] is None else f"{r['batch_per_rank']:.0f}"
+            print(f" {flag}{i:>3} {r['objective']:>14,.1f} {user:>12} {r['requests_per_s']:>8.2f} {r['concurrency']:>5} "
+                  f"{ms(r.get('ttft_p50_s')):>9} {ms(r.get('ttft_p90_sim_s') or r['ttft_p90_s']):>9} "
+                  f"{ms(r.get('tpot_p50_s')):>9} {ms(r.get('tpot_p90_sim_s') or r['tpot_p90_s']):>9} "
+                  f"{batch:>6} {r['memory_gib']:>6.1f} {same:>4}  {short_plan(r['plan'])}")
+    if ranked["aggregated"] and ranked["disaggregated"]:
+        a, d = ranked["aggregated"][0]["objective"], ranked["disaggregated"][0]["objective"]
+        print(f"best disaggregated / best aggregated: {d / a:.2f}x {unit} tok/s/GPU")
+    if args.plot:
+        from tuner.study.plots import pareto
+        path = args.plot / "pareto.png"
+        pareto(path, points, ranked["frontier"],
+               title=f"{model.name} on {cluster.num_devices} x {cluster.kind}, isl {workload.isl} osl {workload.osl}; "
+                     f"within {' and '.join(slo) if slo else 'no SLO'} (cost model)",
+               x_label=f"{per_user} (" + ("isl / TTFT" if workload.phase == "prefill" else "1 / TPOT") + ")",
+               y_label=f"{unit} tok/s/GPU")
+        print(f"pareto plot: {path}")
+    best = ranked["plans"][0] if ranked["plans"] else None
+    if best:
+        flags = _serve_flags(args) + f" --concurrency {best['concurrency']}"
+        print(f"next: moetune predict --mode serve {flags} --plan {shlex.quote(short_plan(best['plan']))}   "
+              f"(then `moetune emit sglang` with the same flags)")
+
+
+def _plot_dir(args) -> None:
+    """--plot DIR: needs --rank; DIR is made if missing (the one place this command writes)."""
+    if not args.rank:
+        raise UsageError("--plot needs --rank (it plots the ranked plans)")
+    if args.plot.exists() and not args.plot.is_dir():
+        raise UsageError(f"--plot {args.plot}: is a file, expected a folder")
+    try:
+        args.plot.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--plot {args.plot}: cannot be created ({e.strerror})") from None
+
+
+def _serve_flags(args) -> str:
+    """The workload flags of this `plans --mode serve` call, for the "next:" line."""
+    a = ["--model", args.model, "--cluster", args.cluster] + (["--gpus", str(args.gpus)] if args.gpus else [])
+    a += ["--isl", str(args.isl), "--osl", str(args.osl)] + (["--phase", args.phase] if args.phase != "both" else [])
+    a += (["--ttft-slo", f"{args.ttft_slo:g}"] if args.ttft_slo else []) + (["--tpot-slo", f"{args.tpot_slo:g}"] if args.tpot_slo else [])
+    a += ["--weight-dtype", args.weight_dtype] if args.weight_dtype != "auto" else []
+    a += ["--precision", args.precision] if args.precision != "bf16" else []
+    return " ".join(shlex.quote(x) for x in a)
 
 
 def _merge_equal(pool) -> list[dict]:

@@ -308,7 +308,8 @@ def tune_serve(options, task: ServeTask, *, tables, calibration):
         loop.run()
         rows = study_mod.trial_rows(study)
         path = write_serve_report(study_dir, task=task, prereg=prereg, rows=rows, calibration=loop.calibration,
-                                  cal_report=loop.cal_report, wall_s=time.monotonic() - t0, storage_url=storage_url)
+                                  cal_report=loop.cal_report, wall_s=time.monotonic() - t0, storage_url=storage_url,
+                                  tables=tables)
         return TuneResult(path, adjudicate(rows, prereg)["line"])
     finally:
         if started:
