@@ -331,7 +331,7 @@ def test_tune_end_to_end_kill_and_resume(tmp_path):
     report = Path(r.stdout.strip().splitlines()[-1])
     assert report == (d / "report.md").resolve() and report.exists()
     text = report.read_text()
-    assert "Measured vs predicted" in text and "pretrain_gpt.py" in text and "adjudication" in text
+    assert "## Trials" in text and "pretrain_gpt.py" in text and "moetune adjudicate" in text
     assert (d / "trials.csv").exists() and (d / "measured_vs_predicted.png").exists()
     assert (d / "preregistration.json").read_bytes() == prereg_bytes
     assert "resuming: pre-registration" in r.stdout

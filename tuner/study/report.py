@@ -145,7 +145,8 @@ def prereg_predictions(prereg: dict) -> dict[str, float]:
     """plan -> the tok/s/GPU pre-registered for it (the baseline's and every candidate's), at the
     calibration of pre-registration."""
     out = {p["plan"]: p.get("predicted_tokens_per_s_per_gpu") for p in prereg.get("plans", ())}
-    out[prereg["baseline"]["plan"]] = prereg["baseline"].get("predicted_tokens_per_s_per_gpu")
+    if prereg.get("baseline"):
+        out[prereg["baseline"]["plan"]] = prereg["baseline"].get("predicted_tokens_per_s_per_gpu")
     return out
 
 
@@ -219,8 +220,10 @@ def write(study_dir, mode: Mode, *, title: str, prereg: dict, rows: list[dict], 
         winner, winner_src = predict_only_winner, "the top predicted plan (no trials: --backend predict-only)"
     elif verdict and verdict["best"]:
         winner, winner_src = verdict["best"]["plan"], f"trial #{verdict['best']['number']}, the best measured searched plan"
+    elif prereg.get("plans"):
+        winner, winner_src = prereg["plans"][0]["plan"], "no searched plan won: the top pre-registered plan"
     else:
-        winner, winner_src = prereg["plans"][0]["plan"], "no searched plan measured: the top pre-registered plan"
+        winner, winner_src = prereg["baseline"]["plan"], "no searched plan won: the baseline"
     pngs = []
     if plots.measured_vs_predicted(d / "measured_vs_predicted.png", measured, measured="measured_tokens_per_s_per_gpu",
                                    predictions={"pre-registered prediction": "prereg_tokens_per_s_per_gpu",
@@ -232,14 +235,14 @@ def write(study_dir, mode: Mode, *, title: str, prereg: dict, rows: list[dict], 
                      baseline_value=base["measured_tokens_per_s_per_gpu"] if base else None):
         pngs.append(("history.png", "measured throughput by trial, best so far"))
     pngs += mode.extra_plots(d, measured)
-    wl = prereg["workload"]
+    wl = prereg.get("workload", {})
     L = [f"# {title}", "", mode.workload_line, "", storage_line(d, storage_url),
          f"Wall time of this run: {wall_s:.0f} s." if wall_s is not None else "", ""]
     L += ["## Verdict", ""]
     if verdict:
         L += [f"**{verdict['line']}**", "",
               f"Baseline ({prereg['baseline']['source']}): `{mode.short(prereg['baseline']['plan'])}`. "
-              f"Acceptance bar (pre-registered): {prereg['acceptance']['rule']}."]
+              f"Acceptance bar (pre-registered): {prereg['acceptance'].get('rule', prereg['acceptance']['ratio'])}."]
         slos = [f"{name} <= {wl[k]:g} s" for _, k, name in SLO_CHECKS if wl.get(k)]
         if slos:
             L.append(f"Serving SLOs, enforced on the measured latencies: {', '.join(slos)}.")
@@ -279,9 +282,10 @@ def write(study_dir, mode: Mode, *, title: str, prereg: dict, rows: list[dict], 
     if top_predicted:
         L += ["## Top predicted plans", "", f"| plan | predicted {mode.unit} |", "|---|---|"]
         L += [f"| `{mode.short(pl)}` | {v:.1f} |" for pl, v in top_predicted[:15]] + [""]
+    h = prereg.get("hashes", {})
     L += ["## Provenance", ""] + [f"- {x}" for x in mode.provenance] + [
-        f"- Pre-registration: `preregistration.json` sha256 {prereg['sha256'][:16]}..., calibration "
-        f"{prereg['hashes']['calibration_id']}, tables digest {str(prereg['hashes'].get('tables_digest', ''))[:16]}.", ""]
+        f"- Pre-registration: `preregistration.json` sha256 {prereg.get('sha256', '')[:16]}..., calibration "
+        f"{h.get('calibration_id', '-')}, tables digest {str(h.get('tables_digest', '-'))[:16]}.", ""]
     if cal_report:
         L += ["## Calibration after the trials", ""] + calibration_lines(cal_report)
     if pngs:
