@@ -38,18 +38,31 @@ def add_parser(subparsers):
     for a in p._actions:  # serving plans have no global batch; train mode checks it itself
         if a.dest == "gbs":
             a.required = False
+            a.help = "Train: global batch size in sequences (required). Serve: not used."
+        elif a.dest == "model":
+            a.help = "Model to train or serve: a preset name (`moetune list models`), a model YAML file or a Hugging Face config.json."
+        elif a.dest == "seq":
+            a.help = "Train: sequence length in tokens (default: the model preset's). Serve: not used (--isl / --osl)."
     add_stack_arg(p)
     add_cost_model_args(p)
     p.add_argument("--level", choices=["full", "core"], default="full",
-                   help="Which space: full (every option of every tier) or core (schedule flags at their best values).")
+                   help="Train: which space, full (default: every option of every tier) or core (schedule flags at their "
+                        "best values; `moetune tune`'s default).")
     p.add_argument("--shard", default="0/1", help="Enumerate only shard i of n, written i/n (default 0/1: all of it).")
     p.add_argument("--examples", type=count(0, MAX_COUNT), default=5,
                    help="How many realizable plans to show as examples (default 5; 0 for none).")
     p.add_argument("--rank", action="store_true",
-                   help="Also rank the realizable plans by predicted tokens/s per GPU (memory-infeasible ones excluded).")
-    p.add_argument("--top", type=positive_int, default=20, help="How many ranked plans to list with --rank (default 20).")
+                   help="Also rank the realizable plans. Train: by predicted tokens/s/GPU, with step time and its 90%% "
+                        "interval, MFU and peak memory (memory-infeasible plans excluded). Serve: by goodput, each plan at "
+                        "the swept concurrency (or --concurrency) with the most tokens/s/GPU within --ttft-slo/--tpot-slo.")
+    p.add_argument("--top", type=positive_int, default=20,
+                   help="How many ranked rows to list with --rank (default 20; serve: that many aggregated and that many "
+                        "disaggregated).")
+    p.add_argument("--distinct", choices=["plan", "parallel"], default="plan",
+                   help="With --rank, one row per: plan (default; predicted-equal variants merged, xN) or parallel "
+                        "layout (the best plan of each: train tp,cp,pp,ep,etp,mbs; serve tp,pp,dp,attn_dp,ep,pd).")
     p.add_argument("--exhaustive", action="store_true",
-                   help="With --rank, score every realizable plan instead of skipping the parallel points whose "
+                   help="Train, with --rank: score every realizable plan instead of skipping the parallel points whose "
                         "optimistic bound cannot reach the top (the same ranking, slower; for checking).")
     p.add_argument("--json", action="store_true", help="Print the counts, examples and ranking as one JSON object.")
     p.add_argument("--plot", type=Path, default=None, metavar="DIR",
@@ -121,7 +134,8 @@ def run(args) -> int:
                   example_stride=max(1, points // max(1, 8 * args.examples)))
     prog.close()
     elapsed = time.time() - t0
-    ranked = _rank(w, space, profile, shard, nshards, args.top, tables, calibration, not args.exhaustive) \
+    ranked = _rank(w, space, profile, shard, nshards, args.top, tables, calibration, not args.exhaustive,
+                   distinct=args.distinct) \
         if args.rank else None
     if args.json:
         from tuner.conventions import SCHEMA_VERSION
@@ -197,7 +211,7 @@ def _workload_flags(args) -> str:
 
 
 
-def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bool = True) -> dict:
+def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bool = True, distinct: str = "plan") -> dict:
     """The `top` distinct realizable plans by predicted throughput (`tuner.rank.train.rank_space_top`:
     the vectorised cost model over chunks of plans, parallel points whose optimistic bound cannot
     reach the list skipped, exactly as exhaustive scoring ranks). Plans of one parallel point that
@@ -206,9 +220,10 @@ def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bo
     from tuner.rank.complete import short_form
     from tuner.rank.train import rank_space_top
     # too many predicted-equal variants to fill the list: the ranker ranks deeper (keep doubles)
+    rows_of = (lambda pool: _best_per_layout(_merge_equal(pool))) if distinct == "parallel" else _merge_equal
     r = rank_space_top(w, space, profile, shard, nshards, tables=tables, calibration=calibration,
-                       keep=top * _OVERSAMPLE, prune=prune, enough=lambda pool: len(_merge_equal(pool)) >= top)
-    rows = _merge_equal(r.pool)[:top]
+                       keep=top * _OVERSAMPLE, prune=prune, enough=lambda pool: len(rows_of(pool)) >= top)
+    rows = rows_of(r.pool)[:top]
     for row in rows:
         plans = row.pop("_all")
         # of predicted-equal variants, show the one nearest the completion defaults
@@ -221,6 +236,22 @@ def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bo
             "exhaustive": r.exhaustive, "bound_violated": r.bound_violated,
             "memory_infeasible": r.memory_infeasible,
             "infeasible_reasons": {"memory": r.memory_infeasible} if r.memory_infeasible else {}}
+
+
+# a training plan's parallel layout, what `--distinct parallel` keeps one row of
+PARALLEL = ("tp", "cp", "pp", "ep", "etp", "mbs")
+
+
+def _best_per_layout(rows: list[dict]) -> list[dict]:
+    """The first (best) row of each parallel layout (PARALLEL), in order."""
+    seen, out = set(), []
+    for r in rows:
+        f = dict(x.split("=", 1) for x in r["plan"].split(","))
+        key = tuple(f[k] for k in PARALLEL)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
 
 
 def _mark_indistinguishable(w, rows: list[dict], tables, calibration) -> None:
@@ -247,16 +278,18 @@ def _mark_indistinguishable(w, rows: list[dict], tables, calibration) -> None:
         r["indistinguishable"] = bool(lead and iv and iv[0] <= lead[1])
 
 
-def rank_serve_plans(effective_plans: list, model, cluster, workload, top: int, concurrencies=None, **kw) -> dict:
+def rank_serve_plans(effective_plans: list, model, cluster, workload, top: int, concurrencies=None,
+                     distinct: str = "plan", **kw) -> dict:
     """`plans --mode serve --rank`: the EffectivePlans (what SGLang runs), each at the concurrency of
     the sweep where its throughput is highest within the SLOs (tuner.rank.serve_price.goodput: one
     vectorised pass per concurrency), predicted-equal variants merged; the `top` aggregated and the
     `top` disaggregated (prefill/decode) rows, with the simulation's p50 / p90 latencies."""
-    from tuner.rank.serve_price import goodput, with_percentiles
+    from tuner.rank.serve_price import best_per_layout, goodput, with_percentiles
     t0 = time.time()
     g = goodput(effective_plans, model, cluster, workload, concurrencies=concurrencies, **kw)
-    agg = [r for r in g.rows if r["kind"] == "aggregated"][:top]
-    pd = [r for r in g.rows if r["kind"] == "disaggregated"][:top]
+    rows = best_per_layout(g.rows) if distinct == "parallel" else g.rows
+    agg = [r for r in rows if r["kind"] == "aggregated"][:top]
+    pd = [r for r in rows if r["kind"] == "disaggregated"][:top]
     with_percentiles(agg + pd, model, cluster, workload, **kw)
     return {"objective": workload.objective, "plans": sorted(agg + pd, key=lambda r: -r["objective"])[:top],
             "aggregated": agg, "disaggregated": pd, "concurrencies": g.concurrencies, "scored": g.scored,
@@ -282,7 +315,8 @@ def _run_serve(args) -> int:
     s = summarize(space, model, cluster, max_examples=args.examples, keep_effective=args.rank)
     elapsed = time.time() - t0
     ranked = rank_serve_plans(s.effective, model, cluster, workload, args.top,
-                              concurrencies=[args.concurrency] if args.concurrency else None, **kw) if args.rank else None
+                              concurrencies=[args.concurrency] if args.concurrency else None,
+                              distinct=args.distinct, **kw) if args.rank else None
     points = ranked.pop("_points") if ranked else None
     if args.json:
         from tuner.conventions import SCHEMA_VERSION
