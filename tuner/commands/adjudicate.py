@@ -2,7 +2,8 @@
 
   moetune adjudicate quickstart [--study-dir DIR] [--storage URL]
 
-The storage is opened read-only (nothing is created or written). Refused (one line, exit 2) when the pre-registration does not verify: its bytes against the
+The storage is opened read-only (nothing is created or written).
+Refused (one line, exit 2) when the pre-registration does not verify: its bytes against the
 `.sha256` sidecar, the embedded canonical-JSON hash, the hash the study recorded when its first
 tuner started (`preregistration_sha256`: a file rewritten with fresh hashes afterwards does not
 match it), and its adjudication protocol (well formed; the study's re-measurements follow it: the

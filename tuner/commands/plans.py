@@ -284,14 +284,16 @@ def rank_serve_plans(effective_plans: list, model, cluster, workload, top: int, 
     the sweep where its throughput is highest within the SLOs (tuner.rank.serve_price.goodput: one
     vectorised pass per concurrency), predicted-equal variants merged; the `top` aggregated and the
     `top` disaggregated (prefill/decode) rows, with the simulation's p50 / p90 latencies."""
-    from tuner.rank.serve_price import best_per_layout, goodput, with_percentiles
+    from tuner.rank.serve_price import best_per_layout, goodput, refine_by_simulation
     t0 = time.time()
     g = goodput(effective_plans, model, cluster, workload, concurrencies=concurrencies, **kw)
     rows = best_per_layout(g.rows) if distinct == "parallel" else g.rows
     agg = [r for r in rows if r["kind"] == "aggregated"][:top]
     pd = [r for r in rows if r["kind"] == "disaggregated"][:top]
-    with_percentiles(agg + pd, model, cluster, workload, **kw)
-    return {"objective": workload.objective, "plans": sorted(agg + pd, key=lambda r: -r["objective"])[:top],
+    agg = refine_by_simulation(agg, model, cluster, workload, g.concurrencies, **kw)
+    pd = refine_by_simulation(pd, model, cluster, workload, g.concurrencies, **kw)
+    return {"objective": workload.objective,
+            "plans": sorted(agg + pd, key=lambda r: (not r["slo_met_simulated"], -r["objective"]))[:top],
             "aggregated": agg, "disaggregated": pd, "concurrencies": g.concurrencies, "scored": g.scored,
             "excluded": dict(g.excluded.most_common()), "frontier": g.frontier,
             "elapsed_s": round(time.time() - t0, 3), "_points": g.points}
@@ -373,8 +375,9 @@ def _print_serve_ranking(args, ranked: dict, points: dict, workload, model, clus
             print(f"{title}: none within the SLOs" if any(True for _ in ranked["excluded"]) or kind == "aggregated"
                   else f"{title}: none")
             continue
-        print(f"{title}, top {len(rows)} (TTFT/TPOT p50 and p90 from the simulation at that concurrency; "
-              f"!: simulated p90 misses an SLO; xN: N variants predicted equal, one row):")
+        print(f"{title}, top {len(rows)}" + (" (each re-checked by the simulation at the highest swept concurrency whose "
+              "simulated p90 meets the SLOs; its numbers; !: none did" if any(r["simulated"] for r in rows) else
+              " (steady-state estimates: no simulation of these plans, so no p50") + "; xN: N variants predicted equal, one row):")
         print(f"  {'#':>3} {unit[:3] + ' tok/s/GPU':>14} {per_user:>12} {'req/s':>8} {'conc':>5} "
               f"{'TTFT p50':>9} {'p90':>9} {'TPOT p50':>9} {'p90':>9} {'batch':>6} {'GiB':>6} {'same':>4}  plan")
         for i, r in enumerate(rows, 1):
@@ -384,8 +387,8 @@ def _print_serve_ranking(args, ranked: dict, points: dict, workload, model, clus
             user = "-" if r["tokens_per_s_per_user"] is None else f"{r['tokens_per_s_per_user']:,.1f}"
             batch = "-" if r["batch_per_rank"] is None else f"{r['batch_per_rank']:.0f}"
             print(f" {flag}{i:>3} {r['objective']:>14,.1f} {user:>12} {r['requests_per_s']:>8.2f} {r['concurrency']:>5} "
-                  f"{ms(r.get('ttft_p50_s')):>9} {ms(r.get('ttft_p90_sim_s') or r['ttft_p90_s']):>9} "
-                  f"{ms(r.get('tpot_p50_s')):>9} {ms(r.get('tpot_p90_sim_s') or r['tpot_p90_s']):>9} "
+                  f"{ms(r.get('ttft_p50_s')):>9} {ms(r['ttft_p90_s']):>9} "
+                  f"{ms(r.get('tpot_p50_s')):>9} {ms(r['tpot_p90_s']):>9} "
                   f"{batch:>6} {r['memory_gib']:>6.1f} {same:>4}  {short_plan(r['plan'])}")
     if ranked["aggregated"] and ranked["disaggregated"]:
         a, d = ranked["aggregated"][0]["objective"], ranked["disaggregated"][0]["objective"]

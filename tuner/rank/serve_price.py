@@ -129,7 +129,7 @@ def goodput(effs: list, model, cluster, workload, *, concurrencies: list[int] | 
     fit = np.flatnonzero(first["fits"])
     excluded = Counter(str(x) for x in first["reason"][~first["fits"]])
     n = len(uniq)
-    best = {"objective": np.full(n, -np.inf), "concurrency": np.zeros(n, int)}
+    best = {"objective": np.zeros(n), "concurrency": np.zeros(n, int)}  # a plan must predict > 0 tok/s
     keys = ("output_tokens_per_s_per_gpu", "input_tokens_per_s_per_gpu", "ttft_s", "tpot_s", "batch_rank")
     for k in keys:
         best[k] = np.full(n, np.nan)
@@ -162,9 +162,9 @@ def goodput(effs: list, model, cluster, workload, *, concurrencies: list[int] | 
         gains = ok & (obj > prev[active] * (1 + 1e-6))
         prev[active] = obj
         active = active[gains]
-    never = fit[~np.isfinite(best["objective"][fit])]
-    excluded.update(str(slo_miss[i]) for i in never)
-    kept = fit[np.isfinite(best["objective"][fit])]
+    never = fit[~(best["objective"][fit] > 0)]
+    excluded.update(str(slo_miss[i]) or "no_throughput_predicted" for i in never)
+    kept = fit[best["objective"][fit] > 0]
     order = kept[np.argsort(-best["objective"][kept], kind="stable")]
 
     def val(k, i):
@@ -217,26 +217,59 @@ def merge_equal(rows: list[dict]) -> list[dict]:
     return list(out.values())
 
 
-def with_percentiles(rows: list[dict], model, cluster, workload, **kw) -> None:
-    """Add the simulation's TTFT / TPOT p50 and p90 (cost_model.serving.predict_serve at the row's
-    chosen concurrency) to each of `rows`, and `slo_met_simulated` (False when the simulated p90
-    misses an SLO the steady-state estimate met). None where the model has no simulation
-    (disaggregated plans, the decode phase)."""
+def best_per_layout(rows: list[dict]) -> list[dict]:
+    """The first (best) row of each parallel layout (LAYOUT), in order: `--distinct parallel`."""
+    seen, out = set(), []
+    for r in rows:
+        key = _key(r)[0]
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def refine_by_simulation(rows: list[dict], model, cluster, workload, concurrencies: list[int], **kw) -> list[dict]:
+    """The listed rows re-checked by the discrete-event simulation (cost_model.serving.predict_serve):
+    each at the highest swept concurrency, up to the one the steady state chose, whose simulated TTFT
+    / TPOT p90 meet the SLOs; its numbers then are the simulation's (throughput, p50 and p90), and
+    the rows are re-sorted by them. `slo_met_simulated` is False where none did (the lowest is kept).
+    Rows the model does not simulate (disaggregated plans, the decode phase) keep the steady state's
+    numbers, with no p50."""
     from dataclasses import replace
 
     from cost_model.serving import predict_serve
     from specs.serve_plan import ServePlan
     for r in rows:
-        w = replace(workload, concurrency=r["concurrency"])
-        pr = predict_serve(model, cluster, ServePlan.parse(r["plan"]), w, **kw)
-        sim = pr.extra.get("method") == "simulation"
-        r["ttft_p50_s"] = pr.extra.get("ttft_p50_s") if sim else None
-        r["tpot_p50_s"] = pr.extra.get("tpot_p50_s") if sim else None
-        r["ttft_p90_sim_s"] = pr.ttft_p90_s if sim else None
-        r["tpot_p90_sim_s"] = pr.tpot_p90_s if sim else None
-        miss = [(sim_v, slo) for sim_v, slo in ((r["ttft_p90_sim_s"], workload.ttft_p90_s),
-                                                (r["tpot_p90_sim_s"], workload.tpot_p90_s)) if slo > 0 and sim_v]
-        r["slo_met_simulated"] = all(v <= slo for v, slo in miss)
+        r.update(ttft_p50_s=None, tpot_p50_s=None, slo_met_simulated=True, simulated=False)
+        tried = [c for c in sorted(concurrencies, reverse=True) if c <= r["concurrency"]] or [r["concurrency"]]
+        for c in tried:
+            w = replace(workload, concurrency=c)
+            pr = predict_serve(model, cluster, ServePlan.parse(r["plan"]), w, **kw)
+            if pr.extra.get("method") != "simulation":
+                break
+            met = all(not slo or (v is not None and v <= slo) for v, slo in
+                      ((pr.ttft_p90_s, workload.ttft_p90_s), (pr.tpot_p90_s if workload.phase != "prefill" else None, workload.tpot_p90_s)))
+            obj = pr.input_tokens_per_s_per_gpu if workload.phase == "prefill" else pr.output_tokens_per_s_per_gpu
+            r.update(simulated=True, concurrency=c, objective=obj, ttft_p90_s=pr.ttft_p90_s, tpot_p90_s=pr.tpot_p90_s,
+                     ttft_p50_s=pr.extra.get("ttft_p50_s"), tpot_p50_s=pr.extra.get("tpot_p50_s"),
+                     output_tokens_per_s_per_gpu=pr.output_tokens_per_s_per_gpu,
+                     input_tokens_per_s_per_gpu=pr.input_tokens_per_s_per_gpu,
+                     requests_per_s=float(requests_per_s(obj, workload, cluster.num_devices)), slo_met_simulated=met)
+            u = per_user_rate({"ttft_s": np.array([pr.ttft_p90_s or np.nan]),
+                               "tpot_s": np.array([pr.extra.get("tpot_p50_s") or np.nan])}, workload)[0]
+            r["tokens_per_s_per_user"] = None if np.isnan(u) else float(u)
+            r["batch_per_rank"] = float(score_plans([ServePlan.parse(r["plan"])], model, cluster, w, **kw)["batch_rank"][0])
+            if met:
+                break
+    out: dict = {}  # rows that the re-check made equal are one row again
+    for r in sorted(rows, key=lambda r: (not r["slo_met_simulated"], -r["objective"])):
+        k = _key(r)
+        if k in out:
+            out[k]["variants"] += r["variants"]
+            out[k]["varies"] = ",".join(sorted(set(filter(None, (out[k]["varies"] + "," + r["varies"]).split(",")))))
+        else:
+            out[k] = r
+    return list(out.values())
 
 
 def _frontier(user: np.ndarray, gpu: np.ndarray) -> list[tuple[float, float]]:
