@@ -78,7 +78,7 @@ def measured_vs_predicted(path: Path, rows: list[dict], *, measured: str, predic
             axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"measured {unit} (median; bar: slowest..fastest step)" if low else f"measured {unit}")
         ax.set_ylabel(f"predicted {unit}")
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="lower right")  # the corner a model that over-predicts leaves empty
     save_png(fig, path)
     return True
 

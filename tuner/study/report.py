@@ -362,7 +362,7 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
     def winner_cmd(verb):
         v = adjudicate(rows, prereg, remeasured) if backend != "predict-only" else None
         plan = winner_po or (v["best"]["plan"] if v and v["best"] else prereg["plans"][0]["plan"])
-        return f"moetune {verb} {flags} --plan {shlex.quote(_short(plan))}"
+        return f"moetune {verb} {flags} --plan {shlex.quote(plan)}"  # canonical: it parses back to this plan
     steps = [("the winner's predicted breakdown", winner_cmd("predict") + " --complete defaults"),
              ("its Megatron-LM launch script", winner_cmd("emit megatron") + " --complete defaults --out winner.sh")]
     if not measured_tables:
@@ -380,13 +380,13 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
 
 
 def _short(plan: str) -> str:
-    """Non-default fields of a canonical training plan, for tables (the completion's short form
-    without a workload: the schedule flags that are on by default are left out)."""
+    """Non-default fields of a canonical training plan as the plan string spells them (so the
+    next-step commands parse), for tables; the schedule flags on by default are left out."""
     from specs.plan import Plan
-    p, dflt = Plan.parse(plan), Plan()
-    parts = [f"{f}={getattr(p, f)}" for f in p.__dataclass_fields__
-             if getattr(p, f) != getattr(dflt, f) and f not in ("dist_opt", "overlap_grad_reduce",
-                                                                 "overlap_param_gather", "grouped_gemm")]
+    skip = ("dist_opt", "overlap_grad_reduce", "overlap_param_gather", "grouped_gemm")
+    dflt = dict(f.split("=", 1) for f in Plan().canonical().split(","))
+    parts = [f for f in Plan.parse(plan).canonical().split(",") if f.split("=", 1)[0] not in skip
+             and dflt.get(f.split("=", 1)[0]) != f.split("=", 1)[1]]
     return ",".join(parts) or "defaults"
 
 
