@@ -195,7 +195,7 @@ def rank_quality(measured: list[dict], key_pred: str) -> str:
             f"mean |error| {_fmt(sum(err) / len(err) if err else None, '.0%')} over {len(pts)} measured trials")
 
 
-def write(study_dir, mode: Mode, *, title: str, prereg: dict, rows: list[dict], backend: str, cal_report=None,
+def write_study_report(study_dir, mode: Mode, *, title: str, prereg: dict, rows: list[dict], backend: str, cal_report=None,
           wall_s: float | None = None, storage_url: str = "", remeasured: list[dict] | None = None,
           predict_only_winner: str | None = None, top_predicted: list | None = None) -> Path:
     """The study report (both modes): report.md, trials.csv and the plots, into `study_dir`.
@@ -374,7 +374,7 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
                        f"{wl['precision']}; stack profile {profile.describe()}; backend {backend}."),
         provenance=[f"Tables: {'measured on this cluster' if measured_tables else 'shipped defaults (not profiled on this cluster)'}.",
                     f"Final calibration: {cal.id} ({'fitted on this study' if cal_report else 'as pre-registered'})."])
-    return write(study_dir, mode, title=f"moetune tune: study `{prereg['study']}`", prereg=prereg, rows=rows,
+    return write_study_report(study_dir, mode, title=f"moetune tune: study `{prereg['study']}`", prereg=prereg, rows=rows,
                  backend=backend, cal_report=cal_report, wall_s=wall_s, storage_url=storage_url,
                  remeasured=remeasured, predict_only_winner=winner_po, top_predicted=top)
 

@@ -1,5 +1,5 @@
 """`<study dir>/report.md` of a serving study (`moetune tune --mode serve`): the one study report
-(tuner.study.report.write: verdict, one winner, pre-registered and final-calibration predictions,
+(tuner.study.report.write_study_report: verdict, one winner, pre-registered and final-calibration predictions,
 rank quality, provenance, next steps, plots) with serving's parts: measured TTFT / TPOT p90 against
 the SLOs (which the verdict enforces), a latency plot with the SLO lines, and the winner's server
 command."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tuner.rank.serve_price import short_plan
 from tuner.study import plots
-from tuner.study.report import _fmt, slo_misses, write
+from tuner.study.report import _fmt, slo_misses, write_study_report
 
 SERVE_CSV_COLS = ("number", "state", "plan", "roles", "predicted_tokens_per_s_per_gpu",
                   "measured_tokens_per_s_per_gpu", "predicted_step_time_s", "predicted_raw_step_time_s",
@@ -43,7 +43,7 @@ def _latency_plot(d: Path, measured: list[dict], ttft_slo: float, tpot_slo: floa
 
 def write_serve_report(study_dir, *, task, prereg: dict, rows: list[dict], calibration=None, cal_report=None,
                        wall_s: float | None = None, storage_url: str = "", tables=None) -> Path:
-    """The serving study's report (tuner.study.report.write with serving's Mode); returns report.md's
+    """The serving study's report (tuner.study.report.write_study_report with serving's Mode); returns report.md's
     path. `calibration`: the final one; `storage_url` is shown with its password redacted."""
     from tuner.study.report import Mode
     w = task.workload
@@ -93,6 +93,6 @@ def write_serve_report(study_dir, *, task, prereg: dict, rows: list[dict], calib
                     f"Final calibration: serving model term, scale {_fmt(scale, '.4g')} "
                     f"({calibration.id if calibration is not None else 'identity'}; "
                     f"{'fitted on this study' if cal_report else 'as pre-registered'})."])
-    return write(study_dir, mode, title=f"Serving study `{prereg['study']}`", prereg=prereg, rows=rows,
+    return write_study_report(study_dir, mode, title=f"Serving study `{prereg['study']}`", prereg=prereg, rows=rows,
                  backend=task.backend, cal_report=cal_report,
                  wall_s=wall_s, storage_url=storage_url)
