@@ -398,7 +398,7 @@ def _print_serve_ranking(args, ranked: dict, points: dict, workload, model, clus
         path = args.plot / "pareto.png"
         pareto(path, points, ranked["frontier"],
                title=f"{model.name} on {cluster.num_devices} x {cluster.kind}, isl {workload.isl} osl {workload.osl}; "
-                     f"within {' and '.join(slo) if slo else 'no SLO'} (cost model)",
+                     f"within {' and '.join(slo) if slo else 'no SLO'} (cost model, steady state)",
                x_label=f"{per_user} (" + ("isl / TTFT" if workload.phase == "prefill" else "1 / TPOT") + ")",
                y_label=f"{unit} tok/s/GPU")
         print(f"pareto plot: {path}")
