@@ -65,7 +65,7 @@ def add_parser(subparsers):
                    help="Train, with --rank: score every realizable plan instead of skipping the parallel points whose "
                         "optimistic bound cannot reach the top (the same ranking, slower; for checking).")
     p.add_argument("--json", action="store_true", help="Print the counts, examples and ranking as one JSON object.")
-    p.add_argument("--plot", type=Path, default=None, metavar="DIR",
+    p.add_argument("--plot", default=None, metavar="DIR",
                    help="With --mode serve --rank: write the Pareto plot (tok/s/GPU against tok/s/user, every plan at "
                         "every swept concurrency within the SLOs) to DIR/pareto.png; nothing is written without it.")
     add_canonical_arg(p)
@@ -306,6 +306,7 @@ def _run_serve(args) -> int:
     if args.examples < 0:
         raise UsageError(f"--examples must be 0 or more, got {args.examples}")
     if args.plot:
+        args.plot = Path(args.plot)
         _plot_dir(args)
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
@@ -372,8 +373,7 @@ def _print_serve_ranking(args, ranked: dict, points: dict, workload, model, clus
     for kind, title in (("aggregated", "aggregated"), ("disaggregated", "disaggregated (prefill/decode pools)")):
         rows = ranked[kind]
         if not rows:
-            print(f"{title}: none within the SLOs" if any(True for _ in ranked["excluded"]) or kind == "aggregated"
-                  else f"{title}: none")
+            print(f"{title}: none (every plan excluded above, or none in the space)")
             continue
         print(f"{title}, top {len(rows)}" + (" (each re-checked by the simulation at the highest swept concurrency whose "
               "simulated p90 meets the SLOs; its numbers; !: none did" if any(r["simulated"] for r in rows) else
