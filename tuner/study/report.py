@@ -195,6 +195,18 @@ def rank_quality(measured: list[dict], key_pred: str) -> str:
             f"mean |error| {_fmt(sum(err) / len(err) if err else None, '.0%')} over {len(pts)} measured trials")
 
 
+def winner_of(prereg: dict, verdict: dict | None, predict_only_winner: str | None = None) -> tuple[str, str]:
+    """(the study's one winner plan, why it is the winner): the verdict's best measured searched plan
+    (`contenders`), the top predicted plan of a predict-only run, else the top pre-registered plan."""
+    if predict_only_winner:
+        return predict_only_winner, "the top predicted plan (no trials: --backend predict-only)"
+    if verdict and verdict["best"]:
+        return verdict["best"]["plan"], f"trial #{verdict['best']['number']}, the best measured searched plan"
+    if prereg.get("plans"):
+        return prereg["plans"][0]["plan"], "no searched plan won: the top pre-registered plan"
+    return prereg["baseline"]["plan"], "no searched plan won: the baseline"
+
+
 def write_study_report(study_dir, mode: Mode, *, title: str, prereg: dict, rows: list[dict], backend: str, cal_report=None,
           wall_s: float | None = None, storage_url: str = "", remeasured: list[dict] | None = None,
           predict_only_winner: str | None = None, top_predicted: list | None = None) -> Path:
@@ -216,14 +228,7 @@ def write_study_report(study_dir, mode: Mode, *, title: str, prereg: dict, rows:
     measured = sorted((r for r in rows if r["state"] == "COMPLETE"), key=lambda r: -r["measured_tokens_per_s_per_gpu"])
     failures = [r for r in rows if r["state"] == "FAIL"]
     verdict = adjudicate(rows, prereg, remeasured) if backend != "predict-only" else None
-    if predict_only_winner:
-        winner, winner_src = predict_only_winner, "the top predicted plan (no trials: --backend predict-only)"
-    elif verdict and verdict["best"]:
-        winner, winner_src = verdict["best"]["plan"], f"trial #{verdict['best']['number']}, the best measured searched plan"
-    elif prereg.get("plans"):
-        winner, winner_src = prereg["plans"][0]["plan"], "no searched plan won: the top pre-registered plan"
-    else:
-        winner, winner_src = prereg["baseline"]["plan"], "no searched plan won: the baseline"
+    winner, winner_src = winner_of(prereg, verdict, predict_only_winner)
     pngs = []
     if plots.measured_vs_predicted(d / "measured_vs_predicted.png", measured, measured="measured_tokens_per_s_per_gpu",
                                    predictions={"pre-registered prediction": "prereg_tokens_per_s_per_gpu",
@@ -359,10 +364,10 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
     top = [(s.plan, s.tokens_per_s_per_gpu) for s in predict_only_pool] if predict_only_pool and backend == "predict-only" else None
     winner_po = (predict_only_pool[0].plan if predict_only_pool else prereg["plans"][0]["plan"]) if backend == "predict-only" else None
 
+    winner, _ = winner_of(prereg, adjudicate(rows, prereg, remeasured) if backend != "predict-only" else None, winner_po)
+
     def winner_cmd(verb):
-        v = adjudicate(rows, prereg, remeasured) if backend != "predict-only" else None
-        plan = winner_po or (v["best"]["plan"] if v and v["best"] else prereg["plans"][0]["plan"])
-        return f"moetune {verb} {flags} --plan {shlex.quote(plan)}"  # canonical: it parses back to this plan
+        return f"moetune {verb} {flags} --plan {shlex.quote(winner)}"  # canonical: it parses back to this plan
     steps = [("the winner's predicted breakdown", winner_cmd("predict") + " --complete defaults"),
              ("its Megatron-LM launch script", winner_cmd("emit megatron") + " --complete defaults --out winner.sh")]
     if not measured_tables:
