@@ -200,3 +200,92 @@ def test_predict_serve_megakernel_what_if(capsys):
     text = [a for a in base if a != "--json"]
     assert main([*text, *Q, "--gpus", "8", "--plan", "tp=8,attn_dp=8,a2a=deepep"]) == 0
     assert "what-if        megakernel what-if:" in capsys.readouterr().out
+
+
+# goodput under the SLOs (issue 28) -------------------------------------------------------------------
+
+TINY = ["--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2", "--isl", "128", "--osl", "32"]
+
+
+@pytest.fixture(scope="module")
+def tiny_effective():
+    from clusters import load_cluster
+    from specs.models import load_model
+    from tuner.space.serve import default_serve_space, summarize
+    m, c = load_model("tiny-moe"), load_cluster("cpu-local", 2)
+    s = summarize(default_serve_space(2), m, c, max_examples=0, keep_effective=True)
+    return m, c, s.effective
+
+
+def test_goodput_picks_the_concurrency_of_most_throughput_within_the_slos(tiny_effective):
+    """Each row sits at the swept concurrency where the plan's objective is highest among those whose
+    steady-state TTFT / TPOT meet the SLOs (checked by pricing every plan at every concurrency), and a
+    tighter TPOT SLO never picks a higher concurrency."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from specs.serve_plan import ServeWorkload
+    from tuner.rank.serve_price import goodput, score_plans
+    m, c, effs = tiny_effective
+    conc = [2, 8, 32, 128]
+    w = ServeWorkload(isl=128, osl=32, ttft_p90_s=0.5, tpot_p90_s=0.05)
+    g = goodput(effs, m, c, w, concurrencies=conc)
+    assert g.rows and g.concurrencies == conc
+    by_plan = {e.plan.canonical(): e for e in effs}
+    sample = g.rows[:5]
+    plans = [by_plan[r["effective_plan"]] for r in sample]
+    grid = {k: score_plans(plans, m, c, replace(w, concurrency=k)) for k in conc}
+    for i, r in enumerate(sample):
+        ok = [(grid[k]["objective"][i], k) for k in conc if grid[k]["excluded"][i] == ""]
+        best_obj, best_c = max(ok)
+        assert r["concurrency"] == best_c and r["objective"] == pytest.approx(best_obj)
+        assert r["tpot_p90_s"] <= 0.05 and r["ttft_p90_s"] <= 0.5
+        assert r["requests_per_s"] == pytest.approx(r["objective"] * 2 / 32)
+    tight = goodput(effs, m, c, replace(w, tpot_p90_s=float(np.median([r["tpot_p90_s"] for r in g.rows]))),
+                    concurrencies=conc)
+    loose = {r["effective_plan"]: r["concurrency"] for r in g.rows}
+    assert any(r["concurrency"] < loose[r["effective_plan"]] for r in tight.rows if r["effective_plan"] in loose)
+    assert all(r["concurrency"] <= loose[r["effective_plan"]] for r in tight.rows if r["effective_plan"] in loose)
+
+
+def test_goodput_collapses_predicted_equal_variants(tiny_effective):
+    """Rows of one parallel layout predicted equal at their concurrency are one row (xN), naming the
+    flags they differ in; no two rows are equal."""
+    from specs.serve_plan import ServeWorkload
+    from tuner.rank.serve_price import _key, best_per_layout, goodput
+    m, c, effs = tiny_effective
+    g = goodput(effs, m, c, ServeWorkload(isl=128, osl=32), concurrencies=[8, 64])
+    keys = [_key(r) for r in g.rows]
+    assert len(keys) == len(set(keys))
+    merged = [r for r in g.rows if r["variants"] > 1]
+    assert merged and all(r["varies"] for r in merged)
+    layouts = [_key(r)[0] for r in best_per_layout(g.rows)]
+    assert len(layouts) == len(set(layouts)) < len(g.rows)
+
+
+def test_plans_serve_rank_table_and_pareto_only_when_asked(tmp_path, monkeypatch, capsys):
+    """The text ranking has a header with every column; --plot DIR writes DIR/pareto.png (a PNG) and
+    nothing else; without --plot nothing is written at all."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["plans", "--mode", "serve", *TINY, "--ttft-slo", "0.5", "--tpot-slo", "0.05", "--rank", "--top", "3",
+            "--examples", "0"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("#") and "tok/s/GPU" in line)
+    for col in ("tok/s/user", "req/s", "conc", "TTFT p50", "p90", "TPOT p50", "batch", "GiB", "same"):
+        assert col in header, col
+    assert "aggregated, top" in out and "disaggregated (prefill/decode pools)" in out
+    assert list(tmp_path.iterdir()) == []  # printing writes nothing
+    assert main([*argv, "--plot", "figs"]) == 0
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["figs", "pareto.png"]
+    assert (tmp_path / "figs" / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plans", "--mode", "serve", *TINY, "--plot", "figs2"]) == 2  # no --rank: nothing to plot
+    assert "--plot needs --rank" in capsys.readouterr().err and not (tmp_path / "figs2").exists()
+
+
+def test_plans_serve_rank_concurrency_pins_the_sweep(capsys):
+    assert main(["plans", "--mode", "serve", *TINY, "--concurrency", "8", "--rank", "--top", "2", "--examples", "0",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)["ranked"]
+    assert d["concurrencies"] == [8] and all(r["concurrency"] == 8 for r in d["plans"])

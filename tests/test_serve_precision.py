@@ -23,7 +23,7 @@ def test_serve_ranking_prices_the_checkpoints_weights_and_says_what_would_fit(ca
     do not, and the ranking says so with what would."""
     assert main(["plans", "--mode", "serve", *DS, "--rank", "--top", "3", "--examples", "0"]) == 0
     out = capsys.readouterr().out
-    assert "weights fp8 (checkpoint quantization_config" in out and "top 3 by predicted" in out
+    assert "weights fp8 (checkpoint quantization_config" in out and "aggregated, top 3" in out
     assert main(["plans", "--mode", "serve", *DS, "--rank", "--top", "3", "--examples", "0", "--weight-dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert "top 0" in out and "nothing fits: 1,250 GiB of bf16 weights" in out and "--weight-dtype fp8" in out
+    assert "aggregated: none" in out and "nothing fits: 1,250 GiB of bf16 weights" in out and "--weight-dtype fp8" in out

@@ -73,25 +73,53 @@ def test_study_records_serving_plans(tmp_path):
     assert study_mod.claim(study, plan) is None  # measured: nobody claims it again
 
 
-def test_report_from_rows(tmp_path, cpu_task):
-    from tuner.study.serve_report import write_serve_report
-    base = "tp=2,chunked_prefill=2048"
-    prereg = {"study": "s", "sha256": "0" * 64, "acceptance": {"ratio": 0.98},
-              "baseline": {"plan": ServePlan.parse(base).canonical(), "source": "test"}, "plans": []}
-    rows = [{"number": 0, "state": "COMPLETE", "plan": ServePlan.parse(base).canonical(), "roles": "baseline",
+def _serve_rows(base: str, other: str) -> list[dict]:
+    return [{"number": 0, "state": "COMPLETE", "plan": base, "roles": "baseline",
              "measured_tokens_per_s_per_gpu": 300.0, "predicted_tokens_per_s_per_gpu": 280.0,
-             "predicted_raw_ttft_p90_s": 0.1, "measured_ttft_p90_s": 0.3, "predicted_raw_tpot_p90_s": 0.02,
-             "measured_tpot_p90_s": 0.05, "calibration_scale": 1.0},
-            {"number": 1, "state": "COMPLETE", "plan": ServePlan(dp=2).canonical(), "roles": "searched",
+             "predicted_raw_step_time_s": 1 / 280.0, "predicted_raw_ttft_p90_s": 0.1, "measured_ttft_p90_s": 0.3,
+             "predicted_raw_tpot_p90_s": 0.02, "measured_tpot_p90_s": 0.05, "calibration_scale": 1.0},
+            {"number": 1, "state": "COMPLETE", "plan": other, "roles": "searched",
              "measured_tokens_per_s_per_gpu": 290.0, "predicted_tokens_per_s_per_gpu": 350.0,
-             "predicted_raw_ttft_p90_s": 0.08, "measured_ttft_p90_s": 0.25, "predicted_raw_tpot_p90_s": 0.01,
-             "measured_tpot_p90_s": 0.04, "calibration_scale": 1.2}]
-    path = write_serve_report(tmp_path, task=cpu_task, prereg=prereg, rows=rows, wall_s=1.0)
+             "predicted_raw_step_time_s": 1 / 350.0, "predicted_raw_ttft_p90_s": 0.08, "measured_ttft_p90_s": 0.25,
+             "predicted_raw_tpot_p90_s": 0.01, "measured_tpot_p90_s": 0.04, "calibration_scale": 1.2}]
+
+
+def test_report_from_rows(tmp_path, cpu_task):
+    """The one report writer with serving's parts: pre-registered and final-calibration predictions
+    in their own columns, measured latencies against the SLOs, the plots, the adjudicate hint."""
+    from tuner.study.serve_report import write_serve_report
+    base, other = ServePlan.parse("tp=2,chunked_prefill=2048").canonical(), ServePlan(dp=2).canonical()
+    prereg = {"study": "s", "sha256": "0" * 64, "acceptance": {"ratio": 0.98},
+              "baseline": {"plan": base, "source": "test", "predicted_tokens_per_s_per_gpu": 280.0},
+              "plans": [{"plan": other, "predicted_tokens_per_s_per_gpu": 350.0}]}
+    path = write_serve_report(tmp_path, task=cpu_task, prereg=prereg, rows=_serve_rows(base, other), wall_s=1.0)
     text = path.read_text()
     assert "FAIL: searched best 290.0" in text  # 290/300 = 0.967 < 0.98
-    for f in ("ttft_tpot.png", "throughput.png", "latency_by_trial.png", "trials.csv"):
+    for f in ("measured_vs_predicted.png", "history.png", "latency_by_trial.png", "trials.csv"):
         assert (tmp_path / f).stat().st_size > 0
     assert "measured_tpot_p90_s" in (tmp_path / "trials.csv").read_text().splitlines()[0]
+    header = next(line for line in text.splitlines() if line.startswith("| # |"))
+    for col in ("pre-registered output tok/s/GPU", "final-calibration output tok/s/GPU", "measured output tok/s/GPU",
+                "measured TTFT p90 s", "within SLOs"):
+        assert col in header, col
+    assert "| 350.0 |" in text  # the pre-registered prediction of trial #1, as registered
+    assert f"moetune adjudicate s --study-dir {tmp_path}" in text and "## Provenance" in text and "## Next steps" in text
+
+
+def test_verdict_enforces_the_measured_slos(tmp_path, cpu_task):
+    """A searched plan faster than the baseline that misses the pre-registered TPOT SLO when measured
+    is not the winner: with no other searched plan, the verdict is FAIL, never PASS."""
+    from tuner.study.report import adjudicate
+    base, other = ServePlan.parse("tp=2,chunked_prefill=2048").canonical(), ServePlan(dp=2).canonical()
+    rows = _serve_rows(base, other)
+    rows[1]["measured_tokens_per_s_per_gpu"] = 600.0  # twice the baseline ...
+    prereg = {"study": "s", "acceptance": {"ratio": 0.98}, "baseline": {"plan": base}, "plans": [],
+              "workload": {"ttft_p90_slo_s": 1.0, "tpot_p90_slo_s": 0.03}}  # ... but TPOT 0.04 s > 0.03 s
+    v = adjudicate(rows, prereg)
+    assert v["verdict"] == "FAIL" and v["best"] is None and "TPOT p90 0.04 s > SLO 0.03 s" in v["line"]
+    prereg["workload"]["tpot_p90_slo_s"] = 0.05  # within it: the same measurements pass
+    v = adjudicate(rows, prereg)
+    assert v["verdict"] == "PASS" and v["best"]["number"] == 1
 
 
 @pytest.mark.parametrize("argv", [
@@ -124,10 +152,10 @@ def test_real_serving_study_end_to_end(tmp_path, capsys):
     doc = prereg.load(d)  # verifies both hashes
     assert doc["workload"]["mode"] == "serve" and doc["workload"]["isl"] == 128
     text = (d / "report.md").read_text()
-    assert "## Verdict" in text and "Serving model term: scale" in text
+    assert "## Verdict" in text and "serving model term, scale" in text
     rows = (d / "trials.csv").read_text().splitlines()
     assert len(rows) >= 3  # header + baseline + at least one searched plan
-    assert (d / "ttft_tpot.png").stat().st_size > 0
+    assert (d / "measured_vs_predicted.png").stat().st_size > 0
     import csv
     done = [r for r in csv.DictReader(open(d / "trials.csv")) if r["state"] == "COMPLETE"]
     assert done and all(float(r["measured_ttft_p90_s"]) > 0 and float(r["measured_tpot_p90_s"]) > 0 for r in done)

@@ -332,7 +332,7 @@ def test_tune_end_to_end_kill_and_resume(tmp_path):
     report = Path(r.stdout.strip().splitlines()[-1])
     assert report == (d / "report.md").resolve() and report.exists()
     text = report.read_text()
-    assert "Measured vs predicted" in text and "pretrain_gpt.py" in text and "adjudication" in text
+    assert "## Trials" in text and "pretrain_gpt.py" in text and "moetune adjudicate" in text
     assert (d / "trials.csv").exists() and (d / "measured_vs_predicted.png").exists()
     assert (d / "preregistration.json").read_bytes() == prereg_bytes
     assert "resuming: pre-registration" in r.stdout
@@ -359,3 +359,46 @@ def test_tune_end_to_end_kill_and_resume(tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True)
     assert adj.returncode in (0, 1) and adj.stdout.strip().splitlines()[-1].split(":")[0] in ("PASS", "FAIL", "INCONCLUSIVE")
     assert hashlib.sha256(prereg_bytes).hexdigest() in (d / "preregistration.sha256").read_text()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_adjudicate_opens_storage_read_only(tmp_path, workload, capsys, kind):
+    """`adjudicate` writes nothing: its storage's bytes are unchanged (SQLite opened with mode=ro,
+    even when the file is read-only), and a --storage naming no database creates none: one line, exit 2."""
+    import os
+    import stat
+
+    from tuner.cli import main
+    from tuner.study import storage as study_mod
+    base = P("ep=2")
+    _prereg(tmp_path, workload, base)
+    url = f"sqlite:///{tmp_path / 'other.db'}" if kind == "sqlite" else f"journal:{tmp_path / 'j.log'}"
+    st = study_mod.open_study("adj", study_mod.open_storage(url, tmp_path, heartbeat_interval=None))
+    for plan, roles, tps in ((base, "baseline", 100.0), (P("mbs=4"), "searched", 120.0)):
+        t = study_mod.claim(st, plan, {"roles": roles})
+        study_mod.record(st, t, {"ok": True, "step_time_s": 1.0, "tokens_per_s_per_gpu": tps})
+    f = tmp_path / ("other.db" if kind == "sqlite" else "j.log")
+    os.chmod(f, stat.S_IRUSR)  # read-only: a writer would fail (root ignores modes; the bytes check below does not)
+    before = f.read_bytes()
+    assert main(["adjudicate", "adj", "--study-dir", str(tmp_path), "--storage", url]) == 0
+    assert f.read_bytes() == before
+    # the default storage (SQLite in the study folder) does not exist: refused, nothing created
+    assert main(["adjudicate", "adj", "--study-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no study database" in err[0] and "--storage" in err[0]
+    assert not (tmp_path / "study.db").exists()
+    missing = f"journal:{tmp_path / 'nope.log'}"
+    assert main(["adjudicate", "adj", "--study-dir", str(tmp_path), "--storage", missing]) == 2
+    assert not (tmp_path / "nope.log").exists()
+
+
+def test_adjudicate_hint_works_for_every_storage(tmp_path):
+    """The report's hint names --study-dir unless it is the default, and --storage unless it is the
+    default SQLite in that folder; a database URL shows its password as ***."""
+    from tuner.study.report import adjudicate_hint
+    from tuner.study.storage import default_storage_url, default_study_dir
+    assert adjudicate_hint("q", default_study_dir("q"), default_storage_url(default_study_dir("q"))) == "moetune adjudicate q"
+    assert adjudicate_hint("q", tmp_path, default_storage_url(tmp_path)) == f"moetune adjudicate q --study-dir {tmp_path}"
+    assert adjudicate_hint("q", tmp_path, f"journal:{tmp_path}/j.log").endswith(f"--storage journal:{tmp_path}/j.log")
+    pg = adjudicate_hint("q", tmp_path, "postgresql://me:hunter2@db:5432/s")
+    assert "hunter2" not in pg and "--storage 'postgresql://me:***@db:5432/s'" in pg

@@ -23,14 +23,15 @@ def add_serve_args(p) -> None:
     g.add_argument("--isl", type=tokens, default=None, help="Input tokens per request.")
     g.add_argument("--osl", type=tokens, default=None, help="Output tokens per request.")
     g.add_argument("--concurrency", type=count(1, MAX_COUNT), default=None,
-                   help="Requests in flight over the whole deployment (default 8 per GPU); with --phase decode, "
-                        "the decode batch per GPU (default 16).")
+                   help="Requests in flight over the whole deployment (default 8 per GPU; plans --rank sweeps "
+                        "1..128 per GPU unless given); with --phase decode, the decode batch per GPU (default 16).")
     g.add_argument("--routing-skew", type=number(0.0, 10.0), default=0.0,
                    help="Zipf exponent of expert popularity for the distinct-experts term (0 = uniform).")
     g.add_argument("--ttft-slo", type=number(0.0, 3600.0, lo_open=True), default=None,
-                   help="TTFT p90 bound in seconds; plans above it are excluded from rankings.")
+                   help="TTFT p90 bound in seconds. plans --rank: each plan at the most throughput within it; "
+                        "predict: the prediction is checked against it; tune: the verdict's winner must meet it measured.")
     g.add_argument("--tpot-slo", type=number(0.0, 3600.0, lo_open=True), default=None,
-                   help="TPOT p90 bound in seconds; plans above it are excluded from rankings.")
+                   help="TPOT p90 bound in seconds (as --ttft-slo).")
 
 
 def add_serve_workload_args(p: argparse.ArgumentParser) -> None:

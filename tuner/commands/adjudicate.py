@@ -2,6 +2,7 @@
 
   moetune adjudicate quickstart [--study-dir DIR] [--storage URL]
 
+The storage is opened read-only (nothing is created or written).
 Refused (one line, exit 2) when the pre-registration does not verify: its bytes against the
 `.sha256` sidecar, the embedded canonical-JSON hash, the hash the study recorded when its first
 tuner started (`preregistration_sha256`: a file rewritten with fresh hashes afterwards does not
@@ -42,14 +43,19 @@ def run(args) -> int:
     from tuner.study.report import adjudicate
     safe_name(args.study, "study", "study name", UsageError)
     d = Path(args.study_dir) if args.study_dir else study_mod.default_study_dir(args.study)
-    study_mod.check_storage(args.storage, d)
     try:
         doc = prereg.load(d)
     except prereg.PreregistrationError as e:
         raise UsageError(f"pre-registration refused: {e}") from None
     if doc["study"] != args.study:
         raise UsageError(f"{d} pre-registers study {doc['study']!r}, not {args.study!r}")
-    storage = study_mod.open_storage(args.storage, d, heartbeat_interval=None)
+    shown = study_mod.redact_url(args.storage or study_mod.default_storage_url(d))
+    try:  # read-only: a wrong --storage creates nothing
+        storage = study_mod.open_storage_readonly(args.storage, d)
+    except FileNotFoundError as e:
+        raise UsageError(f"{e} (give the study's --storage, as `moetune tune` printed it)") from None
+    except Exception as e:  # noqa: BLE001 - bad URL, missing driver, unreachable server: one line
+        raise UsageError(f"--storage {shown}: cannot be opened read-only ({type(e).__name__})") from None
     try:
         study = study_mod.load_study(args.study, storage)
     except KeyError:

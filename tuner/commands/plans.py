@@ -6,6 +6,7 @@ import json
 import shlex
 import sys
 import time
+from pathlib import Path
 
 from specs.errors import UsageError
 from tuner.commands.common import (
@@ -37,20 +38,36 @@ def add_parser(subparsers):
     for a in p._actions:  # serving plans have no global batch; train mode checks it itself
         if a.dest == "gbs":
             a.required = False
+            a.help = "Train: global batch size in sequences (required). Serve: not used."
+        elif a.dest == "model":
+            a.help = "Model to train or serve: a preset name (`moetune list models`), a model YAML file or a Hugging Face config.json."
+        elif a.dest == "seq":
+            a.help = "Train: sequence length in tokens (default: the model preset's). Serve: not used (--isl / --osl)."
     add_stack_arg(p)
     add_cost_model_args(p)
     p.add_argument("--level", choices=["full", "core"], default="full",
-                   help="Which space: full (every option of every tier) or core (schedule flags at their best values).")
+                   help="Train: which space, full (default: every option of every tier) or core (schedule flags at their "
+                        "best values; `moetune tune`'s default).")
     p.add_argument("--shard", default="0/1", help="Enumerate only shard i of n, written i/n (default 0/1: all of it).")
     p.add_argument("--examples", type=count(0, MAX_COUNT), default=5,
                    help="How many realizable plans to show as examples (default 5; 0 for none).")
     p.add_argument("--rank", action="store_true",
-                   help="Also rank the realizable plans by predicted tokens/s per GPU (memory-infeasible ones excluded).")
-    p.add_argument("--top", type=positive_int, default=20, help="How many ranked plans to list with --rank (default 20).")
+                   help="Also rank the realizable plans. Train: by predicted tokens/s/GPU, with step time and its 90%% "
+                        "interval, MFU and peak memory (memory-infeasible plans excluded). Serve: by goodput, each plan at "
+                        "the swept concurrency (or --concurrency) with the most tokens/s/GPU within --ttft-slo/--tpot-slo.")
+    p.add_argument("--top", type=positive_int, default=20,
+                   help="How many ranked rows to list with --rank (default 20; serve: that many aggregated and that many "
+                        "disaggregated).")
+    p.add_argument("--distinct", choices=["plan", "parallel"], default="plan",
+                   help="With --rank, one row per: plan (default; predicted-equal variants merged, xN) or parallel "
+                        "layout (the best plan of each: train tp,cp,pp,ep,etp,mbs; serve tp,pp,dp,attn_dp,ep,pd).")
     p.add_argument("--exhaustive", action="store_true",
-                   help="With --rank, score every realizable plan instead of skipping the parallel points whose "
+                   help="Train, with --rank: score every realizable plan instead of skipping the parallel points whose "
                         "optimistic bound cannot reach the top (the same ranking, slower; for checking).")
     p.add_argument("--json", action="store_true", help="Print the counts, examples and ranking as one JSON object.")
+    p.add_argument("--plot", default=None, metavar="DIR",
+                   help="With --mode serve --rank: write the Pareto plot (tok/s/GPU against tok/s/user, every plan at "
+                        "every swept concurrency within the SLOs) to DIR/pareto.png; nothing is written without it.")
     add_canonical_arg(p)
     from tuner.commands._serving import add_serve_args, add_weight_dtype_arg
     add_serve_args(p)
@@ -95,6 +112,8 @@ def run(args) -> int:
         return _run_serve(args)
     if args.gbs is None:
         raise UsageError("plans --mode train: --gbs is required")
+    if args.plot:
+        raise UsageError("--plot is for --mode serve --rank (the serving Pareto plot)")
     from clusters import precision_recipe
     from specs.plan import Plan
     from specs.stack import profile_for
@@ -115,7 +134,8 @@ def run(args) -> int:
                   example_stride=max(1, points // max(1, 8 * args.examples)))
     prog.close()
     elapsed = time.time() - t0
-    ranked = _rank(w, space, profile, shard, nshards, args.top, tables, calibration, not args.exhaustive) \
+    ranked = _rank(w, space, profile, shard, nshards, args.top, tables, calibration, not args.exhaustive,
+                   distinct=args.distinct) \
         if args.rank else None
     if args.json:
         from tuner.conventions import SCHEMA_VERSION
@@ -191,7 +211,7 @@ def _workload_flags(args) -> str:
 
 
 
-def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bool = True) -> dict:
+def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bool = True, distinct: str = "plan") -> dict:
     """The `top` distinct realizable plans by predicted throughput (`tuner.rank.train.rank_space_top`:
     the vectorised cost model over chunks of plans, parallel points whose optimistic bound cannot
     reach the list skipped, exactly as exhaustive scoring ranks). Plans of one parallel point that
@@ -200,9 +220,10 @@ def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bo
     from tuner.rank.complete import short_form
     from tuner.rank.train import rank_space_top
     # too many predicted-equal variants to fill the list: the ranker ranks deeper (keep doubles)
+    rows_of = (lambda pool: _best_per_layout(_merge_equal(pool))) if distinct == "parallel" else _merge_equal
     r = rank_space_top(w, space, profile, shard, nshards, tables=tables, calibration=calibration,
-                       keep=top * _OVERSAMPLE, prune=prune, enough=lambda pool: len(_merge_equal(pool)) >= top)
-    rows = _merge_equal(r.pool)[:top]
+                       keep=top * _OVERSAMPLE, prune=prune, enough=lambda pool: len(rows_of(pool)) >= top)
+    rows = rows_of(r.pool)[:top]
     for row in rows:
         plans = row.pop("_all")
         # of predicted-equal variants, show the one nearest the completion defaults
@@ -215,6 +236,22 @@ def _rank(w, space, profile, shard, nshards, top, tables, calibration, prune: bo
             "exhaustive": r.exhaustive, "bound_violated": r.bound_violated,
             "memory_infeasible": r.memory_infeasible,
             "infeasible_reasons": {"memory": r.memory_infeasible} if r.memory_infeasible else {}}
+
+
+# a training plan's parallel layout, what `--distinct parallel` keeps one row of
+PARALLEL = ("tp", "cp", "pp", "ep", "etp", "mbs")
+
+
+def _best_per_layout(rows: list[dict]) -> list[dict]:
+    """The first (best) row of each parallel layout (PARALLEL), in order."""
+    seen, out = set(), []
+    for r in rows:
+        f = dict(x.split("=", 1) for x in r["plan"].split(","))
+        key = tuple(f[k] for k in PARALLEL)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
 
 
 def _mark_indistinguishable(w, rows: list[dict], tables, calibration) -> None:
@@ -241,14 +278,25 @@ def _mark_indistinguishable(w, rows: list[dict], tables, calibration) -> None:
         r["indistinguishable"] = bool(lead and iv and iv[0] <= lead[1])
 
 
-def rank_serve_plans(effective_plans: list, model, cluster, workload, top: int, **kw) -> dict:
-    """`plans --mode serve --rank`: the EffectivePlans (what SGLang runs) ranked by the serving cost
-    model's objective (tuner.rank.serve_price.rank: one vectorised pass over all of them)."""
-    from tuner.rank.serve_price import rank
+def rank_serve_plans(effective_plans: list, model, cluster, workload, top: int, concurrencies=None,
+                     distinct: str = "plan", **kw) -> dict:
+    """`plans --mode serve --rank`: the EffectivePlans (what SGLang runs), each at the concurrency of
+    the sweep where its throughput is highest within the SLOs (tuner.rank.serve_price.goodput: one
+    vectorised pass per concurrency), predicted-equal variants merged; the `top` aggregated and the
+    `top` disaggregated (prefill/decode) rows, with the simulation's p50 / p90 latencies."""
+    from tuner.rank.serve_price import best_per_layout, goodput, refine_by_simulation
     t0 = time.time()
-    r = rank(effective_plans, model, cluster, workload, top=top, **kw)
-    return {"objective": workload.objective, "plans": r.plans, "scored": r.scored,
-            "excluded": dict(r.excluded.most_common()), "elapsed_s": round(time.time() - t0, 3)}
+    g = goodput(effective_plans, model, cluster, workload, concurrencies=concurrencies, **kw)
+    rows = best_per_layout(g.rows) if distinct == "parallel" else g.rows
+    agg = [r for r in rows if r["kind"] == "aggregated"][:top]
+    pd = [r for r in rows if r["kind"] == "disaggregated"][:top]
+    agg = refine_by_simulation(agg, model, cluster, workload, g.concurrencies, **kw)
+    pd = refine_by_simulation(pd, model, cluster, workload, g.concurrencies, **kw)
+    return {"objective": workload.objective,
+            "plans": sorted(agg + pd, key=lambda r: (not r["slo_met_simulated"], -r["objective"]))[:top],
+            "aggregated": agg, "disaggregated": pd, "concurrencies": g.concurrencies, "scored": g.scored,
+            "excluded": dict(g.excluded.most_common()), "frontier": g.frontier,
+            "elapsed_s": round(time.time() - t0, 3), "_points": g.points}
 
 
 def _run_serve(args) -> int:
@@ -257,6 +305,9 @@ def _run_serve(args) -> int:
     from tuner.space.serve import default_serve_space, summarize
     if args.examples < 0:
         raise UsageError(f"--examples must be 0 or more, got {args.examples}")
+    if args.plot:
+        args.plot = Path(args.plot)
+        _plot_dir(args)
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
     space = default_serve_space(cluster.num_devices)
@@ -266,7 +317,10 @@ def _run_serve(args) -> int:
     t0 = time.time()
     s = summarize(space, model, cluster, max_examples=args.examples, keep_effective=args.rank)
     elapsed = time.time() - t0
-    ranked = rank_serve_plans(s.effective, model, cluster, workload, args.top, **kw) if args.rank else None
+    ranked = rank_serve_plans(s.effective, model, cluster, workload, args.top,
+                              concurrencies=[args.concurrency] if args.concurrency else None,
+                              distinct=args.distinct, **kw) if args.rank else None
+    points = ranked.pop("_points") if ranked else None
     if args.json:
         from tuner.conventions import SCHEMA_VERSION
         print(json.dumps({
@@ -293,19 +347,88 @@ def _run_serve(args) -> int:
         for p in s.examples:
             print(f"  {p.canonical()}")
     if ranked is not None:
-        unit = "input" if workload.phase == "prefill" else "output"
-        print(f"top {len(ranked['plans'])} by predicted {unit} tok/s/GPU ({ranked['scored']:,} distinct effective "
-              f"plans scored in {ranked['elapsed_s']:.2f} s; phase {workload.phase}, isl {workload.isl}, "
-              f"osl {workload.osl}, concurrency {workload.concurrency}):")
-        for code, n in ranked["excluded"].items():
-            print(f"  excluded: {n:,} x {code}")
-        if not ranked["plans"] and any(c.startswith("weights_exceed") for c in ranked["excluded"]):
-            print(f"  nothing fits: {_what_would_fit(model, cluster, weights)}")
-        for r in ranked["plans"]:
-            ttft = "n/a" if r["ttft_p90_s"] is None else f"{r['ttft_p90_s'] * 1e3:.0f} ms"
-            tpot = "n/a" if r["tpot_p90_s"] is None else f"{r['tpot_p90_s'] * 1e3:.1f} ms"
-            print(f"  {r['objective']:>10,.0f}  TTFT {ttft:>8}  TPOT {tpot:>8}  {r['plan']}")
+        _print_serve_ranking(args, ranked, points, workload, model, cluster, weights)
     return 0
+
+
+def _print_serve_ranking(args, ranked: dict, points: dict, workload, model, cluster, weights) -> None:
+    """The goodput tables (aggregated, then disaggregated prefill/decode), the ratio of their bests,
+    the Pareto plot when --plot names a folder, and the next commands."""
+    from tuner.rank.serve_price import short_plan
+    unit = "input" if workload.phase == "prefill" else "output"
+    slo = [f"TTFT p90 <= {fmt_seconds(workload.ttft_p90_s)}"] * (workload.ttft_p90_s > 0) + \
+          [f"TPOT p90 <= {fmt_seconds(workload.tpot_p90_s)}"] * (workload.tpot_p90_s > 0)
+    sweep = ranked["concurrencies"]
+    how = (f"at concurrency {sweep[0]} (--concurrency)" if len(sweep) == 1 else
+           f"each at the concurrency of {{{', '.join(str(c) for c in sweep)}}} with the most {unit} tok/s/GPU "
+           f"within the SLOs")
+    print(f"goodput under {' and '.join(slo) if slo else 'no SLO (--ttft-slo / --tpot-slo)'}: {how}; "
+          f"{ranked['scored']:,} distinct effective plans scored in {ranked['elapsed_s']:.2f} s "
+          f"(phase {workload.phase}, isl {workload.isl}, osl {workload.osl})")
+    for code, n in ranked["excluded"].items():
+        print(f"  excluded: {n:,} x {code}")
+    if not ranked["plans"] and any(c.startswith("weights_exceed") for c in ranked["excluded"]):
+        print(f"  nothing fits: {_what_would_fit(model, cluster, weights)}")
+    per_user = "in tok/s/user" if workload.phase == "prefill" else "tok/s/user"
+    for kind, title in (("aggregated", "aggregated"), ("disaggregated", "disaggregated (prefill/decode pools)")):
+        rows = ranked[kind]
+        if not rows:
+            print(f"{title}: none (every plan excluded above, or none in the space)")
+            continue
+        print(f"{title}, top {len(rows)}" + (" (each re-checked by the simulation at the highest swept concurrency whose "
+              "simulated p90 meets the SLOs; its numbers; !: none did" if any(r["simulated"] for r in rows) else
+              " (steady-state estimates: no simulation of these plans, so no p50") + "; xN: N variants predicted equal, one row):")
+        print(f"  {'#':>3} {unit[:3] + ' tok/s/GPU':>14} {per_user:>12} {'req/s':>8} {'conc':>5} "
+              f"{'TTFT p50':>9} {'p90':>9} {'TPOT p50':>9} {'p90':>9} {'batch':>6} {'GiB':>6} {'same':>4}  plan")
+        for i, r in enumerate(rows, 1):
+            ms = lambda x: "-" if x is None else (f"{x * 1e3:.0f}ms" if x >= 0.1 else f"{x * 1e3:.1f}ms")
+            flag = " " if r.get("slo_met_simulated", True) else "!"
+            same = f"x{r['variants']}" if r["variants"] > 1 else ""
+            user = "-" if r["tokens_per_s_per_user"] is None else f"{r['tokens_per_s_per_user']:,.1f}"
+            batch = "-" if r["batch_per_rank"] is None else f"{r['batch_per_rank']:.0f}"
+            print(f" {flag}{i:>3} {r['objective']:>14,.1f} {user:>12} {r['requests_per_s']:>8.2f} {r['concurrency']:>5} "
+                  f"{ms(r.get('ttft_p50_s')):>9} {ms(r['ttft_p90_s']):>9} "
+                  f"{ms(r.get('tpot_p50_s')):>9} {ms(r['tpot_p90_s']):>9} "
+                  f"{batch:>6} {r['memory_gib']:>6.1f} {same:>4}  {short_plan(r['plan'])}")
+    if ranked["aggregated"] and ranked["disaggregated"]:
+        a, d = ranked["aggregated"][0]["objective"], ranked["disaggregated"][0]["objective"]
+        print(f"best disaggregated / best aggregated: {d / a:.2f}x {unit} tok/s/GPU")
+    if args.plot:
+        from tuner.study.plots import pareto
+        path = args.plot / "pareto.png"
+        pareto(path, points, ranked["frontier"],
+               title=f"{model.name} on {cluster.num_devices} x {cluster.kind}, isl {workload.isl} osl {workload.osl}; "
+                     f"within {' and '.join(slo) if slo else 'no SLO'} (cost model, steady state)",
+               x_label=f"{per_user} (" + ("isl / TTFT" if workload.phase == "prefill" else "1 / TPOT") + ")",
+               y_label=f"{unit} tok/s/GPU")
+        print(f"pareto plot: {path}")
+    best = ranked["plans"][0] if ranked["plans"] else None
+    if best:
+        flags = _serve_flags(args) + f" --concurrency {best['concurrency']}"
+        print(f"next: moetune predict --mode serve {flags} --plan {shlex.quote(short_plan(best['plan']))}   "
+              f"(then `moetune emit sglang` with the same flags)")
+
+
+def _plot_dir(args) -> None:
+    """--plot DIR: needs --rank; DIR is made if missing (the one place this command writes)."""
+    if not args.rank:
+        raise UsageError("--plot needs --rank (it plots the ranked plans)")
+    if args.plot.exists() and not args.plot.is_dir():
+        raise UsageError(f"--plot {args.plot}: is a file, expected a folder")
+    try:
+        args.plot.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--plot {args.plot}: cannot be created ({e.strerror})") from None
+
+
+def _serve_flags(args) -> str:
+    """The workload flags of this `plans --mode serve` call, for the "next:" line."""
+    a = ["--model", args.model, "--cluster", args.cluster] + (["--gpus", str(args.gpus)] if args.gpus else [])
+    a += ["--isl", str(args.isl), "--osl", str(args.osl)] + (["--phase", args.phase] if args.phase != "both" else [])
+    a += (["--ttft-slo", f"{args.ttft_slo:g}"] if args.ttft_slo else []) + (["--tpot-slo", f"{args.tpot_slo:g}"] if args.tpot_slo else [])
+    a += ["--weight-dtype", args.weight_dtype] if args.weight_dtype != "auto" else []
+    a += ["--precision", args.precision] if args.precision != "bf16" else []
+    return " ".join(shlex.quote(x) for x in a)
 
 
 def _merge_equal(pool) -> list[dict]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import csv
 import io
-import math
+import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from specs.fileio import write_atomic
 from tuner.rank.whatif import describe, megakernel_training
-from tuner.study.storage import redact_url
+from tuner.study import plots
 
 CSV_COLS = ("number", "state", "plan", "roles", "predicted_step_time_s", "predicted_raw_step_time_s",
             "measured_step_time_s", "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
@@ -18,12 +20,27 @@ CSV_COLS = ("number", "state", "plan", "roles", "predicted_step_time_s", "predic
             "claim_lost_to", "owner", "attempt", "nodes")
 
 
+SLO_CHECKS = (("measured_ttft_p90_s", "ttft_p90_slo_s", "TTFT p90"), ("measured_tpot_p90_s", "tpot_p90_slo_s", "TPOT p90"))
+
+
+def slo_misses(row: dict, prereg: dict) -> list[str]:
+    """The pre-registered serving SLOs (`workload.ttft_p90_slo_s` / `tpot_p90_slo_s`; none for
+    training) that the trial's *measured* latencies miss, one phrase each."""
+    wl, out = prereg.get("workload", {}), []
+    for key, slo_key, name in SLO_CHECKS:
+        slo, v = wl.get(slo_key) or 0.0, row.get(key)
+        if slo > 0 and v not in (None, "") and float(v) > slo:
+            out.append(f"measured {name} {float(v):.3g} s > SLO {slo:g} s")
+    return out
+
+
 def contenders(rows: list[dict], prereg: dict) -> tuple[dict | None, dict | None]:
-    """(the baseline's measured trial, the best measured searched trial), either None if missing."""
+    """(the baseline's measured trial, the best measured searched trial that meets the SLOs when
+    measured), either None if missing. The one definition of the study's winner."""
     base_plan = prereg["baseline"]["plan"]
     done = [r for r in rows if r["state"] == "COMPLETE"]
     base = next((r for r in done if r["plan"] == base_plan), None)
-    searched = [r for r in done if "searched" in str(r.get("roles", ""))]
+    searched = [r for r in done if "searched" in str(r.get("roles", "")) and not slo_misses(r, prereg)]
     best = max(searched, key=lambda r: r["measured_tokens_per_s_per_gpu"], default=None)
     return base, best
 
@@ -43,6 +60,11 @@ def adjudicate(rows: list[dict], prereg: dict, remeasured: list[dict] | None = N
         out.update(verdict="INCOMPLETE", line=f"INCOMPLETE: the baseline plan has no measurement{why}")
         return out
     if best is None:
+        missed = [r for r in rows if r["state"] == "COMPLETE" and "searched" in str(r.get("roles", "")) and slo_misses(r, prereg)]
+        if missed:  # measured, but none within the SLOs it was tuned for: that cannot pass
+            out.update(verdict="FAIL", line=f"FAIL: no searched plan met the SLOs when measured ({len(missed)} measured; "
+                                            f"#{missed[0]['number']}: {'; '.join(slo_misses(missed[0], prereg))})")
+            return out
         out.update(verdict="INCOMPLETE", line="INCOMPLETE: no searched plan was measured")
         return out
     b, s = base["measured_tokens_per_s_per_gpu"], best["measured_tokens_per_s_per_gpu"]
@@ -87,50 +109,6 @@ def write_csv(rows: list[dict], path: Path, cols=CSV_COLS) -> None:
     write_atomic(path, buf.getvalue())
 
 
-def _plots(d: Path, measured: list[dict], winner_breakdown: dict | None) -> list[str]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    out = []
-    if measured:
-        fig, ax = plt.subplots(figsize=(5, 5))
-        x = [r["predicted_step_time_s"] for r in measured]
-        y = [r["measured_step_time_s"] for r in measured]
-        ax.scatter(x, y)
-        for r in measured:
-            ax.annotate(f"#{r['number']}", (r["predicted_step_time_s"], r["measured_step_time_s"]),
-                        fontsize=7)
-        lo, hi = min(x + y) * 0.8, max(x + y) * 1.2
-        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("predicted step time (s, calibration at trial time)")
-        ax.set_ylabel("measured step time (s)")
-        ax.legend()
-        fig.tight_layout()
-        _save_png(fig, d / "measured_vs_predicted.png")
-        plt.close(fig)
-        out.append("measured_vs_predicted.png")
-    if winner_breakdown:
-        items = [(k, v) for k, v in winner_breakdown.items() if v and math.isfinite(v)]
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.barh([k for k, _ in items], [v for _, v in items])
-        ax.set_xlabel("seconds per step (predicted)")
-        ax.set_title("winner: predicted step-time breakdown")
-        fig.tight_layout()
-        _save_png(fig, d / "winner_breakdown.png")
-        plt.close(fig)
-        out.append("winner_breakdown.png")
-    return out
-
-
-def _save_png(fig, path: Path) -> None:
-    """Save a figure through write_atomic: two tuners reporting at once never interleave bytes."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    write_atomic(path, buf.getvalue())
-
-
 def _fmt(v, spec=".4f"):
     if v is None or v == "":
         return "-"
@@ -140,16 +118,210 @@ def _fmt(v, spec=".4f"):
         return str(v)
 
 
+@dataclass
+class Mode:
+    """What differs between a training and a serving report; everything else is `write`'s.
+
+    unit: the objective's name (tok/s/GPU; serving says input or output). short: a plan's table form.
+    final: a row -> its tok/s/GPU predicted at the final calibration (None if it cannot be priced).
+    workload_line: the first paragraph. extra_cols: [(header, row -> cell)] of the trials table.
+    winner_lines: winner plan -> lines under "Winner" (predicted breakdown, launch command).
+    extra_plots: study folder, measured rows -> [(file, caption)] written. next_steps: [(why, command)].
+    provenance: lines about the tables and calibrations. csv_cols: trials.csv's columns.
+    """
+    unit: str
+    short: Callable[[str], str]
+    final: Callable[[dict], float | None]
+    workload_line: str
+    extra_cols: list = field(default_factory=list)
+    winner_lines: Callable[[str], list] = lambda plan: []
+    extra_plots: Callable[[Path, list], list] = lambda d, rows: []
+    next_steps: list = field(default_factory=list)
+    provenance: list = field(default_factory=list)
+    csv_cols: tuple = CSV_COLS
+
+
+def prereg_predictions(prereg: dict) -> dict[str, float]:
+    """plan -> the tok/s/GPU pre-registered for it (the baseline's and every candidate's), at the
+    calibration of pre-registration."""
+    out = {p["plan"]: p.get("predicted_tokens_per_s_per_gpu") for p in prereg.get("plans", ())}
+    if prereg.get("baseline"):
+        out[prereg["baseline"]["plan"]] = prereg["baseline"].get("predicted_tokens_per_s_per_gpu")
+    return out
+
+
+def spread(row: dict) -> tuple[float, float] | None:
+    """(low, high) tok/s/GPU of a trial's timed steps (the slowest and fastest step, at the median
+    step's tokens), or None without per-step times."""
+    steps = [float(x) for x in (row.get("measured_step_times_s") or ()) if x]
+    med, tok = row.get("measured_step_time_s"), row.get("measured_tokens_per_s_per_gpu")
+    if len(steps) < 2 or not med or not tok:
+        return None
+    return tok * med / max(steps), tok * med / min(steps)
+
+
+def adjudicate_hint(study: str, study_dir: Path, storage_url: str) -> str:
+    """The `moetune adjudicate` command for this study, from any folder it was run in: the study
+    folder unless it is the default, and the storage unless it is the default SQLite in that folder
+    (a database URL's password is shown as *** and must be filled in)."""
+    from tuner.study.storage import default_storage_url, default_study_dir, redact_url
+    parts = ["moetune", "adjudicate", study]
+    if Path(study_dir) != default_study_dir(study):
+        parts += ["--study-dir", str(study_dir)]
+    if storage_url and storage_url != default_storage_url(study_dir):
+        parts += ["--storage", redact_url(storage_url)]
+    return " ".join(shlex.quote(x) for x in parts)
+
+
+def storage_line(study_dir: Path, storage_url: str) -> str:
+    """Where the study is stored, fit to show: the default SQLite file named by its folder (no
+    machine path), another storage with its password redacted."""
+    from tuner.study.storage import default_storage_url, redact_url
+    if not storage_url or storage_url == default_storage_url(study_dir):
+        return "Storage: SQLite `study.db` in the study folder (the default)."
+    return f"Storage: `{redact_url(storage_url)}`."
+
+
+def rank_quality(measured: list[dict], key_pred: str) -> str:
+    """Spearman's rho and top-3 overlap of the predictions in `key_pred` against the measured
+    medians, over the trials that have both; "-" where there are too few."""
+    from tuner.study.rank_quality import spearman, top_k_overlap
+    pts = [(float(r[key_pred]), float(r["measured_tokens_per_s_per_gpu"])) for r in measured
+           if r.get(key_pred) and r.get("measured_tokens_per_s_per_gpu")]
+    rho = spearman([a for a, _ in pts], [b for _, b in pts])
+    top = top_k_overlap([a for a, _ in pts], [b for _, b in pts], 3)
+    err = [abs(a / b - 1) for a, b in pts]
+    return (f"Spearman {_fmt(rho, '.2f')}, top-3 overlap {_fmt(top, '.0%')}, "
+            f"mean |error| {_fmt(sum(err) / len(err) if err else None, '.0%')} over {len(pts)} measured trials")
+
+
+def winner_of(prereg: dict, verdict: dict | None, predict_only_winner: str | None = None) -> tuple[str, str]:
+    """(the study's one winner plan, why it is the winner): the verdict's best measured searched plan
+    (`contenders`), the top predicted plan of a predict-only run, else the top pre-registered plan."""
+    if predict_only_winner:
+        return predict_only_winner, "the top predicted plan (no trials: --backend predict-only)"
+    if verdict and verdict["best"]:
+        return verdict["best"]["plan"], f"trial #{verdict['best']['number']}, the best measured searched plan"
+    if prereg.get("plans"):
+        return prereg["plans"][0]["plan"], "no searched plan won: the top pre-registered plan"
+    return prereg["baseline"]["plan"], "no searched plan won: the baseline"
+
+
+def write_study_report(study_dir, mode: Mode, *, title: str, prereg: dict, rows: list[dict], backend: str, cal_report=None,
+          wall_s: float | None = None, storage_url: str = "", remeasured: list[dict] | None = None,
+          predict_only_winner: str | None = None, top_predicted: list | None = None) -> Path:
+    """The study report (both modes): report.md, trials.csv and the plots, into `study_dir`.
+
+    One winner everywhere (`contenders`: the best measured searched trial within the SLOs; the top
+    predicted plan with --backend predict-only); the trials table holds, per trial, the prediction
+    pre-registered for it, the prediction at the final calibration, and the measured median with
+    its spread (slowest..fastest timed step), never a prediction at the calibration of trial time.
+    """
+    d = Path(study_dir)
+    write_csv(rows, d / "trials.csv", mode.csv_cols)
+    pre = prereg_predictions(prereg)
+    for r in rows:
+        r["prereg_tokens_per_s_per_gpu"] = pre.get(r["plan"])
+        r["final_tokens_per_s_per_gpu"] = mode.final(r) if r["state"] == "COMPLETE" else None
+        lo_hi = spread(r) if r["state"] == "COMPLETE" else None
+        r["measured_low"], r["measured_high"] = lo_hi or (None, None)
+    measured = sorted((r for r in rows if r["state"] == "COMPLETE"), key=lambda r: -r["measured_tokens_per_s_per_gpu"])
+    failures = [r for r in rows if r["state"] == "FAIL"]
+    verdict = adjudicate(rows, prereg, remeasured) if backend != "predict-only" else None
+    winner, winner_src = winner_of(prereg, verdict, predict_only_winner)
+    pngs = []
+    if plots.measured_vs_predicted(d / "measured_vs_predicted.png", measured, measured="measured_tokens_per_s_per_gpu",
+                                   predictions={"pre-registered prediction": "prereg_tokens_per_s_per_gpu",
+                                                "prediction at the final calibration": "final_tokens_per_s_per_gpu"},
+                                   unit=mode.unit, low="measured_low", high="measured_high"):
+        pngs.append(("measured_vs_predicted.png", "measured (median, bar: slowest..fastest step) against predicted"))
+    base = verdict["baseline"] if verdict else None
+    if plots.history(d / "history.png", measured, measured="measured_tokens_per_s_per_gpu", unit=mode.unit,
+                     baseline_value=base["measured_tokens_per_s_per_gpu"] if base else None):
+        pngs.append(("history.png", "measured throughput by trial, best so far"))
+    pngs += mode.extra_plots(d, measured)
+    wl = prereg.get("workload", {})
+    L = [f"# {title}", "", mode.workload_line, "", storage_line(d, storage_url),
+         f"Wall time of this run: {wall_s:.0f} s." if wall_s is not None else "", ""]
+    L += ["## Verdict", ""]
+    if verdict:
+        L += [f"**{verdict['line']}**", "",
+              f"Baseline ({prereg['baseline']['source']}): `{mode.short(prereg['baseline']['plan'])}`. "
+              f"Acceptance bar (pre-registered): {prereg['acceptance'].get('rule', prereg['acceptance']['ratio'])}."]
+        slos = [f"{name} <= {wl[k]:g} s" for _, k, name in SLO_CHECKS if wl.get(k)]
+        if slos:
+            L.append(f"Serving SLOs, enforced on the measured latencies: {', '.join(slos)}.")
+        L += [""] + _remeasure_table(prereg, remeasured)
+    else:
+        L += ["No trial ran (--backend predict-only): nothing to adjudicate.", ""]
+    L += ["## Winner", "", f"{winner_src}: `{mode.short(winner)}`", ""]
+    wrow = next((r for r in measured if r["plan"] == winner), {})
+    L += ["| | pre-registered prediction | at the final calibration | measured median (spread) |", "|---|---|---|---|",
+          f"| {mode.unit} | {_fmt(pre.get(winner), '.1f')} | {_fmt(wrow.get('final_tokens_per_s_per_gpu'), '.1f')} | "
+          f"{_measured_cell(wrow)} |", ""]
+    L += mode.winner_lines(winner)
+    if measured or failures:
+        L += ["## Trials", "",
+              f"Every prediction column is at one calibration: pre-registered (before any trial; `-` for plans "
+              f"proposed later) or final (after the last refit). Measured: the median step, and in brackets the "
+              f"slowest..fastest timed step. Ranking quality: pre-registered {rank_quality(measured, 'prereg_tokens_per_s_per_gpu')}; "
+              f"final {rank_quality(measured, 'final_tokens_per_s_per_gpu')}.", ""]
+        head = ["#", "roles", "plan", f"pre-registered {mode.unit}", f"final-calibration {mode.unit}",
+                f"measured {mode.unit}", "measured / final"] + [h for h, _ in mode.extra_cols] + ["state"]
+        L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in measured + sorted(failures, key=lambda r: r["number"]):
+            fin, meas = r.get("final_tokens_per_s_per_gpu"), r.get("measured_tokens_per_s_per_gpu")
+            mark = " **winner**" if r["plan"] == winner and r["state"] == "COMPLETE" else ""
+            cells = [str(r["number"]), str(r.get("roles", "")) + mark, f"`{mode.short(r['plan'])}`",
+                     _fmt(r.get("prereg_tokens_per_s_per_gpu"), ".1f"), _fmt(fin, ".1f"), _measured_cell(r),
+                     _fmt(meas / fin if meas and fin else None, ".2f")] + [f(r) for _, f in mode.extra_cols] + \
+                    [r["state"] + (f" {r.get('failure_kind', '')}" if r["state"] == "FAIL" else "")]
+            L.append("| " + " | ".join(cells) + " |")
+        L.append("")
+    if failures:
+        L += ["## Failures", "", "| # | plan | kind | reason |", "|---|---|---|---|"]
+        for r in failures:
+            msg = str(r.get("failure_message", "")).replace("\n", " ").replace("|", "/")[-240:]
+            L.append(f"| {r['number']} | `{mode.short(r['plan'])}` | {r.get('failure_kind', '')} | {msg} |")
+        L.append("")
+    if top_predicted:
+        L += ["## Top predicted plans", "", f"| plan | predicted {mode.unit} |", "|---|---|"]
+        L += [f"| `{mode.short(pl)}` | {v:.1f} |" for pl, v in top_predicted[:15]] + [""]
+    h = prereg.get("hashes", {})
+    L += ["## Provenance", ""] + [f"- {x}" for x in mode.provenance] + [
+        f"- Pre-registration: `preregistration.json` sha256 {prereg.get('sha256', '')[:16]}..., calibration "
+        f"{h.get('calibration_id', '-')}, tables digest {str(h.get('tables_digest', '-'))[:16]}.", ""]
+    if cal_report:
+        L += ["## Calibration after the trials", ""] + calibration_lines(cal_report)
+    if pngs:
+        L += ["## Plots", ""] + [f"![{cap}]({f})" for f, cap in pngs] + [""]
+    steps = ([("verify the pre-registration and recompute the verdict", adjudicate_hint(prereg["study"], d, storage_url))]
+             if backend != "predict-only" else []) + mode.next_steps
+    L += ["## Next steps", ""]
+    for why, cmd in steps:
+        L += [f"{why[0].upper()}{why[1:]}:", "", "```bash", cmd, "```", ""]
+    L += ["Files: trials.csv, preregistration.json (+ .sha256)" + "".join(f", {f}" for f, _ in pngs), ""]
+    return write_atomic(d / "report.md", "\n".join(x for x in L if x is not None) + "\n")
+
+
+def _measured_cell(r: dict) -> str:
+    v = r.get("measured_tokens_per_s_per_gpu")
+    if not v:
+        return "-"
+    lo, hi = r.get("measured_low"), r.get("measured_high")
+    return f"{v:.1f} ({lo:.1f}..{hi:.1f})" if lo and hi else f"{v:.1f}"
+
+
 def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict], backend: str,
                  tables=None, calibration=None, cal_report=None, predict_only_pool=None,
                  wall_s: float | None = None, storage_url: str = "", remeasured: list[dict] | None = None) -> Path:
-    """Write report.md, trials.csv and the plots into `study_dir`; returns report.md's path.
+    """The training study's report (`write` with training's `Mode`); returns report.md's path.
 
     Args:
         study_dir: the study folder. workload, profile: what was tuned, on which stack profile.
         prereg: the verified pre-registration. rows: `tuner.study.storage.trial_rows` of the study.
         backend: the trial backend name, or "predict-only" (then the top predicted plan wins).
-        tables, calibration: the cost model's inputs for the winner's predicted breakdown.
+        tables, calibration: the cost model's inputs (calibration: the final one, after the last refit).
         cal_report: the last calibration refit's report (tuner.study.sampler.GuidedSampler.refit).
         predict_only_pool: the screened pool, listed when no trial ran.
         wall_s: wall time of the run. storage_url: where the study is stored (shown with its
@@ -158,87 +330,68 @@ def write_report(study_dir, *, workload, profile, prereg: dict, rows: list[dict]
     """
     import cost_model
     from specs.plan import Plan
-    d = Path(study_dir)
-    write_csv(rows, d / "trials.csv")
-    measured = [r for r in rows if r["state"] == "COMPLETE"]
-    failures = [r for r in rows if r["state"] == "FAIL"]
-    verdict = adjudicate(rows, prereg, remeasured) if backend != "predict-only" else None
-    if backend == "predict-only":
-        winner_plan = (predict_only_pool[0].plan if predict_only_pool else prereg["plans"][0]["plan"])
-        winner_src = "top predicted plan (no trials: --backend predict-only)"
-    elif measured:
-        w = max(measured, key=lambda r: r["measured_tokens_per_s_per_gpu"])
-        winner_plan, winner_src = w["plan"], f"best measured trial #{w['number']}"
-    else:
-        winner_plan, winner_src = prereg["plans"][0]["plan"], "no trial measured: top predicted plan"
-    plan = Plan.parse(winner_plan)
-    pred = cost_model.predict(workload, plan, tables=tables, calibration=calibration)
-    pngs = _plots(d, measured, pred.breakdown_s)
-    L = [f"# moetune tune: study `{prereg['study']}`", ""]
+    cal = cost_model.resolve_calibration(workload, calibration, tables)
+
+    def final(r):
+        try:
+            return cost_model.predict(workload, Plan.parse(r["plan"]), tables=tables, calibration=cal).tokens_per_s_per_gpu
+        except Exception:  # noqa: BLE001 - a plan the model cannot price any more: no final prediction
+            return None
+
+    def winner_lines(plan: str) -> list[str]:
+        pl = Plan.parse(plan)
+        pred = cost_model.predict(workload, pl, tables=tables, calibration=cal)
+        L = [f"Predicted at the final calibration ({pred.calibration_id}): step {pred.step_time_s:.4f} s, "
+             f"peak memory {pred.peak_memory_gib:.2f} GiB.", "",
+             "What-if (kernel tier, not runnable on the pinned stacks): "
+             + describe(megakernel_training(workload, pl, pred)) + ".", ""]
+        if plots.bars(Path(study_dir) / "winner_breakdown.png", list(pred.breakdown_s.items()),
+                      x_label="seconds per step (predicted, final calibration; `calibration` is the fitted term)",
+                      title="winner: predicted step-time breakdown, largest first"):
+            L += ["![winner: predicted step-time breakdown](winner_breakdown.png)", ""]
+        L += ["Launch script (Megatron-LM pretrain_gpt.py):", ""]
+        try:
+            from tuner.emit.megatron import megatron_script
+            L += ["```bash", megatron_script(workload, pl, profile).rstrip(), "```", ""]
+        except Exception as e:  # noqa: BLE001 - the report must still be written
+            L += [f"(emit failed: {e})", ""]
+        return L
+
     wl = prereg["workload"]
-    L += [f"Workload: {wl['model']} on {wl['devices']} x {wl['cluster']}, gbs {wl['gbs']}, seq {wl['seq']}, "
-          f"{wl['precision']}; stack profile {profile.describe()}; backend {backend}.",
-          f"Storage: `{redact_url(storage_url)}`." if storage_url else "",
-          f"Wall time of this run: {wall_s:.0f} s." if wall_s is not None else "", ""]
-    L += ["## Winner", "", f"{winner_src}:", "", f"`{winner_plan}`", ""]
-    L += [f"Predicted (calibration {pred.calibration_id}): step {pred.step_time_s:.4f} s, "
-          f"{pred.tokens_per_s_per_gpu:.1f} tok/s/GPU, peak memory {pred.peak_memory_gib:.2f} GiB.", ""]
-    L += ["What-if (kernel tier, not runnable on the pinned stacks): "
-          + describe(megakernel_training(workload, plan, pred)) + ".", ""]
-    if "winner_breakdown.png" in pngs:
-        L += ["![winner breakdown](winner_breakdown.png)", ""]
-    if verdict:
-        L += ["## Baseline and adjudication", "",
-              f"Baseline ({prereg['baseline']['source']}): `{prereg['baseline']['plan']}` - predicted "
-              f"{prereg['baseline']['predicted_tokens_per_s_per_gpu']:.1f} tok/s/GPU.", "",
-              f"Acceptance bar (pre-registered): {prereg['acceptance']['rule']}.", "",
-              f"**{verdict['line']}**", ""] + _remeasure_table(prereg, remeasured) + [
-              f"Pre-registration sha256 {prereg['sha256']} (verify with `moetune adjudicate "
-              f"{prereg['study']} --study-dir {d}`).", ""]
-    if cal_report:
-        L += ["## Calibration after the trials", ""] + calibration_lines(cal_report)
-    if measured:
-        L += ["## Measured vs predicted", "", "![measured vs predicted](measured_vs_predicted.png)", "",
-              "| # | roles | plan (non-default fields) | pred step s | meas step s | pred tok/s/GPU | meas tok/s/GPU |",
-              "|---|---|---|---|---|---|---|"]
-        for r in sorted(measured, key=lambda r: -r["measured_tokens_per_s_per_gpu"]):
-            L.append(f"| {r['number']} | {r.get('roles', '')} | `{_short(r['plan'])}` | "
-                     f"{_fmt(r.get('predicted_step_time_s'))} | {_fmt(r.get('measured_step_time_s'))} | "
-                     f"{_fmt(r.get('predicted_tokens_per_s_per_gpu'), '.1f')} | "
-                     f"{_fmt(r.get('measured_tokens_per_s_per_gpu'), '.1f')} |")
-        L.append("")
-    if failures:
-        L += ["## Failures", "", "| # | plan | kind | reason |", "|---|---|---|---|"]
-        for r in failures:
-            msg = str(r.get("failure_message", "")).replace("\n", " ").replace("|", "/")[-240:]
-            L.append(f"| {r['number']} | `{_short(r['plan'])}` | {r.get('failure_kind', '')} | {msg} |")
-        L.append("")
-    if backend == "predict-only" and predict_only_pool:
-        L += ["## Top predicted plans", "", "| plan | pred step s | pred tok/s/GPU | pred peak GiB |",
-              "|---|---|---|---|"]
-        for s in predict_only_pool[:15]:
-            L.append(f"| `{_short(s.plan)}` | {s.step_time_s:.4f} | {s.tokens_per_s_per_gpu:.1f} | "
-                     f"{s.peak_memory_gib:.2f} |")
-        L.append("")
-    L += ["## Winner launch script (Megatron-LM pretrain_gpt.py)", ""]
-    try:
-        from tuner.emit.megatron import megatron_script
-        L += ["```bash", megatron_script(workload, plan, profile).rstrip(), "```", ""]
-    except ImportError:
-        L += ["(tuner.emit.megatron is not available in this checkout)", ""]
-    except Exception as e:  # noqa: BLE001 - the report must still be written
-        L += [f"(emit failed: {e})", ""]
-    L += ["Files: trials.csv, preregistration.json (+ .sha256)" + "".join(f", {p}" for p in pngs), ""]
-    return write_atomic(d / "report.md", "\n".join(x for x in L if x is not None) + "\n")
+    flags = (f"--model {wl['model']} --cluster {wl['cluster']} --gpus {wl['devices']} --gbs {wl['gbs']} --seq {wl['seq']}"
+             + (f" --precision {wl['precision']}" if wl.get("precision", "bf16") != "bf16" else ""))
+    measured_tables = bool(tables is not None and getattr(tables, "meta", {}).get("measured"))
+    top = [(s.plan, s.tokens_per_s_per_gpu) for s in predict_only_pool] if predict_only_pool and backend == "predict-only" else None
+    winner_po = (predict_only_pool[0].plan if predict_only_pool else prereg["plans"][0]["plan"]) if backend == "predict-only" else None
+
+    winner, _ = winner_of(prereg, adjudicate(rows, prereg, remeasured) if backend != "predict-only" else None, winner_po)
+
+    def winner_cmd(verb):
+        return f"moetune {verb} {flags} --plan {shlex.quote(winner)}"  # canonical: it parses back to this plan
+    steps = [("the winner's predicted breakdown", winner_cmd("predict") + " --complete defaults"),
+             ("its Megatron-LM launch script", winner_cmd("emit megatron") + " --complete defaults --out winner.sh")]
+    if not measured_tables:
+        steps.append(("measure this cluster's tables (the predictions used the shipped ones)",
+                      f"moetune profile --cluster {wl['cluster']}"))
+    mode = Mode(
+        unit="tok/s/GPU", short=_short, final=final, winner_lines=winner_lines, next_steps=steps,
+        workload_line=(f"Workload: {wl['model']} on {wl['devices']} x {wl['cluster']}, gbs {wl['gbs']}, seq {wl['seq']}, "
+                       f"{wl['precision']}; stack profile {profile.describe()}; backend {backend}."),
+        provenance=[f"Tables: {'measured on this cluster' if measured_tables else 'shipped defaults (not profiled on this cluster)'}.",
+                    f"Final calibration: {cal.id} ({'fitted on this study' if cal_report else 'as pre-registered'})."])
+    return write_study_report(study_dir, mode, title=f"moetune tune: study `{prereg['study']}`", prereg=prereg, rows=rows,
+                 backend=backend, cal_report=cal_report, wall_s=wall_s, storage_url=storage_url,
+                 remeasured=remeasured, predict_only_winner=winner_po, top_predicted=top)
 
 
 def _short(plan: str) -> str:
-    """Non-default fields of a canonical plan, for tables."""
+    """Non-default fields of a canonical training plan as the plan string spells them (so the
+    next-step commands parse), for tables; the schedule flags on by default are left out."""
     from specs.plan import Plan
-    p, dflt = Plan.parse(plan), Plan()
-    parts = [f"{f}={getattr(p, f)}" for f in p.__dataclass_fields__
-             if getattr(p, f) != getattr(dflt, f) and f not in ("dist_opt", "overlap_grad_reduce",
-                                                                 "overlap_param_gather", "grouped_gemm")]
+    skip = ("dist_opt", "overlap_grad_reduce", "overlap_param_gather", "grouped_gemm")
+    dflt = dict(f.split("=", 1) for f in Plan().canonical().split(","))
+    parts = [f for f in Plan.parse(plan).canonical().split(",") if f.split("=", 1)[0] not in skip
+             and dflt.get(f.split("=", 1)[0]) != f.split("=", 1)[1]]
     return ",".join(parts) or "defaults"
 
 
@@ -246,10 +399,10 @@ def calibration_lines(cal_report: dict) -> list[str]:
     """The last refit (`cost_model.calibration.fit_calibration`'s report) as markdown: the one
     scale, or the per-component factors with their 90% intervals, and the errors."""
     n = len(cal_report["rows"])
-    err = (f"max |rel err| {cal_report['max_abs_rel_err']:.1%}, leave-one-out max "
-           f"{cal_report['loo_max_abs_rel_err']:.1%}.")
+    err = (f"max |rel err| {_fmt(cal_report.get('max_abs_rel_err'), '.1%')}, leave-one-out max "
+           f"{_fmt(cal_report.get('loo_max_abs_rel_err'), '.1%')}.")
     if not cal_report.get("factors"):
-        return [f"Fitted scale {cal_report['scale']:.4g} on {n} measured plans; " + err, ""]
+        return [f"Fitted scale {_fmt(cal_report.get('scale'), '.4g')} on {n} measured plans; " + err, ""]
     split = sum(1 for r in cal_report["rows"] if r.get("measured_parts_s"))
     L = [f"Per-component factors fitted on {n} measured plans ({split} with their own per-class split, the rest "
          f"on the step total; prior log f ~ N(0, 0.5^2)); " + err, "",

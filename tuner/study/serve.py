@@ -268,7 +268,7 @@ class ServeMode(StudyMode):
                      pool: list | None) -> Path:
         from tuner.study.serve_report import write_serve_report
         return write_serve_report(study_dir, task=self.task, prereg=prereg, rows=rows, calibration=calibration,
-                                  cal_report=cal_report, wall_s=wall_s, storage_url=storage_url)
+                                  cal_report=cal_report, wall_s=wall_s, storage_url=storage_url, tables=self.tables)
 
 
 def serve_layout(row: dict) -> tuple:

@@ -114,6 +114,32 @@ def open_storage(url: str | None, study_dir: str | Path, *, heartbeat_interval: 
                                           grace_period=GRACE_FACTOR * int(heartbeat_interval), **callback)
 
 
+def open_storage_readonly(url: str | None, study_dir: str | Path):
+    """Open an existing study storage for reading only (`moetune adjudicate`): nothing is created
+    or written. A SQLite file opens in SQLite's read-only mode, a PostgreSQL database in read-only
+    transactions, a journal file as it is; FileNotFoundError (naming the shown URL) when a SQLite
+    or journal file does not exist."""
+    url = url or default_storage_url(study_dir)
+    if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend
+        path = Path(url[len("journal:"):])
+        if not path.is_file():
+            raise FileNotFoundError(f"no study journal at {path}")
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    from sqlalchemy.engine import make_url
+    u = make_url(url)
+    engine_kwargs: dict = {}
+    if u.get_backend_name() == "sqlite":
+        if not u.database or not Path(u.database).is_file():
+            raise FileNotFoundError(f"no study database at {redact_url(url)}")
+        # SQLite's URI form opens the file read-only (mode=ro): no empty database appears
+        url = f"sqlite:///file:{Path(u.database).resolve()}?mode=ro&uri=true"
+        engine_kwargs = {"connect_args": {"timeout": 60}}
+    elif u.get_backend_name() == "postgresql":
+        engine_kwargs = {"connect_args": {"options": "-c default_transaction_read_only=on"}}
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, skip_table_creation=True)
+
+
 def _retry_callback():
     """Optuna's one-retry callback for a stale trial (4.9 renamed it; 4.0-4.8 know the old name)."""
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or optuna.storages.RetryFailedTrialCallback
