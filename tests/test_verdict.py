@@ -228,3 +228,26 @@ def test_adjudicate_refuses_an_edited_top_k(tmp_path, workload, capsys):
     assert main(["adjudicate", "adj", "--study-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "refused" in err[0] and "modified" in err[0]
+
+
+def test_trial_loop_remeasure_runs_the_protocol_and_resumes(tmp_path, workload):
+    """TrialLoop.remeasure (the loop's hook) on a study whose lucky plan has the best single
+    measurement: it re-measures through `measure_once`, stores every measurement in the study as
+    it goes, judges the truly faster plan, and a second call (a resumed study) measures nothing."""
+    from tuner.study.loop import TrialLoop
+    doc = _doc(tmp_path, workload)
+    st = study_mod.open_study("adj", study_mod.open_storage(None, tmp_path))
+    for plan, tps in ((BASE, 100.0), (LUCKY, 200.0), (TRUE, 155.0), (THIRD, 140.0)):
+        t = study_mod.claim(st, plan, {"roles": "baseline" if plan == BASE else "searched"})
+        study_mod.record(st, t, {"ok": True, "step_time_s": 100.0 / tps, "tokens_per_s_per_gpu": tps})
+    loop = TrialLoop.__new__(TrialLoop)  # no Ray: the trial runs are the test double's
+    loop.study, loop.prereg = st, doc
+    runs = []
+    loop.measure_once = lambda plan: runs.append(plan) or _true_measure(plan)
+    done = loop.remeasure()
+    assert runs == [BASE, LUCKY, TRUE, THIRD] + [BASE, TRUE] * V.ROUNDS
+    assert st.user_attrs[REMEASURED] == done
+    assert loop.remeasure() == done and len(runs) == 4 + 2 * V.ROUNDS
+    from tuner.study.report import adjudicate
+    v = adjudicate(study_mod.trial_rows(st), doc, done)
+    assert v["best"]["plan"] == TRUE and v["verdict"] == "PASS"
