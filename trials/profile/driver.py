@@ -204,9 +204,11 @@ def _ray_session(address: str | None, num_cpus: int, on_gpu: bool = True):
     their workers import this checkout and run one OpenMP thread each. CPU profiling workers get
     the trial ranks' allocator (trials/megatron/backend.py cpu_allocator_env): with glibc's
     defaults a microbenchmark page-faults its temporaries in again on every call, which the
-    trials do not (Megatron's CPU attention, fwd + bwd, one thread: seq 256 bh 32 faulted 12.8 MiB
-    per call with the defaults, 1.6 MiB with the trials' tunables, and took 31% more CPU time;
-    seq 1024 bh 4: 27.2 vs 9.6 MiB, +21%), so the tables priced what the trials do not pay."""
+    trials do not (Megatron's CPU attention, fwd + bwd, one thread, quiet 2-core VM, two runs of 12
+    calls: seq 1024 bh 4 faulted 20-33 MiB per call with the defaults, 3-5 MiB with the trials'
+    tunables, 70.3 vs 58.0 ms of CPU, +21%; bh 8 +19%; seq 256 bh 32 no difference), so the
+    tables priced what the trials do not pay. `--executor local` measures in the calling process,
+    with whatever allocator it started with."""
     from trials.megatron.backend import cpu_allocator_env
     from trials.ray_runtime import ray_session
     env = {"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **({} if on_gpu else cpu_allocator_env())}}
