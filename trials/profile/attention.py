@@ -20,10 +20,11 @@ rank x mbs 1, 2, 4, 8): the per-head cost is a step, not a line in log bh (the s
 or not, and from 32 MiB, glibc's largest mmap threshold, each is mapped and page-faulted afresh on
 every call, in the trial ranks too), so a cell between two measured bh values that straddle the
 step is mispriced by the interpolation. Measured on the 2-core VM, quiet (fwd + bwd, one thread,
-the trials' allocator; CPU time per call / bh, mean of two runs of 12 calls): seq 1024 bh 2
-12.4 ms, bh 4 14.5 ms, bh 8 23.4 ms (93-152 MiB page-faulted per call against 3-5 MiB at bh 4), so
-bh 4 read between bh 2 and 8 is priced 17% slow (29% with bh 2 and 8 measured under glibc's
-malloc defaults, as the profile's workers ran before: trials/profile/driver.py). (The one held-out plan of bench/heldout_cpu.py biased the same way
+the trials' allocator; CPU time per call / bh, three runs of 12 calls, bench/cpu_attention_alloc_probe.py):
+seq 1024 bh 2 11.6-13.1 ms, bh 4 13.4-15.1 ms, bh 8 18.8-25.5 ms (83-152 MiB page-faulted per call
+against 3-6 MiB at bh 4), so bh 4 read between bh 2 and 8 is priced 10-17% slow (21-29% with bh 2
+and 8 measured under glibc's malloc defaults, as the profile's workers ran before:
+trials/profile/driver.py). (The one held-out plan of bench/heldout_cpu.py biased the same way
 in every run of bench/results/heldout_cpu/runs, A-F, is the seq-1024, mbs-1 plan, bh 4 between
 bh 2 and 8: predicted 12-32% slower than measured, relative to each run's other plans.) On CPU every
 attention point is measured at the coarse levels (<= CPU_MAX_LEVEL): with seq 512 and 1024 at the

@@ -204,9 +204,10 @@ def _ray_session(address: str | None, num_cpus: int, on_gpu: bool = True):
     their workers import this checkout and run one OpenMP thread each. CPU profiling workers get
     the trial ranks' allocator (trials/megatron/backend.py cpu_allocator_env): with glibc's
     defaults a microbenchmark page-faults its temporaries in again on every call, which the
-    trials do not (Megatron's CPU attention, fwd + bwd, one thread, quiet 2-core VM, two runs of 12
-    calls: seq 1024 bh 4 faulted 20-33 MiB per call with the defaults, 3-5 MiB with the trials'
-    tunables, 70.3 vs 58.0 ms of CPU, +21%; bh 8 +19%; seq 256 bh 32 no difference), so the
+    trials do not (Megatron's CPU attention, fwd + bwd, one thread, quiet 2-core VM, three runs of
+    12 calls, bench/cpu_attention_alloc_probe.py: seq 1024 bh 4 faulted 20-33 MiB per call with the
+    defaults, 3-6 MiB with the trials' tunables, +16-32% CPU time; bh 8 +5-19%; seq 256 bh 32
+    0-10%), so the
     tables priced what the trials do not pay. `--executor local` measures in the calling process,
     with whatever allocator it started with."""
     from trials.megatron.backend import cpu_allocator_env
