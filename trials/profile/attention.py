@@ -22,7 +22,7 @@ every call, in the trial ranks too), so a cell between two measured bh values th
 step is mispriced by the interpolation. Measured on the 2-core VM, quiet (fwd + bwd, one thread,
 the trials' allocator; CPU time per call / bh, three runs of 12 calls, bench/cpu_attention_alloc_probe.py):
 seq 1024 bh 2 11.6-13.1 ms, bh 4 13.4-15.1 ms, bh 8 18.8-25.5 ms (83-152 MiB page-faulted per call
-against 3-6 MiB at bh 4), so bh 4 read between bh 2 and 8 is priced 10-17% slow (21-29% with bh 2
+against 3-6 MiB at bh 4), so bh 4 read between bh 2 and 8 is priced 10-24% slow (21-32% with bh 2
 and 8 measured under glibc's malloc defaults, as the profile's workers ran before:
 trials/profile/driver.py). (The one held-out plan of bench/heldout_cpu.py biased the same way
 in every run of bench/results/heldout_cpu/runs, A-F, is the seq-1024, mbs-1 plan, bh 4 between

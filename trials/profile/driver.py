@@ -206,8 +206,8 @@ def _ray_session(address: str | None, num_cpus: int, on_gpu: bool = True):
     defaults a microbenchmark page-faults its temporaries in again on every call, which the
     trials do not (Megatron's CPU attention, fwd + bwd, one thread, quiet 2-core VM, three runs of
     12 calls, bench/cpu_attention_alloc_probe.py: seq 1024 bh 4 faulted 20-33 MiB per call with the
-    defaults, 3-6 MiB with the trials' tunables, +16-32% CPU time; bh 8 +5-19%; seq 256 bh 32
-    0-10%), so the
+    defaults, 3-6 MiB with the trials' tunables, +11-32% CPU time; bh 8 -1..+42%; seq 256 bh 32
+    -1..+10%), so the
     tables priced what the trials do not pay. `--executor local` measures in the calling process,
     with whatever allocator it started with."""
     from trials.megatron.backend import cpu_allocator_env
