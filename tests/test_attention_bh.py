@@ -81,10 +81,13 @@ def test_cpu_profile_points_sweep_bh_under_the_memory_cap():
     pts = attention.points(Ctx(device="cpu", sweep="full"))
     assert pts and all(p["id"].endswith(f"|{p['bh']}") for p in pts)
     assert len({p["id"] for p in pts}) == len(pts)
-    assert {p["bh"] for p in pts} == {2, 8, 32}
+    # every bh of tiny-moe's CPU trials (2 or 4 heads per rank x mbs 1..8) is a grid point
+    assert {p["bh"] for p in pts} == {2, 4, 8, 16, 32}
     assert all(p["bh"] * p["seq"] ** 2 * 4 <= attention.CPU_SCORE_CAP_BYTES for p in pts)
     cells = {(p["seq"], p["bh"]) for p in pts}
-    assert (1024, 8) in cells and (2048, 2) in cells and (512, 32) in cells
+    assert (1024, 8) in cells and (1024, 4) in cells and (2048, 2) in cells and (512, 32) in cells
+    # measured before the GEMM refinements: none at a level past CPU_MAX_LEVEL
+    assert max(p["level"] for p in pts) <= attention.CPU_MAX_LEVEL
     assert (1024, 32) not in cells and (2048, 8) not in cells  # 128 MiB of scores
     small = attention.points(Ctx(device="cpu", sweep="small"))
     assert {p["bh"] for p in small} == {2, 8, 32} and (2048, 32) not in {(p["seq"], p["bh"]) for p in small}

@@ -49,3 +49,19 @@ def test_table_rows_carry_samples_and_spread_and_noisy_points_are_listed(tmp_pat
     assert float(rows[0]["tflops"]) == pytest.approx(1.25)  # the median of the rounds
     t = load_tables(out)  # the extra columns do not disturb the loader
     assert t["gemm"].lookup("bf16", m=16, n=64, k=64) == pytest.approx(1.25)
+
+
+@pytest.mark.parametrize("on_gpu", [False, True])
+def test_cpu_profile_workers_get_the_trial_ranks_allocator(monkeypatch, on_gpu):
+    """The CPU tables are measured with the allocator the CPU trial ranks run with (glibc keeps
+    freed memory); GPU profiling workers keep the defaults, as GPU trial ranks do."""
+    import trials.ray_runtime as rr
+    from trials.megatron.backend import CPU_ALLOCATOR_TUNABLES
+    from trials.profile import driver
+    seen = {}
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.setattr(rr, "ray_session", lambda address, **kw: seen.update(kw) or "session")
+    assert driver._ray_session(None, 2, on_gpu) == "session"
+    env = seen["runtime_env"]["env_vars"]
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert (env.get("GLIBC_TUNABLES") == CPU_ALLOCATOR_TUNABLES) == (not on_gpu)

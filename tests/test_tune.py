@@ -327,7 +327,9 @@ def test_tune_end_to_end_kill_and_resume(tmp_path):
         except ProcessLookupError:
             pass
     assert not (d / "report.md").exists()
-    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    # the resumed run ends with the adjudication: the top 3 measured plans re-measured, then 3 rounds
+    # of baseline and winner (up to 10 trial runs after the budget)
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=480)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     report = Path(r.stdout.strip().splitlines()[-1])
     assert report == (d / "report.md").resolve() and report.exists()

@@ -130,7 +130,7 @@ def test_adjudicate_refuses_measurements_off_protocol(tmp_path, workload, capsys
     _study(tmp_path, ms)
     assert main(["adjudicate", "adj", "--study-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not the protocol's round 0 baseline" in err[0]
+    assert len(err) == 1 and "not the protocol's verdict round 0 baseline" in err[0]
 
 
 @pytest.mark.parametrize("bad,word", [({"rounds": 1}, "rounds"), ({"bootstrap": 10}, "bootstrap"),
@@ -138,3 +138,116 @@ def test_adjudicate_refuses_measurements_off_protocol(tmp_path, workload, capsys
 def test_protocol_checks(bad, word):
     with pytest.raises(V.ProtocolError, match=word):
         V.protocol(**bad)
+
+
+# -- the winner's curse: the top measured plans are re-measured before the winner is chosen --------
+
+LUCKY, TRUE, THIRD = P("mbs=2"), P("mbs=4"), P("mbs=8")
+TRUE_STEP = {BASE: 1.0, LUCKY: 0.85, TRUE: 0.62, THIRD: 0.70}  # the plans' real step times, s
+
+
+def _rows(single_tps: dict) -> list[dict]:
+    """Study rows: the baseline and three searched plans with their single study measurements."""
+    return [{"number": i, "state": "COMPLETE", "plan": plan, "roles": "baseline" if plan == BASE else "searched",
+             "measured_tokens_per_s_per_gpu": tps, "measured_step_time_s": 100.0 / tps}
+            for i, (plan, tps) in enumerate(single_tps.items())]
+
+
+def _true_measure(plan):
+    """A trial backend double: each run measures the plan's real step time (a little step noise)."""
+    s = TRUE_STEP[plan]
+    return {"ok": True, "step_time_s": s, "step_times_s": [s * 0.99, s, s * 1.01], "tokens_per_s_per_gpu": 100.0 / s}
+
+
+def test_protocol_records_top_k_and_refuses_a_bad_one():
+    p = V.protocol()
+    assert p["top_k"] == V.TOP_K >= 2 and p["select_rounds"] == V.SELECT_ROUNDS >= 1 and p["select_rule"] == V.SELECT_RULE
+    for bad in ({"top_k": 0}, {"select_rounds": 0}):
+        with pytest.raises(V.ProtocolError, match=next(iter(bad))):
+            V.protocol(**bad)
+    with pytest.raises(V.ProtocolError, match="select_rule"):
+        V.check_protocol(dict(p, select_rule="the fastest single measurement"))
+    # a protocol pre-registered before the selection (no top_k) re-measures the single best alone
+    old = {k: v for k, v in p.items() if k not in ("top_k", "select_rounds", "select_rule")}
+    rows = _rows({BASE: 100.0, LUCKY: 200.0, TRUE: 180.0})
+    assert V.candidates(V.check_protocol(old), rows) == [LUCKY]
+    assert [e["phase"] for e in V.schedule(old, BASE, [LUCKY])] == ["verdict"] * 2 * old["rounds"]
+
+
+def test_remeasurement_picks_the_truly_faster_plan_over_a_lucky_single_measurement():
+    from tuner.study.report import adjudicate
+    # the study's single measurements: LUCKY ran at 2x its real speed and looks best
+    rows = _rows({BASE: 100.0, LUCKY: 200.0, TRUE: 155.0, THIRD: 140.0})
+    p = V.protocol()
+    cands = V.candidates(p, rows)
+    assert cands == [LUCKY, TRUE, THIRD]
+    saved = []
+    done = V.run(p, BASE, cands, [], _true_measure, lambda ms: saved.append(list(ms)))
+    assert saved[-1] == done and len(saved) == len(done)  # stored after each measurement
+    # the selection round (baseline, then each candidate), then the verdict's rounds on the chosen plan
+    assert [(m["phase"], m["role"], m["plan"]) for m in done[:4]] == [
+        ("select", "baseline", BASE), ("select", "candidate", LUCKY), ("select", "candidate", TRUE),
+        ("select", "candidate", THIRD)]
+    assert V.winner(p, BASE, cands, done) == TRUE
+    ver = [m for m in done if m["phase"] == "verdict"]
+    assert [m["plan"] for m in ver] == [BASE, TRUE] * p["rounds"]
+    prereg = {"baseline": {"plan": BASE}, "acceptance": {"ratio": p["bar"]}, "adjudication": p}
+    v = adjudicate(rows, prereg, done)
+    assert v["best"]["plan"] == TRUE and v["verdict"] == "PASS"
+    assert v["ratio"] == pytest.approx(TRUE_STEP[BASE] / TRUE_STEP[TRUE], rel=1e-6)
+    # judged on the single best (the old protocol), the lucky plan would have been the winner
+    old = {k: v for k, v in p.items() if k not in ("top_k", "select_rounds", "select_rule")}
+    assert V.winner(old, BASE, V.candidates(old, rows), []) == LUCKY
+
+
+def test_selection_then_resume_and_a_verdict_on_the_wrong_plan_refused():
+    rows = _rows({BASE: 100.0, LUCKY: 200.0, TRUE: 155.0, THIRD: 140.0})
+    p = V.protocol()
+    cands = V.candidates(p, rows)
+    part = V.run(p, BASE, cands, [], _true_measure, lambda ms: None)[:5]  # stopped after one verdict run
+    assert V.run(p, BASE, cands, part, _true_measure, lambda ms: None)[:5] == part  # goes on, keeps what ran
+    # the verdict's rounds measuring the lucky plan instead of the selection's choice break the protocol
+    forged = part[:4] + [dict(part[4]), dict(_m(0, "winner", [0.5]), plan=LUCKY, phase="verdict")]
+    with pytest.raises(V.ProtocolError, match="verdict round 0 winner"):
+        V.verify_measurements(p, forged, BASE, cands)
+    # until the selection round is complete there is no winner, and the verdict says so
+    from tuner.study.report import adjudicate
+    prereg = {"baseline": {"plan": BASE}, "acceptance": {"ratio": p["bar"]}, "adjudication": p}
+    assert V.winner(p, BASE, cands, part[:3]) is None
+    assert adjudicate(rows, prereg, part[:3])["verdict"] == "INCOMPLETE"
+
+
+def test_adjudicate_refuses_an_edited_top_k(tmp_path, workload, capsys):
+    from tuner.cli import main
+    _doc(tmp_path, workload)
+    _study(tmp_path, _rounds([[1.0, 1.0]] * 3, [[0.8, 0.8]] * 3))
+    path = tmp_path / prereg.NAME
+    text = path.read_text()
+    assert f'"top_k": {V.TOP_K}' in text
+    path.write_text(text.replace(f'"top_k": {V.TOP_K}', '"top_k": 1'))
+    assert main(["adjudicate", "adj", "--study-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "refused" in err[0] and "modified" in err[0]
+
+
+def test_trial_loop_remeasure_runs_the_protocol_and_resumes(tmp_path, workload):
+    """TrialLoop.remeasure (the loop's hook) on a study whose lucky plan has the best single
+    measurement: it re-measures through `measure_once`, stores every measurement in the study as
+    it goes, judges the truly faster plan, and a second call (a resumed study) measures nothing."""
+    from tuner.study.loop import TrialLoop
+    doc = _doc(tmp_path, workload)
+    st = study_mod.open_study("adj", study_mod.open_storage(None, tmp_path))
+    for plan, tps in ((BASE, 100.0), (LUCKY, 200.0), (TRUE, 155.0), (THIRD, 140.0)):
+        t = study_mod.claim(st, plan, {"roles": "baseline" if plan == BASE else "searched"})
+        study_mod.record(st, t, {"ok": True, "step_time_s": 100.0 / tps, "tokens_per_s_per_gpu": tps})
+    loop = TrialLoop.__new__(TrialLoop)  # no Ray: the trial runs are the test double's
+    loop.study, loop.prereg = st, doc
+    runs = []
+    loop.measure_once = lambda plan: runs.append(plan) or _true_measure(plan)
+    done = loop.remeasure()
+    assert runs == [BASE, LUCKY, TRUE, THIRD] + [BASE, TRUE] * V.ROUNDS
+    assert st.user_attrs[REMEASURED] == done
+    assert loop.remeasure() == done and len(runs) == 4 + 2 * V.ROUNDS
+    from tuner.study.report import adjudicate
+    v = adjudicate(study_mod.trial_rows(st), doc, done)
+    assert v["best"]["plan"] == TRUE and v["verdict"] == "PASS"

@@ -15,10 +15,24 @@ CPU: Megatron's local (non-TE) DotProductAttention op for op, which the CPU tria
 (`_cpu_attention`: unfused, full s^2), forward timed with autograd recording as in training, at
 each bh of the sweep: the per-head cost grows with bh once the bh*s*s*4-byte score tensors spill
 the last-level cache (on an 8 MiB L3 host, seq 1024, a call of 8 heads costs more per head than
-one of 4, backward most). The bh values cover tiny-moe's CPU trials (2 or 4 heads per
-rank x mbs 1..8). Points whose score tensor exceeds CPU_SCORE_CAP_BYTES are not measured (autograd
-holds several copies of it; minutes per point on a small host); the table loader fills them from
-the measured neighbours (`cost_model.tables._fill_holes`)."""
+one of 4, backward most). The bh values are every one tiny-moe's CPU trials use (2 or 4 heads per
+rank x mbs 1, 2, 4, 8): the per-head cost is a step, not a line in log bh (the scores fit the L3
+or not, and from 32 MiB, glibc's largest mmap threshold, each is mapped and page-faulted afresh on
+every call, in the trial ranks too), so a cell between two measured bh values that straddle the
+step is mispriced by the interpolation. Measured on the 2-core VM, quiet (fwd + bwd, one thread,
+the trials' allocator; CPU time per call / bh, three runs of 12 calls, bench/cpu_attention_alloc_probe.py):
+seq 1024 bh 2 11.6-13.1 ms, bh 4 13.4-15.1 ms, bh 8 18.8-25.5 ms (83-152 MiB page-faulted per call
+against 3-6 MiB at bh 4), so bh 4 read between bh 2 and 8 is priced 10-24% slow (21-32% with bh 2
+and 8 measured under glibc's malloc defaults, as the profile's workers ran before:
+trials/profile/driver.py). (The one held-out plan of bench/heldout_cpu.py biased the same way
+in every run of bench/results/heldout_cpu/runs, A-F, is the seq-1024, mbs-1 plan, bh 4 between
+bh 2 and 8: predicted 12-32% slower than measured, relative to each run's other plans.) On CPU every
+attention point is measured at the coarse levels (<= CPU_MAX_LEVEL): with seq 512 and 1024 at the
+grid's finest level, a `--budget-min 4` profile ended before them and the trials' cells were
+interpolated from seq 256 and 2048, where the scores spill the cache. Points whose score tensor
+exceeds CPU_SCORE_CAP_BYTES are not measured (autograd holds several copies of it; minutes per
+point on a small host); the table loader fills them from the measured neighbours
+(`cost_model.tables._fill_holes`)."""
 from __future__ import annotations
 
 from trials.profile.common import Ctx, grid_points, timeit
@@ -29,12 +43,13 @@ NAME = "attention"
 # 256 MiB cap) got only its coarse levels measured, and the cells the CPU trials use (seq 512 and
 # 1024) were interpolated from 256 and 2048, where the bh dependence does not show.
 CPU_SCORE_CAP_BYTES = 64 * 2**20
+CPU_MAX_LEVEL = 1  # CPU attention points are measured before the GEMM refinements (module docstring)
 GPU_HEADS = 32  # default heads per rank on GPU (override: ctx.extra["attn_heads"])
 GPU_TOKENS = 8192  # default tokens per micro-batch on GPU (override: ctx.extra["attn_tokens"])
 SDPA_BACKENDS = ("flash", "efficient", "math")  # tried in this order (override: ctx.extra["sdpa_backends"])
 CPU = {"tiny": dict(seq=[128, 256], head_dim=[16, 64], bh=[4, 16]),
        "small": dict(seq=[128, 512, 2048], head_dim=[16, 64, 128], bh=[2, 8, 32]),
-       "full": dict(seq=[64, 128, 256, 512, 1024, 2048], head_dim=[16, 64, 128], bh=[2, 8, 32])}
+       "full": dict(seq=[64, 128, 256, 512, 1024, 2048], head_dim=[16, 64, 128], bh=[2, 4, 8, 16, 32])}
 GPU = {"tiny": dict(seq=[1024, 4096], head_dim=[128]),
        "small": dict(seq=[512, 2048, 8192], head_dim=[64, 128]),
        "full": dict(seq=[512, 1024, 2048, 4096, 8192, 16384], head_dim=[64, 128, 192, 256])}
@@ -50,6 +65,8 @@ def points(ctx: Ctx) -> list[dict]:
         for p in grid_points(s, dtype=name):
             if not ctx.on_gpu and cpu_score_bytes(p) > CPU_SCORE_CAP_BYTES:
                 continue
+            if not ctx.on_gpu:
+                p["level"] = min(p["level"], CPU_MAX_LEVEL)
             p["id"] = f"attention|{name}|{p['seq']}|{p['head_dim']}|{p['bh']}"
             out.append(p)
     return out

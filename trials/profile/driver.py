@@ -199,11 +199,20 @@ class DeviceProfiler:
             return runner, point["id"], [], f"{type(e).__name__}: {e}"
 
 
-def _ray_session(address: str | None, num_cpus: int):
+def _ray_session(address: str | None, num_cpus: int, on_gpu: bool = True):
     """Ray for the profiling actors (trials/ray_runtime.py: token, loopback, workers not niced);
-    their workers import this checkout and run one OpenMP thread each."""
+    their workers import this checkout and run one OpenMP thread each. CPU profiling workers get
+    the trial ranks' allocator (trials/megatron/backend.py cpu_allocator_env): with glibc's
+    defaults a microbenchmark page-faults its temporaries in again on every call, which the
+    trials do not (Megatron's CPU attention, fwd + bwd, one thread, quiet 2-core VM, three runs of
+    12 calls, bench/cpu_attention_alloc_probe.py: seq 1024 bh 4 faulted 20-33 MiB per call with the
+    defaults, 3-6 MiB with the trials' tunables, +11-32% CPU time; bh 8 -1..+42%; seq 256 bh 32
+    -1..+10%), so the
+    tables priced what the trials do not pay. `--executor local` measures in the calling process,
+    with whatever allocator it started with."""
+    from trials.megatron.backend import cpu_allocator_env
     from trials.ray_runtime import ray_session
-    env = {"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}}
+    env = {"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **({} if on_gpu else cpu_allocator_env())}}
     return ray_session(address, num_cpus=num_cpus, runtime_env=env, object_store_memory=80 * 1024 * 1024,
                        configure_logging=False)
 
@@ -468,7 +477,7 @@ def _run_local(todo, ctx: Ctx, deadline: float, record) -> None:
 
 def _run_ray(todo, ctx: Ctx, devices: int, deadline: float, record, address: str | None) -> None:
     import ray
-    with _ray_session(address, devices):
+    with _ray_session(address, devices, ctx.on_gpu):
         actors = _make_actors(ray, ctx, devices, address)
         queue = list(todo)
         inflight = {}

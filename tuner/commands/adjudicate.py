@@ -7,7 +7,7 @@ Refused (one line, exit 2) when the pre-registration does not verify: its bytes 
 `.sha256` sidecar, the embedded canonical-JSON hash, the hash the study recorded when its first
 tuner started (`preregistration_sha256`: a file rewritten with fresh hashes afterwards does not
 match it), and its adjudication protocol (well formed; the study's re-measurements follow it: the
-pre-registered plans, rounds and A B A B order). Then the verdict, recomputed from the stored
+selection rounds of the top measured plans, the winner they chose, rounds and A B A B order). Then the verdict, recomputed from the stored
 measurements by the protocol (tuner/study/verdict.py): PASS (exit 0) when the bootstrap interval of
 winner / baseline throughput lies at or above the bar, FAIL (exit 1) below it, INCONCLUSIVE
 (exit 1) when it straddles the bar, INCOMPLETE (exit 1) when the baseline, the winner or two
@@ -79,7 +79,8 @@ def run(args) -> int:
         print(f"best      #{v['best']['number']} {v['best']['measured_tokens_per_s_per_gpu']:.1f} "
               f"tok/s/GPU  {v['best']['plan']}")
     for m in remeasured:
-        print(f"round {m['round'] + 1} {m['role']:8s} " + (f"{m['tokens_per_s_per_gpu']:.1f} tok/s/GPU  steps "
+        phase = "select " if m.get("phase") == "select" else ""
+        print(f"{phase}round {m['round'] + 1} {m['role']:9s} " + (f"{m['tokens_per_s_per_gpu']:.1f} tok/s/GPU  steps "
               + " ".join(f"{x:.4f}" for x in m.get("step_times_s", ())) if m.get("ok") else f"FAIL {m.get('kind')}"))
     print(v["line"])
     return 0 if v["verdict"] == "PASS" else 1

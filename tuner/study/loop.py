@@ -302,46 +302,40 @@ class TrialLoop:
 
     def remeasure(self) -> list[dict]:
         """The end-of-study re-measurement of the pre-registered protocol (tuner/study/verdict.py): the
-        baseline and the winner, interleaved round by round, one at a time; each measurement is
-        stored in the study (user attribute REMEASURED) as it finishes, so a resumed study goes on
-        where it stopped. Returns every re-measurement; [] when the protocol has nothing to run
-        (no protocol, no baseline or winner measured, or the winner is the baseline)."""
-        import ray
-
+        top measured plans and the baseline (the winner chosen by it), then the baseline and that
+        winner interleaved round by round, one at a time; each measurement is stored in the study
+        (user attribute REMEASURED) as it finishes, so a resumed study goes on where it stopped.
+        Returns every re-measurement; [] when the protocol has nothing to run (no protocol, no
+        baseline or winner measured, or the winner is the baseline)."""
         from tuner.study import verdict as verdict_mod
         from tuner.study.report import contenders
         proto = self.prereg.get("adjudication")
-        base, best = contenders(study_mod.trial_rows(self.study), self.prereg)
-        if not proto or base is None or best is None or best["plan"] == base["plan"]:
+        rows = study_mod.trial_rows(self.study)
+        base, best = contenders(rows, self.prereg)
+        if not proto or base is None or best is None:
             return []
+        cands = verdict_mod.candidates(proto, rows)
         done = list(self.study.user_attrs.get(REMEASURED, []))
         try:
-            verdict_mod.verify_measurements(proto, done, base["plan"], best["plan"])
+            verdict_mod.verify_measurements(proto, done, base["plan"], cands)
         except verdict_mod.ProtocolError as e:  # e.g. a later trial of another tuner changed the winner
             raise UsageError(f"adjudication: the study's re-measurements break its protocol: {e}") from None
+        return verdict_mod.run(proto, base["plan"], cands, done, self.measure_once,
+                               lambda ms: self.study.set_user_attr(REMEASURED, ms))
+
+    def measure_once(self, plan: str) -> dict:
+        """One trial run of `plan` outside the study's trials (a re-measurement): its result dict."""
+        import ray
         o = self.options
-        for r, role in verdict_mod.schedule(proto)[len(done):]:
-            plan = base["plan"] if role == "baseline" else best["plan"]
-            ref = self._remote.remote(o.backend, plan, self.workload, o.iters, o.warmup, o.trial_timeout_s,
-                                      o.memory_cap_gib, self._layout)
-            try:
-                res = ray.get(ref, timeout=self.hard_timeout_s)
-            except ray.exceptions.GetTimeoutError:
-                ray.cancel(ref, force=True)
-                res = {"ok": False, "kind": "timeout", "message": f"no answer after {self.hard_timeout_s:.0f} s"}
-            except Exception as e:  # noqa: BLE001 - a dead task is a crashed measurement
-                res = {"ok": False, "kind": "crash", "message": f"ray task failed: {e}"}
-            m = {"round": r, "role": role, "plan": plan, "ok": bool(res.get("ok")), "finished_unix": time.time()}
-            if res.get("ok"):
-                m.update(step_time_s=float(res["step_time_s"]), step_times_s=[float(x) for x in res["step_times_s"]],
-                         tokens_per_s_per_gpu=float(res["tokens_per_s_per_gpu"]))
-            else:
-                m.update(kind=res.get("kind", "crash"), message=str(res.get("message", ""))[-500:])
-            done.append(m)
-            self.study.set_user_attr(REMEASURED, done)
-            logger.info("adjudication round %d %s: %s", r + 1, role,
-                        f"{m['tokens_per_s_per_gpu']:.1f} tok/s/GPU" if m["ok"] else f"FAIL {m['kind']}")
-        return done
+        ref = self._remote.remote(o.backend, plan, self.workload, o.iters, o.warmup, o.trial_timeout_s,
+                                  o.memory_cap_gib, self._layout)
+        try:
+            return ray.get(ref, timeout=self.hard_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref, force=True)
+            return {"ok": False, "kind": "timeout", "message": f"no answer after {self.hard_timeout_s:.0f} s"}
+        except Exception as e:  # noqa: BLE001 - a dead task is a crashed measurement
+            return {"ok": False, "kind": "crash", "message": f"ray task failed: {e}"}
 
     def abandon(self) -> None:
         """Mark running trials interrupted (their plans stay eligible once) and cancel their tasks."""

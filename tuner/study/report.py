@@ -70,7 +70,7 @@ def adjudicate(rows: list[dict], prereg: dict, remeasured: list[dict] | None = N
     b, s = base["measured_tokens_per_s_per_gpu"], best["measured_tokens_per_s_per_gpu"]
     ratio = s / b
     if prereg.get("adjudication"):
-        return _noise_aware(out, prereg["adjudication"], remeasured or [], ratio)
+        return _noise_aware(out, prereg["adjudication"], remeasured or [], ratio, rows)
     verdict = "PASS" if ratio >= ratio_bar else "FAIL"
     out.update(verdict=verdict, ratio=ratio,
                line=f"{verdict}: searched best {s:.1f} tok/s/GPU / baseline {b:.1f} tok/s/GPU = "
@@ -78,24 +78,35 @@ def adjudicate(rows: list[dict], prereg: dict, remeasured: list[dict] | None = N
     return out
 
 
-def _noise_aware(out: dict, proto: dict, remeasured: list[dict], single_ratio: float) -> dict:
+def _noise_aware(out: dict, proto: dict, remeasured: list[dict], single_ratio: float, rows: list[dict]) -> dict:
     from tuner.study import verdict as verdict_mod
     verdict_mod.check_protocol(proto)
-    base, best = out["baseline"], out["best"]
+    base = out["baseline"]
+    cands = verdict_mod.candidates(proto, rows)
+    verdict_mod.verify_measurements(proto, remeasured, base["plan"], cands)
+    w = verdict_mod.winner(proto, base["plan"], cands, remeasured)
+    if w is None:
+        out.update(verdict="INCOMPLETE", line=f"INCOMPLETE: the selection re-measurement of the top {len(cands)} "
+                                              f"measured plans is not complete; single-measurement ratio {single_ratio:.3f}")
+        return out
+    # the winner is the re-measurement's choice; its row is its best study measurement
+    best = out["best"] = max((r for r in rows if r["state"] == "COMPLETE" and r["plan"] == w),
+                             key=lambda r: r["measured_tokens_per_s_per_gpu"])
+    chosen = (f" (chosen over {len(cands) - 1} other top measured plan(s) by the selection re-measurement)"
+              if len(cands) > 1 else "")
     if best["plan"] == base["plan"]:
         out.update(verdict="PASS", ratio=1.0, low=1.0, high=1.0,
-                   line=f"PASS: the best searched plan is the baseline itself (trial #{best['number']}); ratio 1")
+                   line=f"PASS: the best searched plan is the baseline itself (trial #{best['number']}{chosen}); ratio 1")
         return out
-    verdict_mod.verify_measurements(proto, remeasured, base["plan"], best["plan"])
     d = verdict_mod.decide(verdict_mod.complete_pairs(remeasured), proto)
     out.update(verdict=d["verdict"], ratio=d["ratio"], low=d["low"], high=d["high"], single_ratio=single_ratio)
     if d["verdict"] == "INCOMPLETE":
         out["line"] = (f"INCOMPLETE: {d['rounds']} of {proto['rounds']} re-measurement rounds complete (>= 2 needed); "
-                       f"single-measurement ratio {single_ratio:.3f}; winner trial #{best['number']}")
+                       f"single-measurement ratio {single_ratio:.3f}; winner trial #{best['number']}{chosen}")
         return out
     out["line"] = (f"{d['verdict']}: winner / baseline = {d['ratio']:.3f}, {proto['interval']:.0%} bootstrap interval "
                    f"[{d['low']:.3f}, {d['high']:.3f}] over {d['rounds']} interleaved rounds (bar {proto['bar']}); "
-                   f"winner trial #{best['number']}")
+                   f"winner trial #{best['number']}{chosen}")
     return out
 
 
@@ -201,7 +212,9 @@ def winner_of(prereg: dict, verdict: dict | None, predict_only_winner: str | Non
     if predict_only_winner:
         return predict_only_winner, "the top predicted plan (no trials: --backend predict-only)"
     if verdict and verdict["best"]:
-        return verdict["best"]["plan"], f"trial #{verdict['best']['number']}, the best measured searched plan"
+        how = ("the adjudication's re-measurement of the top measured plans chose it"
+               if (prereg.get("adjudication") or {}).get("top_k") else "the best measured searched plan")
+        return verdict["best"]["plan"], f"trial #{verdict['best']['number']}, {how}"
     if prereg.get("plans"):
         return prereg["plans"][0]["plan"], "no searched plan won: the top pre-registered plan"
     return prereg["baseline"]["plan"], "no searched plan won: the baseline"
@@ -417,17 +430,19 @@ def _remeasure_table(prereg: dict, remeasured: list[dict] | None) -> list[str]:
     proto = prereg.get("adjudication")
     if not proto:
         return []
-    L = [f"Adjudication protocol (pre-registered): {proto['rounds']} rounds, {proto['order']}; "
+    sel = (f"first the top {proto['top_k']} measured plans re-measured in {proto['select_rounds']} selection "
+           f"round(s) ({proto['select_rule']}); " if "top_k" in proto else "")
+    L = [f"Adjudication protocol (pre-registered): {sel}{proto['rounds']} rounds, {proto['order']}; "
          f"{proto['bootstrap']} bootstrap replicates, seed {proto['seed']}, {proto['interval']:.0%} interval, "
          f"bar {proto['bar']}.", ""]
     if not remeasured:
         return L + ["No re-measurement ran (the winner is the baseline, or one of them has no measurement).", ""]
-    L += ["| round | role | plan | median step s | timed steps s | tok/s/GPU |", "|---|---|---|---|---|---|"]
+    L += ["| phase | round | role | plan | median step s | timed steps s | tok/s/GPU |", "|---|---|---|---|---|---|---|"]
     for m in remeasured:
+        head = f"| {m.get('phase', 'verdict')} | {m['round'] + 1} | {m['role']} | `{_short(m['plan'])}` |"
         if m.get("ok"):
             steps = " ".join(f"{x:.4f}" for x in m.get("step_times_s", ()))
-            L.append(f"| {m['round'] + 1} | {m['role']} | `{_short(m['plan'])}` | {m['step_time_s']:.4f} | {steps} | "
-                     f"{m['tokens_per_s_per_gpu']:.1f} |")
+            L.append(f"{head} {m['step_time_s']:.4f} | {steps} | {m['tokens_per_s_per_gpu']:.1f} |")
         else:
-            L.append(f"| {m['round'] + 1} | {m['role']} | `{_short(m['plan'])}` | FAIL {m.get('kind', '')} | - | - |")
+            L.append(f"{head} FAIL {m.get('kind', '')} | - | - |")
     return L + [""]
