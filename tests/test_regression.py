@@ -52,6 +52,13 @@ REGENERATIONS = [
      "emitted-script headers (issue 28); against 04ad8e3 feasible step times move -0.9% .. +24.1% "
      "(gpt-oss-120b's a2a_overlap plans the most)",
      "3ac525b1fcefb0f02346136db9356efb7c01870c591c931fe65ac545d41a9483"),
+    ("merge of i22-i28 (2026-12-05)", "issue 22 part two: per-kernel non-GEMM pricing with megatron-core's "
+     "kernel counts and a 3 us kernel slot, dispatcher preprocess, wgrad main-grad traffic, HBM/SM share of "
+     "overlapped EP/DP communication, fp8 kernel slots, host sync recomputed; GPU calibration refit "
+     "1.4530 -> 1.3500. Same plans, scripts and counts; step times move: mixtral -6.6%..+11.4%, "
+     "deepseek-v3 -5.9%..+53.7%, qwen3-30b-a3b -3.5%..+191% (EP1 fp8 on Hopper: 128 per-expert GEMM and "
+     "quantize launches make it host-bound), gpt-oss-120b -6.1%..+15.7%, qwen3-235b -6.1%..+21.3%",
+     "9eb3f31b2ec6766fce998636a5cb6b028ad0678165f9cc5ec7d101ccc7e00778"),
 ]
 
 
