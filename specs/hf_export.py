@@ -133,9 +133,10 @@ def model_to_hf_config(m: ModelSpec, arch: str | None = None) -> dict:
             "mlp_only_layers": [i for i, is_moe in enumerate(moe) if not is_moe],
             "norm_topk_prob": True,
             "rope_theta": 1e6,
-            # the rest of transformers' Qwen3MoeConfig a serving engine reads (inference: no router loss)
+            # the rest of transformers' Qwen3MoeConfig a serving engine reads (inference: no router
+            # loss is computed, but the coefficient is the model's, so the file loads back as it was)
             "output_router_logits": False,
-            "router_aux_loss_coef": 0.0,
+            "router_aux_loss_coef": m.moe_aux_loss_coeff,
             "use_sliding_window": False,
             "use_cache": True,
         })
