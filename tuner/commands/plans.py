@@ -156,14 +156,7 @@ def run(args) -> int:
           f"({s.parallel_points:,} parallel points x {space.options_per_point:,} schedule/kernel options)")
     pct = 100.0 * s.realizable / s.total if s.total else 0.0
     print(f"realizable: {s.realizable:,} ({pct:.2f}%)   [{elapsed:.1f} s]")
-    if s.rejections:
-        print("rejections by reason (a plan may have several):")
-        width = max(s.rejections.values())
-        for code, n in s.rejections.most_common():
-            bar = "#" * max(1, round(30 * n / width))
-            print(f"  {code:26s} {n:>15,}  {bar}")
-            plan, sentence = s.rejected_examples[code]
-            print(f"  {'':26s} e.g. {sentence}")
+    _print_rejections(s, count_width=15)
     if s.examples:
         print("realizable examples" + ("" if args.canonical else " (short form: fields other than the completion defaults)") + ":")
         for p in s.examples:
@@ -336,12 +329,7 @@ def _run_serve(args) -> int:
           f"weights {weights['dtype']} ({weights['source']})")
     pct = 100.0 * s.realizable / s.total if s.total else 0.0
     print(f"serving plan space: {s.total:,} plans; realizable: {s.realizable:,} ({pct:.2f}%)   [{elapsed:.1f} s]")
-    if s.rejections:
-        print("rejections by reason (a plan may have several):")
-        width = max(s.rejections.values())
-        for code, n in s.rejections.most_common():
-            print(f"  {code:26s} {n:>10,}  {'#' * max(1, round(30 * n / width))}")
-            print(f"  {'':26s} e.g. {s.rejected_examples[code][1]}")
+    _print_rejections(s, count_width=10)
     if s.examples:
         print("realizable examples:")
         for p in s.examples:
@@ -493,3 +481,15 @@ def _serve_rank_inputs(args, cluster, precision: str):
         except CalibrationError as e:
             raise UsageError(f"--calibration {args.calibration}: not a serving calibration file ({e})") from None
     return w, kw
+
+
+def _print_rejections(s, count_width: int) -> None:
+    """The rejection histogram of a plan-space summary (training's or serving's): each reason code,
+    how many plans it rejected, a bar, and one example sentence."""
+    if not s.rejections:
+        return
+    print("rejections by reason (a plan may have several):")
+    width = max(s.rejections.values())
+    for code, n in s.rejections.most_common():
+        print(f"  {code:26s} {n:>{count_width},}  {'#' * max(1, round(30 * n / width))}")
+        print(f"  {'':26s} e.g. {s.rejected_examples[code][1]}")
