@@ -15,13 +15,7 @@ from cost_model.constants import FP8_QUANT_BYTES_PER_ELEMENT, KERNELS_FP8_PER_OP
 from specs.models import load_model
 from specs.plan import PRECISIONS, Plan
 from specs.workload import Workload
-
-
-def _w(model="qwen3-30b-a3b", kind="h100-sxm", gpus=16, gbs=64, seq=4096, **spec_kw):
-    spec = load_model(model)
-    if spec_kw:
-        spec = dataclasses.replace(spec, **spec_kw)
-    return Workload(spec, load_cluster(kind, gpus), gbs, seq)
+from tests.workloads import workload as _w
 
 
 def _bd(w, plans, **kw):

@@ -9,23 +9,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from clusters import load_cluster
 from cost_model import predict
 from cost_model.calibration import IDENTITY
 from cost_model.constants import KERNEL_LATENCY_S, KERNELS_PERMUTE, KERNELS_PREPROCESS, TE_GEMM_STREAMS
 from cost_model.nongemm import comm_hbm_share, expert_gemm_launches, hbm_contention, layer_kernels
 from specs.models import load_model
 from specs.plan import PRECISIONS, Plan
-from specs.workload import Workload
+from tests.workloads import workload as _w
 
 HYBRIDEP, ALLTOALL = 3, 0
-
-
-def _w(model="qwen3-30b-a3b", kind="h100-sxm", gpus=16, gbs=64, seq=4096, **spec_kw):
-    spec = load_model(model)
-    if spec_kw:
-        spec = dataclasses.replace(spec, **spec_kw)
-    return Workload(spec, load_cluster(kind, gpus), gbs, seq)
 
 
 def _bd(w, plan, **kw):
