@@ -130,7 +130,7 @@ def test_every_path_prices_sglangs_resolution_once(capsys):
     from cost_model.serving import predict_serve
     from specs.models import load_model
     from specs.serve_plan import ServePlan, ServeWorkload
-    from tuner.rank.serve_price import rank, score_plans
+    from tuner.rank.serve_price import score_plans
     from tuner.space.sglang_rules import realize
     text = "tp=8,attn_dp=8,ep=8,a2a=deepep,deepep_mode=normal"
     m, c = load_model("deepseek-v3"), load_cluster("h200-sxm", 8)
@@ -144,7 +144,7 @@ def test_every_path_prices_sglangs_resolution_once(capsys):
     assert direct.extra["mem_frac"] == pytest.approx(0.755, abs=1e-9)
     assert direct.effective_plan == d["effective_plan"]
     eff = realize(ServePlan.parse(text), m, c).effective
-    assert rank([eff], m, c, w, precision="fp8").plans[0]["mem_frac"] == pytest.approx(0.755, abs=1e-9)
+    assert score_plans([eff], m, c, w, precision="fp8")["mem_frac"][0] == pytest.approx(0.755, abs=1e-9)  # as goodput prices
     assert score_plans([eff.pinned()], m, c, w, precision="fp8")["mem_frac"][0] == pytest.approx(0.755, abs=1e-9)
     # the per-rank chunk is divided once: flag 8192 (H200 tier) -> 1024 per attention-DP rank
     assert ServePlan.parse(d["effective_plan"]).chunked_prefill == 1024 and eff.pinned().chunked_prefill == 8192

@@ -7,7 +7,7 @@ page size, KV cache dtype) are completed:
   specs/serve_resolve.py).
 - best: the realizable choice (tuner/serve_realize) with the best objective of the workload
   (output tokens/s/GPU; input tokens/s/GPU for a prefill pool) under its SLOs, over the grid
-  `CHOICES`, priced in one vectorised pass of the serving cost model (tuner/serve_price.score).
+  `CHOICES`, priced in one vectorised pass of the serving cost model (tuner/rank/serve_price.score_plans).
   Ties keep the earlier value of each list, SGLang's default first, so a knob that does not change
   the price stays at SGLang's value. When no choice is feasible the defaults are kept and the
   completion says why.
@@ -64,7 +64,7 @@ class ServeCompletion:
 
 def complete_serve(text: str, model, cluster, workload, how: str = "best", **price) -> ServeCompletion:
     """The user's `text` completed as `how` says; `price`: keyword arguments of
-    tuner.rank.serve_price.score (precision, tables, calibration, imbalance, routing_skew)."""
+    tuner.rank.serve_price.score_plans (precision, tables, calibration, imbalance, routing_skew)."""
     given_fields = parse_serve_fields(text or "")
     base = ServePlan(**given_fields)
     open_knobs = [k for k in KNOBS if k not in given_fields]
@@ -72,7 +72,7 @@ def complete_serve(text: str, model, cluster, workload, how: str = "best", **pri
     if how == "defaults" or not open_knobs:
         return ServeCompletion(base, "defaults" if how == "defaults" else how, given,
                                {k: getattr(base, k) for k in open_knobs})
-    from tuner.rank.serve_price import score
+    from tuner.rank.serve_price import score_plans
     from tuner.space.sglang_rules import realize
     choices = dict(CHOICES)
     # the running requests the workload keeps in flight on one instance (decode: a batch per GPU)
@@ -89,7 +89,7 @@ def complete_serve(text: str, model, cluster, workload, how: str = "best", **pri
     if not effs:
         return ServeCompletion(base, "defaults", given, {k: getattr(base, k) for k in open_knobs},
                                note="no realizable choice: SGLang's defaults kept")
-    r = score(effs, model, cluster, workload, **price)
+    r = score_plans(effs, model, cluster, workload, **price)
     obj = np.where(r["excluded"] == "", r["objective"], -np.inf)
     i = int(np.argmax(obj))  # the first of equals: defaults first in every CHOICES list
     if not np.isfinite(obj[i]):
