@@ -6,13 +6,21 @@ and serving, in two kinds (the file's `kind` says which):
 - one-scale: one factor on the whole step (the special case with one class, `step`):
       step_time = scale * raw_step_time
 - per-component: one factor per breakdown class the model reports (TRAIN_CLASSES for training,
-  SERVE_CLASSES for serving: prefill and decode steps), each regularised toward 1:
+  SERVE_CLASSES for serving: prefill and decode steps), each regularised toward a common scale:
       step_time = scale * sum_k factor_k * raw_k          (scale 1 in a per-component fit)
+      log factor_k = log c + d_k,   d_k ~ N(0, prior_sd^2)
 
 Identity by default; stored as JSON with a content hash and provenance. `fit_calibration` fits
-either kind by robust (soft-L1) least squares in log space: on each trial's measured step total
-(measured = sum_k f_k * predicted_k), or on its measured per-class times where the trial recorded
-them, with a Gaussian prior on log f_k of sd PRIOR_SD (the ridge toward 1). Old one-scale files
+either kind by robust (soft-L1) least squares in log space. A per-component fit weighs every
+trial's measured step total (measured = sum_k f_k * predicted_k) and, where the trial recorded its
+own per-class split, each class's time too (at SPLIT_WEIGHT: a profiled step's attribution is
+less sure than its total). The prior is hierarchical: the factors share a common scale c, fitted
+freely (weak prior sd COMMON_PRIOR_SD around 1), and each class's deviation d_k from it has the
+Gaussian prior of sd `prior_sd`. So a class no trial informs follows the common scale, not 1: on
+a host where every class runs 25% slower than its microbenchmark, one well-measured class cannot
+pull the rest back to 1 (what a ridge toward 1 did on the CPU quickstart: eight classes from nine
+plans, the host-launch factor fitted at 0.58 and both pipeline plans of the held-out set
+predicted 24-35% too fast). With every d_k held at 0 it is the one-scale fit. Old one-scale files
 (no `kind`, as the shipped GPU default) load as one-scale.
 """
 from __future__ import annotations
@@ -70,7 +78,9 @@ COMPONENT_CLASS = {
 # The serving model's parts and their classes: a step's time belongs to its phase.
 SERVE_COMPONENT_CLASS = {"prefill_step": "prefill", "decode_step": "decode"}
 NOT_A_CLASS = ("calibration",)  # the breakdown's own calibration term is the output, not an input
-PRIOR_SD = 0.5  # prior sd of log f_k: a factor within x0.61..x1.65 at one sd before any trial
+PRIOR_SD = 0.3  # prior sd of d_k = log f_k - log c: a class within x0.74..x1.35 of the common scale at one sd
+COMMON_PRIOR_SD = 1.0  # prior sd of log c: weak (x0.37..x2.7 at one sd), only keeps a fit without rows finite
+SPLIT_WEIGHT = 0.5  # weight of a class's measured time beside the step total (module docstring)
 OBS_SD = 0.1  # the soft-L1 scale of a log-time residual (host noise of a step, ~10%)
 Z90 = 1.645  # two-sided 90% normal quantile: the intervals of `interval`
 
@@ -278,14 +288,15 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
     Args:
         pairs: rows (predicted, measured_step_s[, label[, measured_parts]]): `predicted` is the raw
             step time (float) or {class: raw seconds}; `measured_parts` ({class: measured seconds},
-            optional) is the trial's own split. A row with a split is fitted per class (log m_k vs
-            log f_k p_k, each class with time on both sides); a row without, on its total
-            (log sum_k f_k p_k vs log measured).
+            optional) is the trial's own split. Every row is fitted on its total
+            (log sum_k f_k p_k vs log measured); a row with a split also per class (log f_k p_k vs
+            log m_k, each class with time on both sides, at SPLIT_WEIGHT).
         classes: None: one-scale (one class, no prior: robust least squares of log step time, as
             the shipped GPU default is fitted); else the classes of a per-component fit.
-        prior_sd: per-component only: sd of the Gaussian prior on each log f_k (the pull toward 1;
-            None: none). A prior residual log f_k / prior_sd * OBS_SD sits beside the rows' log
-            residuals, all under the soft-L1 loss of scale OBS_SD.
+        prior_sd: per-component only: sd of the Gaussian prior on each class's deviation d_k from
+            the common scale (None: none, the factors free). Prior residuals d_k / prior_sd * OBS_SD
+            (and log c / COMMON_PRIOR_SD * OBS_SD) sit beside the rows' log residuals, all under
+            the soft-L1 loss of scale OBS_SD.
 
     The report has `scale`, `factors`, per-row residuals after the fit and leave-one-out relative
     errors of the total (`loo_rel_err`), and their maxima.
@@ -301,24 +312,31 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
     labels = [p[2] if len(p) > 2 else str(i) for i, p in enumerate(pairs)]
     split = [p[3] if len(p) > 3 and p[3] and not one else None for p in pairs]
     M = np.array([[float(s.get(c, 0.0)) if s else 0.0 for c in classes] for s in split], float).reshape(len(pairs), K)
+    # per-component: x = (log c, d_1..d_K), log f = log c + d (module docstring); one-scale: x = (log f,)
+    hier = not one
     prior_w = 0.0 if (one or prior_sd is None) else OBS_SD / prior_sd
+    n_x = K + 1 if hier else K
+
+    def log_f(x):
+        return x[0] + x[1:] if hier else x
 
     def residuals(x, idx):
+        lf = log_f(x)
         r = []
         for i in idx:
-            if split[i] is None:
-                r.append(np.logaddexp.reduce(x + np.log(np.maximum(P[i], 1e-300)), where=P[i] > 0) - np.log(meas[i])
-                         if K > 1 else x[0] + np.log(pred[i]) - np.log(meas[i]))
-            else:
+            r.append(np.logaddexp.reduce(lf + np.log(np.maximum(P[i], 1e-300)), where=P[i] > 0) - np.log(meas[i])
+                     if K > 1 else lf[0] + np.log(pred[i]) - np.log(meas[i]))
+            if split[i] is not None:
                 ok = (P[i] > 0) & (M[i] > 0)
-                r.extend(x[ok] + np.log(P[i][ok]) - np.log(M[i][ok]))
-        if prior_w:
-            r.extend(prior_w * x)
+                r.extend(SPLIT_WEIGHT * (lf[ok] + np.log(P[i][ok]) - np.log(M[i][ok])))
+        if hier:
+            r.append(OBS_SD / COMMON_PRIOR_SD * x[0])
+            r.extend(prior_w * x[1:])  # prior_sd None: no pull (prior_w 0), the d_k as free as c
         return np.array(r, float) if r else np.zeros(1)
 
     def fit(idx):
-        res = least_squares(lambda x: residuals(x, idx), x0=np.zeros(K), loss="soft_l1", f_scale=OBS_SD)
-        return res.x, res
+        res = least_squares(lambda x: residuals(x, idx), x0=np.zeros(n_x), loss="soft_l1", f_scale=OBS_SD)
+        return log_f(res.x), res
 
     allidx = np.arange(len(pairs))
     theta, res = fit(allidx)
@@ -333,15 +351,19 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
         th_i, _ = fit(allidx[allidx != i])
         loo.append(float(P[i] @ np.exp(th_i) / meas[i] - 1.0))
     # covariance of log f (Gauss-Newton at the optimum): the rows' information at their residual
-    # variance, plus the prior's precision 1 / prior_sd^2 (a class no row informs keeps the prior's sd)
+    # variance, plus the priors' precisions (a class no row informs keeps the common scale's sd
+    # and its own prior's)
     J = res.jac
-    n_obs = max(1, len(res.fun) - (K if prior_w else 0))
+    n_obs = max(1, len(res.fun) - (n_x if hier else 0))
     s2 = max(OBS_SD ** 2 if len(pairs) < 3 else 0.0, float(np.sum(res.fun[:n_obs] ** 2)) / max(1, n_obs - 1))
     prec = J[:n_obs].T @ J[:n_obs] / max(s2, 1e-300)
-    if prior_w:
-        prec = prec + np.eye(K) / prior_sd ** 2
+    if hier:
+        prec = prec + np.diag([1.0 / COMMON_PRIOR_SD ** 2] + [1.0 / prior_sd ** 2 if prior_w else 0.0] * K)
     try:
         cov = np.linalg.pinv(prec)
+        if hier:  # of (log c, d) -> of log f = log c + d
+            A = np.hstack([np.ones((K, 1)), np.eye(K)])
+            cov = A @ cov @ A.T
     except np.linalg.LinAlgError:
         cov = np.full((K, K), np.nan)
     loo_log = [math.log1p(e) for e in loo if np.isfinite(e) and e > -1]
@@ -360,9 +382,11 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
     if one:
         prov.update(method="scipy least_squares soft_l1 on log step time", n=len(pairs), residuals=rows)
     else:
-        prov.update(method=f"scipy least_squares soft_l1 (scale {OBS_SD}) in log space, per class where the "
-                           f"trial split its time, else on the step total; prior log f ~ N(0, {prior_sd}^2)",
-                    n=len(pairs), n_split=sum(1 for s in split if s), prior_sd=prior_sd, residuals=rows)
+        prov.update(method=f"scipy least_squares soft_l1 (scale {OBS_SD}) in log space on each step total, and "
+                           f"per class (weight {SPLIT_WEIGHT}) where the trial split its time; hierarchical "
+                           f"prior log f_k = log c + d_k, d_k ~ N(0, {prior_sd}^2), log c ~ N(0, {COMMON_PRIOR_SD}^2)",
+                    n=len(pairs), n_split=sum(1 for s in split if s), prior_sd=prior_sd,
+                    common_scale=float(np.exp(res.x[0])), residuals=rows)
     cal = Calibration(scale=scale, provenance=prov, factors=factors,
                       log_cov=tuple(tuple(float(x) for x in r) for r in cov), resid_sd=resid_sd)
     report["factor_intervals"] = cal.factor_intervals()

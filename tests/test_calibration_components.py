@@ -175,6 +175,44 @@ def test_profiled_step_split_follows_module_scopes_into_backward():
     assert softmax_bwd  # the backward of the scoped softmax exists and was attributed to attention
 
 
+def test_profiled_split_keeps_the_backward_of_an_in_place_masked_view_in_its_module():
+    """Megatron's local attention masks a view of its scores in place: autograd records CopySlices and
+    AsStridedBackward0 nodes numbered after the forward op, with no forward op of their own. Their
+    score-sized copies in the backward are the attention's (they went to elementwise, fitted at x4.7..
+    x6.9 in the held-out CPU runs I-K, while the attention's factor fell below 1)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from trials.megatron.components import labelled, split_events
+    from trials.profile.attention import _cpu_attention
+
+    class DotProductAttention(torch.nn.Module):  # the name is what `labelled` maps
+        def forward(self, q, k, v, mask):
+            return _cpu_attention(q, k, v, mask, 0.25)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 48)
+            self.core = DotProductAttention()
+
+        def forward(self, x, mask):
+            q, k, v = (t.contiguous() for t in self.proj(x).chunk(3, -1))
+            return self.core(q, k, v, mask).sum()
+
+    net, x = Net(), torch.randn(16, 128, 16)
+    mask = torch.triu(torch.ones(128, 128, dtype=torch.bool), 1)
+    with labelled([net]), profile(activities=[ProfilerActivity.CPU]) as prof:
+        net(x, mask).backward()
+    assert any("CopySlices" in e.name for e in prof.events())  # the case this test is about
+    by_op: dict = {}
+    split_events(prof.events(), 1e12, None, by_op)
+    big = {(c, n): us for (c, n), (us, _) in by_op.items() if n in ("aten::copy_", "aten::masked_fill_", "aten::fill_")}
+    in_attention = sum(us for (c, _), us in big.items() if c == "attention")
+    elsewhere = sum(us for (c, _), us in big.items() if c != "attention")
+    assert in_attention > 4 * elsewhere, big
+
+
 @pytest.mark.slow
 def test_cpu_megatron_trial_records_its_step_by_class():
     """A real 2-rank CPU Megatron trial with EP 2: its measurement splits the median step by class

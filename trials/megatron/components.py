@@ -22,6 +22,7 @@ measured median step.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 
 MODULE_CLASS = {"DotProductAttention": "attention", "TEDotProductAttention": "attention",
@@ -71,16 +72,31 @@ def labelled(chunks):
             del m.forward  # the instance attribute; the class's forward shows again
 
 
+def _forward_scope(fwd_scope: dict, fwd_seqs: dict, thread, seq: int, default):
+    """The scope of the forward op a backward node differentiates: the op recorded with the node's
+    sequence number, else the nearest one before it on that thread. Autograd numbers some nodes
+    without a forward op of their own: an in-place op on a view (Megatron's local attention masks
+    its scores' view in place) makes CopySlices and AsStridedBackward0 nodes numbered after the
+    op, and their score-sized copies in the backward belong to that op's module."""
+    if (thread, seq) in fwd_scope:
+        return fwd_scope[(thread, seq)]
+    seqs = fwd_seqs.get(thread, ())
+    i = bisect.bisect_right(seqs, seq) - 1
+    return fwd_scope[(thread, seqs[i])] if i >= 0 else default
+
+
 def _is_comm(name: str) -> bool:
     n = name.lower()
     return any(k in n for k in COMM_MARKS)
 
 
-def split_events(events, wall_us: float, step_us: float | None = None) -> dict:
+def split_events(events, wall_us: float, step_us: float | None = None, by_op: dict | None = None) -> dict:
     """{class: share of the step} from a profiled step's FunctionEvents, its wall time (us) and the
-    unprofiled step time (us; None: the profiled wall, no overhead correction)."""
+    unprofiled step time (us; None: the profiled wall, no overhead correction). `by_op`, when
+    given, is filled with {(class, op name): [us, calls]} (the trial's trace explains its split)."""
     scope_of: dict = {}  # id(event) -> (class or None, inside moe)
     fwd_scope: dict = {}  # (thread, sequence_nr) of a forward op -> its scope
+    fwd_seqs: dict = {}  # thread -> the sorted sequence numbers of its forward ops
 
     def scope(e):
         k = id(e)
@@ -95,7 +111,7 @@ def split_events(events, wall_us: float, step_us: float | None = None) -> dict:
         elif e.name in FUNCTION_CLASS:
             cls = FUNCTION_CLASS[e.name]
         elif e.name.startswith(BACKWARD):
-            cls, moe = fwd_scope.get((getattr(e, "fwd_thread", None), e.sequence_nr), (cls, moe))
+            cls, moe = _forward_scope(fwd_scope, fwd_seqs, getattr(e, "fwd_thread", None), e.sequence_nr, (cls, moe))
         scope_of[k] = (cls, moe)
         return cls, moe
 
@@ -107,7 +123,9 @@ def split_events(events, wall_us: float, step_us: float | None = None) -> dict:
     for e in events:
         cls, moe = scope(e)
         if not e.name.startswith(BACKWARD) and e.sequence_nr is not None and e.sequence_nr >= 0:
-            fwd_scope.setdefault((e.thread, e.sequence_nr), (cls, moe))
+            if (e.thread, e.sequence_nr) not in fwd_scope:
+                fwd_scope[(e.thread, e.sequence_nr)] = (cls, moe)
+                bisect.insort(fwd_seqs.setdefault(e.thread, []), e.sequence_nr)
         if e.name.startswith(PREFIX):
             continue
         t = max(0.0, float(e.self_cpu_time_total) - per_event)
@@ -119,6 +137,10 @@ def split_events(events, wall_us: float, step_us: float | None = None) -> dict:
             c = "gemm" if e.name in GEMM_OPS else "elementwise"
         shares[c] = shares.get(c, 0.0) + t
         in_ops += t
+        if by_op is not None:
+            acc = by_op.setdefault((c, e.name), [0.0, 0])
+            acc[0] += t
+            acc[1] += 1
     wall = max(step_us, in_ops, 1e-9)
     shares["host_launch"] = shares.get("host_launch", 0.0) + (wall - in_ops)
     return {c: v / wall for c, v in shares.items()}

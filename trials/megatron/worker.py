@@ -286,7 +286,7 @@ class TrialWorker:
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_gpu else [])
         self.dist.barrier()
-        with profile(activities=acts, record_shapes=False) as prof:
+        with profile(activities=acts, record_shapes=True) as prof:
             self.step(batch)
             if self.on_gpu:
                 torch.cuda.synchronize()
@@ -294,6 +294,8 @@ class TrialWorker:
         sort = "self_cuda_time_total" if self.on_gpu else "self_cpu_time_total"
         with open(os.path.join(trace_dir, f"trace_rank{self.rank}.txt"), "w") as f:
             f.write(prof.key_averages().table(sort_by=sort, row_limit=60))
+            # the same ops by input shape: which tensors the time goes to
+            f.write(prof.key_averages(group_by_input_shape=True).table(sort_by=sort, row_limit=80))
         prof.export_chrome_trace(os.path.join(trace_dir, f"trace_rank{self.rank}.json"))
         self.dist.barrier()
 
@@ -308,7 +310,15 @@ class TrialWorker:
             t0 = time.perf_counter()
             self.step(batch)
             wall_us = (time.perf_counter() - t0) * 1e6
-        shares = split_events(prof.events(), wall_us, step_s * 1e6)
+        trace_dir = os.environ.get("MOETUNE_TRIAL_TRACE")
+        by_op: dict | None = {} if trace_dir else None
+        shares = split_events(prof.events(), wall_us, step_s * 1e6, by_op)
+        if trace_dir:  # the split op by op, largest first: which ops make each class
+            os.makedirs(trace_dir, exist_ok=True)
+            with open(os.path.join(trace_dir, f"split_rank{self.rank}.txt"), "w") as f:
+                f.write(f"# profiled wall {wall_us:.0f} us, timed step {step_s * 1e6:.0f} us\n")
+                f.write("".join(f"{c:16s} {us:12.0f} us {n:6d} calls  {name}\n"
+                                for (c, name), (us, n) in sorted(by_op.items(), key=lambda kv: -kv[1][0])))
         self.dist.barrier()
         return shares
 
