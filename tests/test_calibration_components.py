@@ -213,6 +213,35 @@ def test_profiled_split_keeps_the_backward_of_an_in_place_masked_view_in_its_mod
     assert in_attention > 4 * elsewhere, big
 
 
+def test_module_hooks_time_the_labelled_modules_and_the_profiler_splits_the_rest():
+    """timed_modules: the forward and backward of a module named like Megatron's core attention are
+    timed by hooks (removed afterwards); combine_shares keeps those times and splits the rest of
+    the step as the profiled step splits its ops outside the modules."""
+    import time
+
+    import torch
+
+    from trials.megatron.components import combine_shares, timed_modules
+
+    class DotProductAttention(torch.nn.Module):  # the name is what `timed_modules` maps
+        def forward(self, x):
+            time.sleep(0.02)  # a forward of known length
+            return torch.softmax(x @ x.transpose(0, 1), dim=-1) @ x
+
+    core = DotProductAttention()
+    x = torch.randn(64, 16, requires_grad=True)
+    with timed_modules([core], {}) as timed:
+        t0 = time.perf_counter()
+        core(x).sum().backward()
+        step = time.perf_counter() - t0
+    assert 0.02 <= timed["attention"] <= step
+    assert not core._forward_hooks and not core._forward_pre_hooks and not core._backward_hooks
+    shares = combine_shares({"attention": 0.9, "gemm": 0.05, "host_launch": 0.05}, {"attention": 0.85},
+                            {"attention": 0.5}, 1.0)
+    assert shares == pytest.approx({"attention": 0.5 + 0.5 * 0.05 / 0.15, "gemm": 0.5 * 0.05 / 0.15,
+                                    "host_launch": 0.5 * 0.05 / 0.15})
+
+
 @pytest.mark.slow
 def test_cpu_megatron_trial_records_its_step_by_class():
     """A real 2-rank CPU Megatron trial with EP 2: its measurement splits the median step by class

@@ -1,5 +1,9 @@
 """Where a CPU Megatron trial's step goes, by the cost model's calibration classes
-(`cost_model.calibration.TRAIN_CLASSES`): one extra, untimed step under torch.profiler.
+(`cost_model.calibration.TRAIN_CLASSES`): two extra, untimed steps. In the first, module hooks
+time the forward and backward of the modules that hold one class whole (`timed_modules`: core
+attention, the routed experts, the router, shared experts); the second runs under torch.profiler
+and splits the rest of the step (`split_events`, `combine_shares`). The profiler's own cost
+lands mostly on the ops that allocate the most, so the classes it can leave to hooks it does.
 
 The Megatron modules whose time is one class (core attention -> attention, the routed experts ->
 grouped_gemm, the router -> elementwise, shared experts -> gemm) are wrapped in
@@ -13,6 +17,8 @@ profiled op's self CPU time goes to:
 - the ops of Megatron's vocabulary-parallel cross entropy (FUNCTION_CLASS) -> gemm, as the model
   prices the LM head and its loss together (lm_head_ce);
 - outside any scope, by op name: matrix products -> gemm, the rest -> elementwise;
+- a backward node autograd numbered without a forward op of its own (CopySlices of an in-place
+  op on a view) -> the scope of the forward op recorded just before it;
 - the step's wall time not inside any op (Python and launch work between ops) -> host_launch.
 The profiler slows the step it records, most where ops are many and small (an optimizer's
 elementwise updates): its cost, the profiled step's wall time less the timed steps' median, is
@@ -90,10 +96,13 @@ def _is_comm(name: str) -> bool:
     return any(k in n for k in COMM_MARKS)
 
 
-def split_events(events, wall_us: float, step_us: float | None = None, by_op: dict | None = None) -> dict:
+def split_events(events, wall_us: float, step_us: float | None = None, by_op: dict | None = None,
+                 scoped: dict | None = None) -> dict:
     """{class: share of the step} from a profiled step's FunctionEvents, its wall time (us) and the
     unprofiled step time (us; None: the profiled wall, no overhead correction). `by_op`, when
-    given, is filled with {(class, op name): [us, calls]} (the trial's trace explains its split)."""
+    given, is filled with {(class, op name): [us, calls]} (the trial's trace explains its split);
+    `scoped` with {class: share of the step} of the ops inside a MODULE_CLASS module's scope (what
+    `timed_modules` times without the profiler)."""
     scope_of: dict = {}  # id(event) -> (class or None, inside moe)
     fwd_scope: dict = {}  # (thread, sequence_nr) of a forward op -> its scope
     fwd_seqs: dict = {}  # thread -> the sorted sequence numbers of its forward ops
@@ -137,13 +146,72 @@ def split_events(events, wall_us: float, step_us: float | None = None, by_op: di
             c = "gemm" if e.name in GEMM_OPS else "elementwise"
         shares[c] = shares.get(c, 0.0) + t
         in_ops += t
+        if scoped is not None and cls is not None and not _is_comm(e.name):
+            scoped[c] = scoped.get(c, 0.0) + t
         if by_op is not None:
             acc = by_op.setdefault((c, e.name), [0.0, 0])
             acc[0] += t
             acc[1] += 1
     wall = max(step_us, in_ops, 1e-9)
     shares["host_launch"] = shares.get("host_launch", 0.0) + (wall - in_ops)
+    if scoped is not None:
+        for c in scoped:
+            scoped[c] /= wall
     return {c: v / wall for c, v in shares.items()}
+
+
+@contextlib.contextmanager
+def timed_modules(chunks, out: dict):
+    """Time the forward and backward of the class-labelled modules of `chunks` by module hooks
+    (perf_counter at each pre- and post-hook, no profiler) into `out` ({class: seconds}, summed
+    over calls). The profiler's own cost lands unevenly on the ops it records (most on the ones
+    that allocate the most: a CPU trial's [bh, s, s] attention scores; a profiled tiny-moe step
+    ran 347 ms against a 223 ms timed step, the attention taking most of the difference), so the
+    classes a module holds whole are timed this way and the profiler splits only the rest
+    (`combine_shares`). Restored after."""
+    import time
+
+    handles, starts = [], {}
+
+    def pre(key):
+        def hook(*_a):
+            starts.setdefault(key, []).append(time.perf_counter())
+        return hook
+
+    def post(key, cls):
+        def hook(*_a):
+            if starts.get(key):
+                out[cls] = out.get(cls, 0.0) + time.perf_counter() - starts[key].pop()
+        return hook
+
+    for c in chunks:
+        for m in c.modules():
+            cls = MODULE_CLASS.get(type(m).__name__)
+            if cls is None:
+                continue
+            handles += [m.register_forward_pre_hook(pre((id(m), "f"))), m.register_forward_hook(post((id(m), "f"), cls)),
+                        m.register_full_backward_pre_hook(pre((id(m), "b"))),
+                        m.register_full_backward_hook(post((id(m), "b"), cls))]
+    try:
+        yield out
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def combine_shares(profiled: dict, scoped: dict, timed: dict, timed_step_s: float) -> dict:
+    """{class: share of the step}: the module-held classes as `timed_modules` timed them in an
+    unprofiled step of `timed_step_s`, the rest of the step split as the profiled step splits its
+    ops outside those modules (`split_events`' shares less its `scoped` ones)."""
+    hooked = {c: t / timed_step_s for c, t in timed.items() if t > 0}
+    total_hooked = min(1.0, sum(hooked.values()))
+    rest = {c: max(0.0, v - scoped.get(c, 0.0)) for c, v in profiled.items()}
+    norm = sum(rest.values())
+    out = dict(hooked)
+    for c, v in rest.items():
+        out[c] = out.get(c, 0.0) + (1.0 - total_hooked) * (v / norm if norm > 0 else 0.0)
+    tot = sum(out.values())
+    return {c: v / tot for c, v in out.items()} if tot > 0 else {}
 
 
 def component_times(rank_shares, step_s: float) -> dict:

@@ -304,7 +304,12 @@ class TrialWorker:
         calibration class (trials/megatron/components.py); `step_s` is the timed steps' median."""
         from torch.profiler import ProfilerActivity, profile
 
-        from trials.megatron.components import labelled, split_events
+        from trials.megatron.components import combine_shares, labelled, split_events, timed_modules
+        self.dist.barrier()
+        with timed_modules(self.chunks, {}) as timed:  # the module-held classes, without the profiler
+            t0 = time.perf_counter()
+            self.step(batch)
+            timed_step_s = time.perf_counter() - t0
         self.dist.barrier()
         with labelled(self.chunks), profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
             t0 = time.perf_counter()
@@ -312,11 +317,15 @@ class TrialWorker:
             wall_us = (time.perf_counter() - t0) * 1e6
         trace_dir = os.environ.get("MOETUNE_TRIAL_TRACE")
         by_op: dict | None = {} if trace_dir else None
-        shares = split_events(prof.events(), wall_us, step_s * 1e6, by_op)
+        scoped: dict = {}
+        profiled = split_events(prof.events(), wall_us, step_s * 1e6, by_op, scoped)
+        shares = combine_shares(profiled, scoped, timed, timed_step_s)
         if trace_dir:  # the split op by op, largest first: which ops make each class
             os.makedirs(trace_dir, exist_ok=True)
             with open(os.path.join(trace_dir, f"split_rank{self.rank}.txt"), "w") as f:
-                f.write(f"# profiled wall {wall_us:.0f} us, timed step {step_s * 1e6:.0f} us\n")
+                f.write(f"# profiled wall {wall_us:.0f} us, timed step {step_s * 1e6:.0f} us; hooked step "
+                        f"{timed_step_s * 1e6:.0f} us: " + ", ".join(f"{c} {t * 1e6:.0f} us" for c, t in timed.items())
+                        + "\n# shares: " + ", ".join(f"{c} {v:.3f}" for c, v in sorted(shares.items())) + "\n")
                 f.write("".join(f"{c:16s} {us:12.0f} us {n:6d} calls  {name}\n"
                                 for (c, name), (us, n) in sorted(by_op.items(), key=lambda kv: -kv[1][0])))
         self.dist.barrier()
