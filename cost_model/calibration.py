@@ -71,6 +71,8 @@ COMPONENT_CLASS = {
     "tp_comm": "other_comm", "cp_comm": "other_comm", "pp_p2p": "other_comm",
     "dp_grad_reduce_scatter": "other_comm", "dp_param_all_gather": "other_comm", "activation_offload": "other_comm",
     "moe_host_sync": "host_launch", "cpu_launch_floor": "host_launch",
+    # CPU: the floor's launches of the modules a trial times whole belong to those modules' classes
+    "cpu_launch_core_attention": "attention", "cpu_launch_experts": "grouped_gemm", "cpu_launch_router": "elementwise",
     "elementwise": "elementwise", "router_permutation": "elementwise", "fp8_quantize": "elementwise",
     "embedding": "elementwise", "optimizer_step": "elementwise",
     "pipeline_bubble": "pipeline_bubble",

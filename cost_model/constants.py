@@ -107,6 +107,11 @@ FP8_OPERANDS_MLP = 2
 # (and a shared expert not overlapped with EP comm, arguments.py --cuda-graph-scope help); the
 # `moe_preprocess` scope MoELayer.preprocess (routing map to token counts and the permute indices).
 KERNELS_MOE_ROUTER = 8
+# Of KERNELS_ATTENTION, the core attention's own (design choice, same counting): Megatron-core's
+# local DotProductAttention forward runs baddbmm, the in-place mask, softmax, bmm and the
+# contiguous copy of the context. On CPU, where each op's dispatch is part of its module's time,
+# the floor's launches are placed by the module issuing them (breakdown cpu_launch_*).
+CPU_KERNELS_CORE_ATTENTION = 5
 KERNELS_MOE_PREPROCESS = 3
 
 # ---- SMs held by communication ---------------------------------------------------------------------

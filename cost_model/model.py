@@ -84,12 +84,15 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
     tp_comm,
 )
 from cost_model.constants import (
+    CPU_KERNELS_CORE_ATTENTION,
     D2H_SYNC_S,
     GRAPH_LAUNCHES_PER_REGION,
     HBM_RESERVE_FRACTION,
     KERNEL_PASSES,
     KERNELS_EMBEDDING,
     KERNELS_LM_HEAD_LOSS,
+    KERNELS_MOE_ROUTER,
+    KERNELS_PER_EXPERT_GEMMS,
     MAIN_GRAD_BYTES,
     PCIE_ACHIEVABLE_FRACTION,
     WEIGHT_BYTES,
@@ -663,6 +666,23 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         bd = {k: m * v[rows, slow] for k, v in terms.breakdown(st).items()}
         # what the host clock adds to the GPU's (the whole dispatch time on CPU devices)
         bd["cpu_launch_floor"] = m * np.maximum(0.0, stage_time[rows, slow] - stage_compute[rows, slow])
+        if not ops.async_launch:
+            # CPU: one thread dispatches and runs each op, so an op's dispatch is part of its
+            # module's time (what a trial's module hooks measure, trials/megatron/components.py):
+            # the floor is placed by the modules issuing the launches, the rest stays the stack's
+            n_exp = np.where(pa.grouped_gemm.astype(bool), 1.0,
+                             experts.local_experts if experts is not None else z) * spec.is_moe
+            share = {"cpu_launch_core_attention": (nd + nm) * CPU_KERNELS_CORE_ATTENTION,
+                     "cpu_launch_experts": nm * col(KERNELS_PER_EXPERT_GEMMS * n_exp),
+                     "cpu_launch_router": nm * KERNELS_MOE_ROUTER * float(spec.is_moe)}
+            total = kern[rows, slow] / KERNEL_PASSES
+            floor_s = bd.pop("cpu_launch_floor")
+            left = floor_s
+            for name, k in share.items():
+                part = floor_s * np.where(total > 0, (k * smask)[rows, slow] / np.maximum(total, 1e-30), 0.0)
+                bd[name] = part
+                left = left - part
+            bd["cpu_launch_floor"] = np.maximum(0.0, left)
         bd.update(pipeline_bubble=pipe.bubble, pp_p2p=pipe.p2p, dp_grad_reduce_scatter=dpc.grad,
                   dp_param_all_gather=dpc.param_gather, dp_overlap_sm_share=dpc.sm_share, optimizer_step=opt_t,
                   calibration=raw * (calibration_scale - 1.0))
