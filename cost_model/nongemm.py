@@ -187,19 +187,36 @@ def latency(fwd_kernels):
 
 
 # ---- costs the byte terms leave out ------------------------------------------------------------------
-def dispatcher_preprocess(x) -> np.ndarray:
-    """Forward seconds per MoE layer and microbatch of the dispatcher's metadata exchange before the
-    token dispatch: the flex dispatcher (DeepEP / HybridEP) all-gathers every rank's routing map
-    ([tokens, experts] bool) over the EP group to size its buffers (HybridEP metadata preprocessing;
-    DeepEP get_dispatch_layout + notify), the alltoall dispatcher exchanges the per-expert token
-    counts (token_dispatcher.py preprocess: an all-to-all of num_local_tokens_per_expert). The
-    kernels' fixed slots and the D2H sync are charged in `latency` and `blocks.moe_host_sync`."""
+def dispatcher_preprocess(x) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds per MoE layer and microbatch of what the dispatcher exchanges
+    beside the token payload (megatron-core 0.16.1 token_dispatcher.py):
+    - flex (DeepEP / HybridEP): every rank's routing map ([tokens, experts] bool) all-gathered over
+      the EP group to size the buffers (HybridEP metadata preprocessing; DeepEP get_dispatch_layout
+      + notify), forward only;
+    - alltoall: the per-expert token counts gathered over TP x EP (`preprocess`:
+      gather_from_sequence_parallel_region of num_local_tokens_per_expert, int64), and the routed
+      rows' probabilities sent by an all-to-all of their own next to the tokens (`token_dispatch`:
+      all_to_all of permuted_probs, fp32), whose gradient comes back by the reverse all-to-all;
+    - allgather: the routing map (bool) and the probabilities ([tokens, experts] fp32) all-gathered
+      over TP x EP (`token_dispatch`) before the tokens, the probabilities' gradient reduce-scattered
+      back. Small messages: on a CPU host's gloo each costs a collective's latency (0.3-0.6 ms per
+      1 KiB all-gather in a cpu-local profile), and the CPU trials run them as the GPU ones do.
+    The kernels' fixed slots and the D2H sync are charged in `latency` and `blocks.moe_host_sync`."""
     ops, pa = x.ops, x.pa
-    E = max(x.spec.num_experts, 1)
+    E, K = max(x.spec.num_experts, 1), max(x.spec.moe_router_topk, 1)
     ep_size, ep_stride = group_size_stride("ep", *x.ranks, x.world)
-    routing_map = ops.collective("all_gather", x.tokens_sp * E * x.ep, ep_size, ep_stride)
-    counts = ops.collective("all_to_all", 8.0 * E + 0.0 * x.tokens_sp, ep_size, ep_stride)
-    return np.where(pa.dispatch >= 2, routing_map, np.where(pa.dispatch == 0, counts, 0.0))
+    T = x.tokens_sp
+    zero = 0.0 * T
+    routing_map = ops.collective("all_gather", T * E * x.ep, ep_size, ep_stride)
+    counts = ops.collective("all_gather", 8.0 * E * x.ep + zero, ep_size, ep_stride)
+    probs_a2a = ops.collective("all_to_all", 4.0 * T * K * x.imbalance, ep_size, ep_stride)
+    probs_ag = ops.collective("all_gather", 4.0 * T * E * x.ep, ep_size, ep_stride)
+    probs_rs = ops.collective("reduce_scatter", 4.0 * T * E * x.ep, ep_size, ep_stride)
+    d = pa.dispatch
+    f = np.where(d >= 2, routing_map, np.where(d == 0, counts + probs_a2a, routing_map + probs_ag))
+    b = np.where(d >= 2, zero, np.where(d == 0, probs_a2a, probs_rs))
+    on = x.ep > 1
+    return np.where(on, f, 0.0), np.where(on, b, 0.0)
 
 
 @dataclass
