@@ -378,6 +378,7 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
     scale = float(f[0]) if one else 1.0
     factors = {} if one else {c: float(v) for c, v in zip(classes, f)}
     report = {"kind": ONE_SCALE if one else PER_COMPONENT, "scale": scale, "factors": factors, "rows": rows,
+              "common_scale": None if one else float(np.exp(res.x[0])),
               "max_abs_rel_err": float(np.max(np.abs(resid))) if len(pairs) else 0.0,
               "loo_max_abs_rel_err": float(np.nanmax(np.abs(loo))) if len(pairs) > 1 else float("nan")}
     prov = dict(provenance or {})

@@ -408,6 +408,14 @@ def _short(plan: str) -> str:
     return ",".join(parts) or "defaults"
 
 
+def _prior_text(cal_report: dict) -> str:
+    """The per-component fit's prior as the report states it (cost_model.calibration)."""
+    from cost_model.calibration import COMMON_PRIOR_SD, PRIOR_SD
+    c = cal_report.get("common_scale")
+    common = f"common scale {c:.3g}, " if c else ""
+    return f"{common}each class's log factor ~ N(log common scale, {PRIOR_SD}^2), log common scale ~ N(0, {COMMON_PRIOR_SD}^2)"
+
+
 def calibration_lines(cal_report: dict) -> list[str]:
     """The last refit (`cost_model.calibration.fit_calibration`'s report) as markdown: the one
     scale, or the per-component factors with their 90% intervals, and the errors."""
@@ -418,7 +426,7 @@ def calibration_lines(cal_report: dict) -> list[str]:
         return [f"Fitted scale {_fmt(cal_report.get('scale'), '.4g')} on {n} measured plans; " + err, ""]
     split = sum(1 for r in cal_report["rows"] if r.get("measured_parts_s"))
     L = [f"Per-component factors fitted on {n} measured plans ({split} with their own per-class split, the rest "
-         f"on the step total; prior log f ~ N(0, 0.5^2)); " + err, "",
+         f"on the step total; {_prior_text(cal_report)}); " + err, "",
          "| class | factor | 90% interval |", "|---|---|---|"]
     for c, (f, lo, hi) in cal_report["factor_intervals"].items():
         L.append(f"| {c} | {f:.3g} | {lo:.3g} .. {hi:.3g} |")
