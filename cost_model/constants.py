@@ -271,3 +271,13 @@ WGRAD_OUTPUT_BYTES = 2.0
 # the payload over the communication's duration (design choice: send and receive volumes taken
 # equal, as they are under balanced routing and for ring collectives).
 COMM_HBM_BYTES_PER_PAYLOAD = 2.0
+
+# ---- SMs held by hidden pipeline p2p ------------------------------------------------------------------
+# The interleaved schedule overlaps its stage-boundary send/recv with the next chunk's compute
+# (megatron-core 0.16.1 schedules.py forward_backward_pipelining_with_interleaving, overlap_p2p_comm);
+# NCCL runs a p2p on its own channels, one CTA (SM) each: NCCL_NCHANNELS_PER_NET_PEER defaults to 2
+# over the network, and an NVLink peer gets 2 x max(1, path bw / link bw) (NCCL src/graph/paths.cc
+# ncclTopoGetNchannels; the floor of 2 used for both). A stage exchanges with two neighbours at once
+# (send_forward_recv_backward / send_backward_recv_forward, p2p_communication.py), so 2 peers x 2.
+P2P_CHANNELS_PER_PEER = 2
+P2P_PEERS = 2

@@ -76,6 +76,7 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
     moe_host_sync,
     optimizer_step,
     pipeline,
+    pp_p2p_sm_share,
     routed_experts,
     router_permutation,
     shared_expert_activation,
@@ -98,6 +99,7 @@ from cost_model.flops import model_flops_per_token
 from cost_model.memory import OFFLOAD_MODULES, col, memory_by_stage, offload_bytes, stage_params
 from cost_model.nongemm import (
     dispatcher_preprocess,
+    hidden_comm_hbm,
     latency,
     layer_kernels,
     layer_weights,
@@ -233,6 +235,9 @@ COMPONENTS = ("attention_proj", "core_attention", "dense_mlp", "router_permutati
               "expert_gemm", "shared_expert", "elementwise", "kernel_latency", "wgrad_main_grad",
               "fp8_quantize", "moe_host_sync", "tp_comm", "cp_comm", "embedding", "lm_head_ce", "mtp",
               "activation_offload", "recompute")
+# The memory-bound components: what loses HBM bandwidth to a communication running beside it
+# (`nongemm.hidden_comm_hbm`), as a share of the stage's compute.
+MEMBOUND_COMPONENTS = ("elementwise", "router_permutation", "fp8_quantize", "wgrad_main_grad")
 # What a term is counted per: every transformer layer, dense layers, MoE layers, the embedding
 # (first stage), the LM head + loss (last stage).
 GROUPS = ("layer", "dense", "moe", "embedding", "loss")
@@ -291,11 +296,11 @@ class StepTerms:
         """[P, S] forward seconds of one microbatch per stage (recompute excluded)."""
         return _chain(st.count(g) * col(self.unit_fwd(g)) for g in GROUPS[1:]) * st.mask
 
-    def breakdown(self, st: Stages) -> dict:
+    def breakdown(self, st: Stages, components=COMPONENTS) -> dict:
         """{component: [P, S] seconds of one microbatch per stage}; the components sum to
         `stage_compute` (up to the order of the additions)."""
         out = {}
-        for c in COMPONENTS:
+        for c in components:
             parts = []
             for g in GROUPS:
                 ts = [t for t in self.terms if t.component == c and t.group == g]
@@ -640,11 +645,25 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         dpc.sm_share = np.max(np.stack([dp_collectives(x, params.dense[:, s], params.expert[:, s], fwd_win,
                                                        bwd_wall).sm_share for s in range(params.dense.shape[1])],
                                        axis=1) * smask, axis=1)
+    # the HBM bandwidth hidden communication takes from the memory-bound compute under it (GPUs;
+    # issue 22): the interleaved schedule's overlapped PP send/recv and the hidden DP collectives,
+    # the compute under them taken with the slowest stage's memory-bound share
+    hbm = float(getattr(cl, "hbm_tbps", 0.0) or 0.0) * 1e12
+    if ops.async_launch and hbm > 0:
+        mbs_ = terms.breakdown(st, MEMBOUND_COMPONENTS)
+        mb_frac = _chain(v[rows, slow] for v in mbs_.values()) / np.maximum(stage_compute[rows, slow], 1e-30)
+        p2p_sm = pp_p2p_sm_share(cl, pipe.hidden)
+        p2p_hbm = hidden_comm_hbm(pipe.p2p_bytes, pipe.one, pipe.hidden, mb_frac, hbm)
+        dp_hbm = (hidden_comm_hbm(dpc.grad_bytes, dpc.grad_s, dpc.hidden_grad, mb_frac, hbm)
+                  + hidden_comm_hbm(dpc.gather_bytes, dpc.gather_s, dpc.hidden_gather, mb_frac, hbm))
+    else:
+        p2p_sm = p2p_hbm = dp_hbm = z
     opt_t = np.max(np.stack([optimizer_step(x, params.dense[:, s], params.expert[:, s], st.layers[:, s])
                              for s in range(params.dense.shape[1])], axis=1), axis=1)
 
     # -- step ---------------------------------------------------------------------------------------
-    raw = m * C + pipe.bubble + pipe.p2p + dpc.grad + dpc.param_gather + dpc.sm_share + opt_t
+    raw = (m * C + pipe.bubble + pipe.p2p + dpc.grad + dpc.param_gather + dpc.sm_share + opt_t
+           + p2p_sm + p2p_hbm + dp_hbm)
     step = raw * calibration_scale
     tokens = workload.gbs * workload.seq
     out = {"step_time_s": step, "tokens_per_s_per_gpu": tokens / step / W, "microbatches": m,
@@ -665,6 +684,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         bd["cpu_launch_floor"] = m * np.maximum(0.0, stage_time[rows, slow] - stage_compute[rows, slow])
         bd.update(pipeline_bubble=pipe.bubble, pp_p2p=pipe.p2p, dp_grad_reduce_scatter=dpc.grad,
                   dp_param_all_gather=dpc.param_gather, dp_overlap_sm_share=dpc.sm_share, optimizer_step=opt_t,
+                  pp_p2p_sm_share=p2p_sm, pp_p2p_hbm_share=p2p_hbm, dp_overlap_hbm_share=dp_hbm,
                   calibration=raw * (calibration_scale - 1.0))
         out["breakdown_s"] = bd
         out["memory_by_stage_gib"] = mem

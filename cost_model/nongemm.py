@@ -245,6 +245,17 @@ def comm_hbm_share(payload_bytes, comm_s, hbm_bytes_per_s):
     return np.clip(rate / hbm_bytes_per_s, 0.0, 0.5)
 
 
+def hidden_comm_hbm(payload_bytes, comm_s, hidden_s, membound_frac, hbm_bytes_per_s):
+    """Seconds the compute under a hidden communication loses to the HBM bandwidth it takes: a
+    communication moving `payload_bytes` in `comm_s` takes its `comm_hbm_share` while it runs, and
+    for the `hidden_s` of it that run beside compute, the memory-bound share `membound_frac` of that
+    compute runs at 1 - share of its rate (`hbm_contention`)."""
+    hidden_s = np.asarray(hidden_s, float)
+    share = comm_hbm_share(payload_bytes, comm_s, hbm_bytes_per_s)
+    slowed = hbm_contention(np.asarray(membound_frac, float) * hidden_s, hidden_s, share)
+    return np.where(hidden_s > 0, slowed, 0.0)
+
+
 def hbm_contention(membound_s, comm_s, share):
     """Seconds memory-bound compute gains while a communication holding `share` of HBM runs beside
     it: the part of it under the communication (at most `comm_s`) runs at 1 - share of its rate."""
