@@ -80,8 +80,8 @@ def main() -> int:
     print("\nper row, the issue-22 components (raw seconds per step; plan's split and CUDA graph fields):")
     parts = ("ep_dispatch_combine", "ep_overlap_beyond", "ep_overlap_sm_share", "ep_overlap_hbm_share",
              "dispatcher_preprocess", "kernel_latency", "wgrad_main_grad", "dp_overlap_sm_share",
-             "dp_overlap_hbm_share", "pp_p2p_sm_share", "pp_p2p_hbm_share", "moe_host_sync", "cpu_launch_floor", "fp8_quantize", "router_permutation", "elementwise",
-             "pipeline_bubble")
+             "dp_overlap_hbm_share", "pp_p2p_sm_share", "pp_p2p_hbm_share", "moe_host_sync", "cpu_launch_floor",
+             "fp8_quantize", "router_permutation", "elementwise", "pipeline_bubble")
     for i, k in enumerate(parts):
         print(f"  [{i:2d}] {k}")
     print(f"  {'row':58s} " + " ".join(f"{f'[{i}]':>7s}" for i in range(len(parts))) + "  split / graphs")
