@@ -43,10 +43,10 @@ def compute_stream(events):
 
 
 def phases(events, stream):
-    """{annotation: (ranges, launches, host us, gpu us on `stream`)}."""
+    """{annotation: (ranges, launches, host us, gpu us on `stream`, us inside the launch calls)}."""
     launches = [e for e in events if e.get("cat") == "cuda_runtime" and e["name"].startswith("cudaLaunchKernel")]
     kern = {e["args"].get("correlation"): e for e in events if e.get("cat") == "kernel"}
-    out = collections.defaultdict(lambda: [0, 0, 0.0, 0.0])
+    out = collections.defaultdict(lambda: [0, 0, 0.0, 0.0, 0.0])
     for u in events:
         if u.get("cat") != "user_annotation" or u["name"].startswith("ProfilerStep") or u["name"] == "1F1B":
             continue
@@ -58,6 +58,7 @@ def phases(events, stream):
         g[1] += len(ls)
         g[2] += u["dur"]
         g[3] += sum(k["dur"] for k in ks if k["tid"] == stream)
+        g[4] += sum(r["dur"] for r in ls)
     return out
 
 
@@ -79,15 +80,18 @@ def main(argv=None) -> int:
     ev = load(a.trace)
     s = a.stream if a.stream is not None else compute_stream(ev)
     ph = phases(ev, s)
-    tot_l = tot_h = 0.0
-    print(f"{'phase':12s} {'ranges':>6s} {'launches':>9s} {'host us':>9s} {'host us/launch':>15s} {'gpu us (stream)':>16s}")
-    for n, (c, nl, hd, gd) in ph.items():
-        print(f"{n:12s} {c:6d} {nl / c:9.1f} {hd / c:9.1f} {hd / max(nl, 1):15.1f} {gd / c:16.1f}")
+    tot_l = tot_h = tot_a = 0.0
+    print(f"{'phase':12s} {'ranges':>6s} {'launches':>9s} {'host us':>9s} {'host us/launch':>15s} "
+          f"{'launch call us':>15s} {'gpu us (stream)':>16s}")
+    for n, (c, nl, hd, gd, ld) in ph.items():
+        print(f"{n:12s} {c:6d} {nl / c:9.1f} {hd / c:9.1f} {hd / max(nl, 1):15.1f} {ld / max(nl, 1):15.1f} {gd / c:16.1f}")
         if gd > 0:  # the compute phases (the communication phases wait on the network)
             tot_l += nl
             tot_h += hd
+            tot_a += ld
     if tot_l:
-        print(f"compute phases: {tot_h / tot_l:.1f} host us per launched kernel")
+        print(f"compute phases: {tot_h / tot_l:.1f} host us per launched kernel, {tot_a / tot_l:.1f} of it "
+              f"inside the launch call")
     span, busy, small, waits, n = idle(ev, s)
     print(f"stream {s}: {n} kernels, span {span / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms, "
           f"idle {(span - busy) / span:.1%} of the span")

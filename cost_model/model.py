@@ -100,6 +100,7 @@ from cost_model.memory import OFFLOAD_MODULES, col, memory_by_stage, offload_byt
 from cost_model.nongemm import (
     dispatcher_preprocess,
     hidden_comm_hbm,
+    host_moe_launches,
     latency,
     layer_kernels,
     layer_weights,
@@ -485,7 +486,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
                        blackwell=bool(getattr(cl, "mxfp8", False))) if gpu else None
     # the GPU seconds after the sync: dispatch / combine as exposed, the experts, the shared expert
     # and the experts' fp8 casts
-    sync = (moe_host_sync(x, lk.moe - lk.router - lk.preprocess, epx.total.f + expert_t.f + shared.f + q8.moe.f)
+    sync = (moe_host_sync(x, host_moe_launches(lk, ops.gap) - lk.router - lk.preprocess,
+                          epx.total.f + expert_t.f + shared.f + q8.moe.f)
             if (gpu and spec.is_moe) else z)
 
     # -- one list of terms: the stage time and the breakdown both sum it -----------------------------
@@ -554,7 +556,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     # CUDA graphs: a graphed region's kernels become one replay per pass (`blocks.cuda_graphs`);
     # a full-iteration graph launches nothing per kernel
     if gpu:
-        gr = cuda_graphs(spec, pa, lk.attn, lk.dense, lk.moe, lk.router, lk.preprocess)
+        gr = cuda_graphs(spec, pa, lk.attn, lk.dense, host_moe_launches(lk, ops.gap), lk.router, lk.preprocess)
     else:
         gr = cuda_graphs(spec, pa, *structural_kernels(spec, x.tp, x.cp, pa.grouped_gemm.astype(bool),
                                                         experts.local_experts if experts is not None else z,
@@ -639,23 +641,26 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     # the param all-gather hides under the forward's wall time, not its GPU seconds (the same reason
     # as bwd_wall): on a launch-bound stage extra forward work widens no window (issue 22 item 7)
     dpc = dp_collectives(x, Pd, Pe, fwd_win, bwd_wall)
-    # the compute slowed by the SMs the hidden DP collectives hold: every stage's own, the step
-    # waiting for the most slowed (max over stages: more parameters on any stage never shortens it)
+    S = params.dense.shape[1]
+    # the compute slowed by the SMs and the HBM bandwidth the hidden DP collectives take: every
+    # stage's own, the step waiting for the most slowed (max over stages: more parameters on any
+    # stage never shortens it)
     if ops.async_launch:
-        dpc.sm_share = np.max(np.stack([dp_collectives(x, params.dense[:, s], params.expert[:, s], fwd_win,
-                                                       bwd_wall).sm_share for s in range(params.dense.shape[1])],
-                                       axis=1) * smask, axis=1)
+        per_stage = [dp_collectives(x, params.dense[:, s], params.expert[:, s], fwd_win, bwd_wall) for s in range(S)]
+        dpc.sm_share = np.max(np.stack([d.sm_share for d in per_stage], axis=1) * smask, axis=1)
     # the HBM bandwidth hidden communication takes from the memory-bound compute under it (GPUs;
-    # issue 22): the interleaved schedule's overlapped PP send/recv and the hidden DP collectives,
-    # the compute under them taken with the slowest stage's memory-bound share
+    # issue 22): the interleaved schedule's overlapped PP send/recv (under the m microbatches'
+    # compute of the stage with the most memory-bound seconds: which stage is slowest can move with
+    # a little more work elsewhere) and the hidden DP collectives (under one microbatch's backward /
+    # forward of their own stage)
     hbm = float(getattr(cl, "hbm_tbps", 0.0) or 0.0) * 1e12
     if ops.async_launch and hbm > 0:
-        mbs_ = terms.breakdown(st, MEMBOUND_COMPONENTS)
-        mb_frac = _chain(v[rows, slow] for v in mbs_.values()) / np.maximum(stage_compute[rows, slow], 1e-30)
+        mb_stage = _chain(terms.breakdown(st, MEMBOUND_COMPONENTS).values()) * smask
         p2p_sm = pp_p2p_sm_share(cl, pipe.hidden)
-        p2p_hbm = hidden_comm_hbm(pipe.p2p_bytes, pipe.one, pipe.hidden, mb_frac, hbm)
-        dp_hbm = (hidden_comm_hbm(dpc.grad_bytes, dpc.grad_s, dpc.hidden_grad, mb_frac, hbm)
-                  + hidden_comm_hbm(dpc.gather_bytes, dpc.gather_s, dpc.hidden_gather, mb_frac, hbm))
+        p2p_hbm = hidden_comm_hbm(pipe.p2p_bytes, pipe.one, pipe.hidden, m * np.max(mb_stage, axis=1), hbm)
+        dp_hbm = np.max(np.stack([hidden_comm_hbm(d.grad_bytes, d.grad_s, d.hidden_grad, mb_stage[:, s], hbm)
+                                  + hidden_comm_hbm(d.gather_bytes, d.gather_s, d.hidden_gather, mb_stage[:, s], hbm)
+                                  for s, d in enumerate(per_stage)], axis=1) * smask, axis=1)
     else:
         p2p_sm = p2p_hbm = dp_hbm = z
     opt_t = np.max(np.stack([optimizer_step(x, params.dense[:, s], params.expert[:, s], st.layers[:, s])
