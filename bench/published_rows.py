@@ -8,7 +8,8 @@ raw prediction, calibrated with the scale fitted on all four, leave-one-out (sca
 other three), measured step time, and the fitted scale.
 Per row, the components issue 22 added or split (EP serial / beyond its pair / SM share / HBM
 share, the dispatcher's metadata preprocess, every kernel's fixed slot, the wgrad's main-grad
-accumulation, the SMs hidden DP collectives hold, the dispatcher's host sync, the launch floor, fp8
+accumulation, the SMs and HBM bandwidth hidden DP collectives take, the SMs and HBM bandwidth of the
+interleaved schedule's hidden PP send/recv, the dispatcher's host sync, the launch floor, fp8
 casts, router/permute and elementwise bytes, the bubble) and the row's split and CUDA graph fields.
 Part 2, memory: every calibration row plus the published layouts named in issue 10, with their
 recipe flags (sources below), must fit the card; prints peak GiB per stage and the usable HBM.
@@ -79,8 +80,8 @@ def main() -> int:
     print("\nper row, the issue-22 components (raw seconds per step; plan's split and CUDA graph fields):")
     parts = ("ep_dispatch_combine", "ep_overlap_beyond", "ep_overlap_sm_share", "ep_overlap_hbm_share",
              "dispatcher_preprocess", "kernel_latency", "wgrad_main_grad", "dp_overlap_sm_share",
-             "moe_host_sync", "cpu_launch_floor", "fp8_quantize", "router_permutation", "elementwise",
-             "pipeline_bubble")
+             "dp_overlap_hbm_share", "pp_p2p_sm_share", "pp_p2p_hbm_share", "moe_host_sync", "cpu_launch_floor",
+             "fp8_quantize", "router_permutation", "elementwise", "pipeline_bubble")
     for i, k in enumerate(parts):
         print(f"  [{i:2d}] {k}")
     print(f"  {'row':58s} " + " ".join(f"{f'[{i}]':>7s}" for i in range(len(parts))) + "  split / graphs")

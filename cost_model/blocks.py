@@ -41,6 +41,8 @@ from cost_model.constants import (
     KERNELS_TP_ATTENTION,
     KERNELS_TP_DENSE_MLP,
     NCCL_COMM_SMS,
+    P2P_CHANNELS_PER_PEER,
+    P2P_PEERS,
 )
 from cost_model.nongemm import comm_hbm_share, hbm_contention
 from cost_model.ops import TableOps
@@ -599,9 +601,14 @@ def cuda_graphs(spec, pa: PlanArrays, k_attn, k_dense, k_moe, k_router=KERNELS_M
 # ---- pipeline -----------------------------------------------------------------------------------------
 @dataclass
 class Pipeline:
-    """Per step: the 1F1B / interleaved bubble and the exposed stage-boundary p2p."""
+    """Per step: the 1F1B / interleaved bubble and the exposed stage-boundary p2p; `hidden`: the
+    p2p seconds that run beside compute (the interleaved schedule's overlapped send/recv), and
+    `p2p_bytes` the payload of one of them."""
     bubble: np.ndarray
     p2p: np.ndarray
+    hidden: np.ndarray = None
+    one: np.ndarray = None  # seconds of one stage-boundary transfer
+    p2p_bytes: np.ndarray = None  # its payload
 
 
 def pipeline(x: Inputs, slowest_stage_s: np.ndarray) -> Pipeline:
@@ -609,9 +616,22 @@ def pipeline(x: Inputs, slowest_stage_s: np.ndarray) -> Pipeline:
     bubble = (pp - 1) / vpp * slowest_stage_s
     _, pp_stride = group_size_stride("pp", *x.ranks, x.world)
     # one stage boundary: the sequence-parallel activation of one microbatch
-    p2p = x.ops.collective("send_recv", 2.0 * x.tokens_sp * x.hidden, np.full(x.pa.n, 2), pp_stride)
+    nbytes = 2.0 * x.tokens_sp * x.hidden
+    p2p = x.ops.collective("send_recv", nbytes, np.full(x.pa.n, 2), pp_stride)
     exposed = np.where(pp > 1, np.where(vpp > 1, 2 * (pp - 1) * vpp * p2p, 2 * (m + pp - 1) * p2p), 0.0)
-    return Pipeline(bubble, exposed)
+    # interleaved: every microbatch crosses each of the stage's chunk boundaries forward (activation)
+    # and backward (gradient), 2 m vpp transfers, of which the warm-up / cool-down ones are exposed
+    hidden = np.where((pp > 1) & (vpp > 1), np.maximum(0.0, 2 * m * vpp - 2 * (pp - 1) * vpp) * p2p, 0.0)
+    return Pipeline(bubble, exposed, hidden, p2p, nbytes + 0.0 * p2p)
+
+
+def pp_p2p_sm_share(cluster, hidden_s: np.ndarray) -> np.ndarray:
+    """Per step: the compute slowed while the hidden PP send/recv holds its NCCL channels' SMs
+    (`constants` P2P_CHANNELS_PER_PEER x P2P_PEERS CTAs) beside it: that share of the SMs for the
+    hidden p2p's duration."""
+    n = float(getattr(cluster, "sm_count", 0) or 0)
+    share = min(P2P_CHANNELS_PER_PEER * P2P_PEERS / n, 0.9) if n > 1 else 0.0
+    return share * np.asarray(hidden_s, float)
 
 
 # ---- data-parallel collectives and optimizer ------------------------------------------------------------
@@ -621,6 +641,12 @@ class DPComm:
     grad: np.ndarray
     param_gather: np.ndarray
     sm_share: np.ndarray = None  # compute slowed while the hidden collectives hold SMs
+    grad_s: np.ndarray = None  # seconds of the whole grad reduce(-scatter) / param all-gather
+    gather_s: np.ndarray = None
+    hidden_grad: np.ndarray = None  # seconds of the grad reduce(-scatter) hidden under the backward
+    hidden_gather: np.ndarray = None  # seconds of the param all-gather hidden under the forward
+    grad_bytes: np.ndarray = None  # per-GPU buffer each moves (gradients; bf16 parameters)
+    gather_bytes: np.ndarray = None
 
 
 def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,
@@ -654,7 +680,7 @@ def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarra
     n = float(getattr(ops.c, "sm_count", 0) or 0)
     share = min(NCCL_COMM_SMS / n, 0.9) if (n > 1 and ops.async_launch) else 0.0
     sm = share * ((grad_t - grad) + (ag_t - gather))
-    return DPComm(grad, gather, sm)
+    return DPComm(grad, gather, sm, grad_t, ag_t, grad_t - grad, ag_t - gather, gb * (Pd + Pe), 2.0 * (Pd + Pe))
 
 
 def optimizer_step(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,

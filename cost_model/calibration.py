@@ -64,6 +64,9 @@ COMPONENT_CLASS = {
     "ep_overlap_hbm_share": "ep_comm", "dispatcher_preprocess": "ep_comm",
     # the hidden DP collectives' SMs taken from the compute they hide under
     "dp_overlap_sm_share": "other_comm",
+    # the HBM bandwidth the hidden DP collectives take from the memory-bound compute under them, and
+    # the hidden PP send/recv's SMs and HBM bandwidth (issue 22): the communication's cost
+    "dp_overlap_hbm_share": "other_comm", "pp_p2p_sm_share": "other_comm", "pp_p2p_hbm_share": "other_comm",
     # fp32 main-grad accumulation of the weight-gradient GEMMs
     "wgrad_main_grad": "gemm",
     # the fixed per-kernel slot of the non-GEMM kernels

@@ -276,3 +276,22 @@ WGRAD_OUTPUT_BYTES = 2.0
 # the payload over the communication's duration (design choice: send and receive volumes taken
 # equal, as they are under balanced routing and for ring collectives).
 COMM_HBM_BYTES_PER_PAYLOAD = 2.0
+
+# ---- SMs held by hidden pipeline p2p ------------------------------------------------------------------
+# The interleaved schedule overlaps its stage-boundary send/recv with the next chunk's compute
+# (megatron-core 0.16.1 schedules.py forward_backward_pipelining_with_interleaving, overlap_p2p_comm);
+# NCCL runs a p2p on its own channels, one CTA (SM) each: NCCL_NCHANNELS_PER_NET_PEER defaults to 2
+# over the network, and an NVLink peer gets 2 x max(1, path bw / link bw) (NCCL src/graph/paths.cc
+# ncclTopoGetNchannels; the floor of 2 used for both). A stage exchanges with two neighbours at once
+# (send_forward_recv_backward / send_backward_recv_forward, p2p_communication.py), so 2 peers x 2.
+P2P_CHANNELS_PER_PEER = 2
+P2P_PEERS = 2
+
+# ---- host time of one launch issued from C++ -----------------------------------------------------------
+# A kernel launched from a C++ loop (TE GroupedLinear's per-expert GEMMs and quantizers) costs the
+# host the CUDA launch call alone, not a PyTorch-level op: 3.8 us per cudaLaunchKernel /
+# cudaLaunchKernelExC on average over the compute phases of DeepSeek's public training trace
+# (github.com/deepseek-ai/profile-data train.json, H800 host, CUPTI tracing on: 3.1-4.0 us by phase;
+# `python bench/trace_host_idle.py train.json`). The per-op host time of everything else is the
+# `dispatch_gap` table (shipped: cost_model/build_default_tables.py HOST_US_PER_LAUNCH).
+LAUNCH_API_S = 3.8e-6

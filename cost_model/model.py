@@ -76,6 +76,7 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
     moe_host_sync,
     optimizer_step,
     pipeline,
+    pp_p2p_sm_share,
     routed_experts,
     router_permutation,
     shared_expert_activation,
@@ -101,6 +102,8 @@ from cost_model.flops import model_flops_per_token
 from cost_model.memory import OFFLOAD_MODULES, col, memory_by_stage, offload_bytes, stage_params
 from cost_model.nongemm import (
     dispatcher_preprocess,
+    hidden_comm_hbm,
+    host_moe_launches,
     latency,
     layer_kernels,
     layer_weights,
@@ -236,6 +239,9 @@ COMPONENTS = ("attention_proj", "core_attention", "dense_mlp", "router_permutati
               "expert_gemm", "shared_expert", "elementwise", "kernel_latency", "wgrad_main_grad",
               "fp8_quantize", "moe_host_sync", "tp_comm", "cp_comm", "embedding", "lm_head_ce", "mtp",
               "activation_offload", "recompute")
+# The memory-bound components: what loses HBM bandwidth to a communication running beside it
+# (`nongemm.hidden_comm_hbm`), as a share of the stage's compute.
+MEMBOUND_COMPONENTS = ("elementwise", "router_permutation", "fp8_quantize", "wgrad_main_grad")
 # What a term is counted per: every transformer layer, dense layers, MoE layers, the embedding
 # (first stage), the LM head + loss (last stage).
 GROUPS = ("layer", "dense", "moe", "embedding", "loss")
@@ -294,11 +300,11 @@ class StepTerms:
         """[P, S] forward seconds of one microbatch per stage (recompute excluded)."""
         return _chain(st.count(g) * col(self.unit_fwd(g)) for g in GROUPS[1:]) * st.mask
 
-    def breakdown(self, st: Stages) -> dict:
+    def breakdown(self, st: Stages, components=COMPONENTS) -> dict:
         """{component: [P, S] seconds of one microbatch per stage}; the components sum to
         `stage_compute` (up to the order of the additions)."""
         out = {}
-        for c in COMPONENTS:
+        for c in components:
             parts = []
             for g in GROUPS:
                 ts = [t for t in self.terms if t.component == c and t.group == g]
@@ -483,7 +489,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
                        blackwell=bool(getattr(cl, "mxfp8", False))) if gpu else None
     # the GPU seconds after the sync: dispatch / combine as exposed, the experts, the shared expert
     # and the experts' fp8 casts
-    sync = (moe_host_sync(x, lk.moe - lk.router - lk.preprocess, epx.total.f + expert_t.f + shared.f + q8.moe.f)
+    sync = (moe_host_sync(x, host_moe_launches(lk, ops.gap) - lk.router - lk.preprocess,
+                          epx.total.f + expert_t.f + shared.f + q8.moe.f)
             if (gpu and spec.is_moe) else z)
 
     # -- one list of terms: the stage time and the breakdown both sum it -----------------------------
@@ -553,7 +560,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     # CUDA graphs: a graphed region's kernels become one replay per pass (`blocks.cuda_graphs`);
     # a full-iteration graph launches nothing per kernel
     if gpu:
-        gr = cuda_graphs(spec, pa, lk.attn, lk.dense, lk.moe, lk.router, lk.preprocess)
+        gr = cuda_graphs(spec, pa, lk.attn, lk.dense, host_moe_launches(lk, ops.gap), lk.router, lk.preprocess)
     else:
         gr = cuda_graphs(spec, pa, *structural_kernels(spec, x.tp, x.cp, pa.grouped_gemm.astype(bool),
                                                         experts.local_experts if experts is not None else z,
@@ -638,17 +645,34 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     # the param all-gather hides under the forward's wall time, not its GPU seconds (the same reason
     # as bwd_wall): on a launch-bound stage extra forward work widens no window (issue 22 item 7)
     dpc = dp_collectives(x, Pd, Pe, fwd_win, bwd_wall)
-    # the compute slowed by the SMs the hidden DP collectives hold: every stage's own, the step
-    # waiting for the most slowed (max over stages: more parameters on any stage never shortens it)
+    S = params.dense.shape[1]
+    # the compute slowed by the SMs and the HBM bandwidth the hidden DP collectives take: every
+    # stage's own, the step waiting for the most slowed (max over stages: more parameters on any
+    # stage never shortens it)
     if ops.async_launch:
-        dpc.sm_share = np.max(np.stack([dp_collectives(x, params.dense[:, s], params.expert[:, s], fwd_win,
-                                                       bwd_wall).sm_share for s in range(params.dense.shape[1])],
-                                       axis=1) * smask, axis=1)
+        per_stage = [dp_collectives(x, params.dense[:, s], params.expert[:, s], fwd_win, bwd_wall) for s in range(S)]
+        dpc.sm_share = np.max(np.stack([d.sm_share for d in per_stage], axis=1) * smask, axis=1)
+    # the HBM bandwidth hidden communication takes from the memory-bound compute under it (GPUs;
+    # issue 22): the interleaved schedule's overlapped PP send/recv (under the m microbatches'
+    # compute of the stage with the most memory-bound seconds: which stage is slowest can move with
+    # a little more work elsewhere) and the hidden DP collectives (under one microbatch's backward /
+    # forward of their own stage)
+    hbm = float(getattr(cl, "hbm_tbps", 0.0) or 0.0) * 1e12
+    if ops.async_launch and hbm > 0:
+        mb_stage = _chain(terms.breakdown(st, MEMBOUND_COMPONENTS).values()) * smask
+        p2p_sm = pp_p2p_sm_share(cl, pipe.hidden)
+        p2p_hbm = hidden_comm_hbm(pipe.p2p_bytes, pipe.one, pipe.hidden, m * np.max(mb_stage, axis=1), hbm)
+        dp_hbm = np.max(np.stack([hidden_comm_hbm(d.grad_bytes, d.grad_s, d.hidden_grad, mb_stage[:, s], hbm)
+                                  + hidden_comm_hbm(d.gather_bytes, d.gather_s, d.hidden_gather, mb_stage[:, s], hbm)
+                                  for s, d in enumerate(per_stage)], axis=1) * smask, axis=1)
+    else:
+        p2p_sm = p2p_hbm = dp_hbm = z
     opt_t = np.max(np.stack([optimizer_step(x, params.dense[:, s], params.expert[:, s], st.layers[:, s])
                              for s in range(params.dense.shape[1])], axis=1), axis=1)
 
     # -- step ---------------------------------------------------------------------------------------
-    raw = m * C + pipe.bubble + pipe.p2p + dpc.grad + dpc.param_gather + dpc.sm_share + opt_t
+    raw = (m * C + pipe.bubble + pipe.p2p + dpc.grad + dpc.param_gather + dpc.sm_share + opt_t
+           + p2p_sm + p2p_hbm + dp_hbm)
     step = raw * calibration_scale
     tokens = workload.gbs * workload.seq
     out = {"step_time_s": step, "tokens_per_s_per_gpu": tokens / step / W, "microbatches": m,
@@ -686,6 +710,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
             bd["cpu_launch_floor"] = np.maximum(0.0, left)
         bd.update(pipeline_bubble=pipe.bubble, pp_p2p=pipe.p2p, dp_grad_reduce_scatter=dpc.grad,
                   dp_param_all_gather=dpc.param_gather, dp_overlap_sm_share=dpc.sm_share, optimizer_step=opt_t,
+                  pp_p2p_sm_share=p2p_sm, pp_p2p_hbm_share=p2p_hbm, dp_overlap_hbm_share=dp_hbm,
                   calibration=raw * (calibration_scale - 1.0))
         out["breakdown_s"] = bd
         out["memory_by_stage_gib"] = mem

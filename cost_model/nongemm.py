@@ -38,6 +38,7 @@ from cost_model.constants import (
     KERNELS_ROUTER_SCORE,
     KERNELS_TP_ATTENTION,
     KERNELS_TP_DENSE_MLP,
+    LAUNCH_API_S,
     TE_GEMM_STREAMS,
     WGRAD_OUTPUT_BYTES,
 )
@@ -140,6 +141,7 @@ class LayerKernels:
     router: np.ndarray
     preprocess: np.ndarray
     moe_streamed: np.ndarray  # per-expert GEMM launches spread over TE's compute streams
+    looped: np.ndarray = None  # launches TE issues from a C++ loop (per-expert GEMMs and quantizers)
 
     def device_slots(self):
         """(attention, dense MLP, MoE MLP) forward kernels that each take a fixed device slot, the
@@ -176,8 +178,18 @@ def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, 
     # TE GroupedLinear), and the shared expert's two
     moe_fp8 = fp8_kernels(precision, 2 * launches + (2 if shared else 0))
     moe = (moe_ng + KERNELS_GEMM_ROUTER + KERNELS_EP_COMM + 2 * launches + (2 if shared else 0) + moe_fp8)
+    # TE GroupedLinear issues its per-expert GEMMs (general_grouped_gemm) and per-expert quantizers
+    # (split_quantize) from one C++ call each: those launches cost the host the launch API alone
+    looped = np.where(launches > 1, 2 * launches + fp8_kernels(precision, 2 * launches), 0.0) * one
     return LayerKernels(attn, dense, moe, attn_fp8, dense_fp8, moe_fp8,
-                        router + KERNELS_GEMM_ROUTER, pre, np.where(launches > 1, 2 * launches, 0.0) * one)
+                        router + KERNELS_GEMM_ROUTER, pre, np.where(launches > 1, 2 * launches, 0.0) * one, looped)
+
+
+def host_moe_launches(lk: LayerKernels, gap_s: float) -> np.ndarray:
+    """Forward MoE-block kernels in units of the host's per-launch time `gap_s` (a PyTorch-level op):
+    the launches TE loops over in C++ cost the launch API alone (`constants` LAUNCH_API_S), so each
+    counts LAUNCH_API_S / gap_s of one (at most one)."""
+    return lk.moe - lk.looped * max(0.0, 1.0 - LAUNCH_API_S / max(gap_s, 1e-12))
 
 
 def latency(fwd_kernels):
@@ -260,6 +272,19 @@ def comm_hbm_share(payload_bytes, comm_s, hbm_bytes_per_s):
     at one half."""
     rate = COMM_HBM_BYTES_PER_PAYLOAD * np.asarray(payload_bytes, float) / np.maximum(np.asarray(comm_s, float), 1e-12)
     return np.clip(rate / hbm_bytes_per_s, 0.0, 0.5)
+
+
+def hidden_comm_hbm(payload_bytes, comm_s, hidden_s, membound_s, hbm_bytes_per_s):
+    """Seconds the compute under a hidden communication loses to the HBM bandwidth it takes: a
+    communication moving `payload_bytes` in `comm_s` takes its `comm_hbm_share` while it runs, and
+    the memory-bound compute under its `hidden_s`, at most `membound_s` (the memory-bound GPU seconds
+    of the compute it hides under), waits that share of its time: to first order in the share (the
+    exact slowdown, `hbm_contention`, is share / (1 - share)), which keeps the loss growing with the
+    bytes hidden, never shrinking when the same bytes move more slowly. An upper bound where the
+    communication also overlaps compute-bound kernels."""
+    hidden_s = np.asarray(hidden_s, float)
+    share = comm_hbm_share(payload_bytes, comm_s, hbm_bytes_per_s)
+    return np.where(hidden_s > 0, np.minimum(np.asarray(membound_s, float), hidden_s) * share, 0.0)
 
 
 def hbm_contention(membound_s, comm_s, share):

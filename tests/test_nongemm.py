@@ -11,8 +11,14 @@ import pytest
 
 from cost_model import predict
 from cost_model.calibration import IDENTITY
-from cost_model.constants import KERNEL_LATENCY_S, KERNELS_PERMUTE, KERNELS_PREPROCESS, TE_GEMM_STREAMS
-from cost_model.nongemm import comm_hbm_share, expert_gemm_launches, hbm_contention, layer_kernels
+from cost_model.constants import KERNEL_LATENCY_S, KERNELS_PERMUTE, KERNELS_PREPROCESS, LAUNCH_API_S, TE_GEMM_STREAMS
+from cost_model.nongemm import (
+    comm_hbm_share,
+    expert_gemm_launches,
+    hbm_contention,
+    host_moe_launches,
+    layer_kernels,
+)
 from specs.models import load_model
 from specs.plan import PRECISIONS, Plan
 from tests.workloads import workload as _w
@@ -158,3 +164,21 @@ def test_qk_norms_move_bytes_only_where_the_model_has_them():
     assert with_norms > without
     longer = _bd(_w(seq=8192, gbs=32), _hybridep())["elementwise"]  # same tokens per step, 2x per microbatch
     assert longer == pytest.approx(with_norms, rel=0.05)
+
+
+def test_te_cpp_loop_launches_cost_the_host_the_launch_call_only():
+    # EP16 fp8 on Hopper: 8 local experts, per-expert GEMMs (fc1, fc2) and per-expert quantizers
+    # (2 operands x 2 kernels under current scaling) issued from TE's C++ loops: 16 + 32
+    spec = load_model("qwen3-30b-a3b")
+    lk = _kernels(spec, HYBRIDEP, precision=PRECISIONS.index("fp8-tensorwise"), local=8)
+    assert float(lk.looped[0]) == 16 + 32
+    gap = 22e-6
+    host = host_moe_launches(lk, gap)
+    assert float(host[0]) == pytest.approx(float(lk.moe[0]) - 48 * (1 - LAUNCH_API_S / gap))
+    # a host slower per PyTorch op makes the C++-looped launches count for less of one
+    assert float(host_moe_launches(lk, 44e-6)[0]) < float(host[0]) < float(lk.moe[0])
+    # one grouped kernel (Blackwell bf16): nothing looped, every launch a PyTorch-level op
+    one = _kernels(spec, HYBRIDEP, precision=0, local=8, blackwell=True)
+    assert float(one.looped[0]) == 0 and float(host_moe_launches(one, gap)[0]) == float(one.moe[0])
+    # a host whose per-op time is below the launch call's: the loops cost one op each, no more
+    assert float(host_moe_launches(lk, 2e-6)[0]) == float(lk.moe[0])
