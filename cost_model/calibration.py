@@ -83,7 +83,7 @@ COMPONENT_CLASS = {
 # The serving model's parts and their classes: a step's time belongs to its phase.
 SERVE_COMPONENT_CLASS = {"prefill_step": "prefill", "decode_step": "decode"}
 NOT_A_CLASS = ("calibration",)  # the breakdown's own calibration term is the output, not an input
-PRIOR_SD = 0.3  # prior sd of d_k = log f_k - log c: a class within x0.74..x1.35 of the common scale at one sd
+PRIOR_SD = 0.5  # prior sd of d_k = log f_k - log c: a class within x0.61..x1.65 of the common scale at one sd
 COMMON_PRIOR_SD = 1.0  # prior sd of log c: weak (x0.37..x2.7 at one sd), only keeps a fit without rows finite
 SPLIT_WEIGHT = 0.5  # weight of a class's measured time beside the step total (module docstring)
 OBS_SD = 0.1  # the soft-L1 scale of a log-time residual (host noise of a step, ~10%)
