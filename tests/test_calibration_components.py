@@ -210,10 +210,10 @@ def test_profiled_split_keeps_the_backward_of_an_in_place_masked_view_in_its_mod
     assert any("CopySlices" in e.name for e in prof.events())  # the case this test is about
     by_op: dict = {}
     split_events(prof.events(), 1e12, None, by_op)
-    big = {(c, n): us for (c, n), (us, _) in by_op.items() if n in ("aten::copy_", "aten::masked_fill_", "aten::fill_")}
-    in_attention = sum(us for (c, _), us in big.items() if c == "attention")
-    elsewhere = sum(us for (c, _), us in big.items() if c != "attention")
-    assert in_attention > 4 * elsewhere, big
+    # the mask: forward in place, and MaskedFillBackward0's masked_fill_ under CopySlices in the
+    # backward; counted by call, not time, so a loaded host cannot move the verdict
+    masks = {c: n for (c, name), (_, n) in by_op.items() if name == "aten::masked_fill_"}
+    assert masks == {"attention": 2}, by_op
 
 
 def test_module_hooks_time_the_labelled_modules_and_the_profiler_splits_the_rest():
