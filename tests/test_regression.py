@@ -59,6 +59,14 @@ REGENERATIONS = [
      "deepseek-v3 -5.9%..+53.7%, qwen3-30b-a3b -3.5%..+191% (EP1 fp8 on Hopper: 128 per-expert GEMM and "
      "quantize launches make it host-bound), gpt-oss-120b -6.1%..+15.7%, qwen3-235b -6.1%..+21.3%",
      "9eb3f31b2ec6766fce998636a5cb6b028ad0678165f9cc5ec7d101ccc7e00778"),
+    ("merge of i22b + i27b (2026-12-05)", "issue 22: host time per launch from DeepSeek's public trace "
+     "(22 us per PyTorch-level op in the GPU dispatch_gap tables, 3.8 us per launch from TE's C++ loops), "
+     "hidden PP p2p SM/HBM shares and the DP collectives' HBM share; issue 27: the dispatcher's side "
+     "exchanges (token counts, routing probabilities, routing map) from megatron-core's token_dispatcher; "
+     "GPU calibration refit 1.3500 -> 1.3445. Same plans and scripts; step times move: mixtral -0.3%..+1.4%, "
+     "deepseek-v3 -1.5%..+0.1%, qwen3-30b-a3b -15.3%..+4.3% (EP1 fp8: TE's per-expert launches at 3.8 us), "
+     "gpt-oss-120b -0.3%..+0.5%, qwen3-235b -0.3%..+5.8%",
+     "ff195d0c554d24e8e00045ef29ee2eee29aff0664bc3d653eeea446ffd76269d"),
 ]
 
 
