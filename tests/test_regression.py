@@ -63,10 +63,10 @@ REGENERATIONS = [
      "(22 us per PyTorch-level op in the GPU dispatch_gap tables, 3.8 us per launch from TE's C++ loops), "
      "hidden PP p2p SM/HBM shares and the DP collectives' HBM share; issue 27: the dispatcher's side "
      "exchanges (token counts, routing probabilities, routing map) from megatron-core's token_dispatcher; "
-     "GPU calibration refit 1.3500 -> 1.3445. Same plans and scripts; step times move: mixtral -0.3%..+1.4%, "
+     "GPU calibration refit 1.3500 -> 1.3445 on the merged model. Same plans and scripts; step times move: mixtral -0.3%..+1.4%, "
      "deepseek-v3 -1.5%..+0.1%, qwen3-30b-a3b -15.3%..+4.3% (EP1 fp8: TE's per-expert launches at 3.8 us), "
      "gpt-oss-120b -0.3%..+0.5%, qwen3-235b -0.3%..+5.8%",
-     "ff195d0c554d24e8e00045ef29ee2eee29aff0664bc3d653eeea446ffd76269d"),
+     "ce4df8fe2fecd508a454514e264d06f7fedc6f28c4c556abb7f9384d86faf945"),
 ]
 
 
