@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from clusters import load_cluster
-from cost_model.serving.kernel_path import (DATA, PREFILL_MIN_M, dense_path, efficiency, moe_path,
-                                            path_ratios, step_efficiencies)
+from cost_model.serving.kernel_path import DATA, PREFILL_MIN_M, dense_path, efficiency, moe_path, path_ratios, step_efficiencies
 from cost_model.serving.plans import effective_plans, to_cols
 from cost_model.serving.step import StepModel
 from cost_model.tables import load_tables, tables_dir_for
