@@ -173,7 +173,13 @@ class StepModel:
         down = down + self.ops.fp8_cast(g * m * f_loc)
         # decode: the weights the batch activates, read at the bandwidth the fused-MoE kernel
         # reaches at this shard width (thin expert-TP shards far below the HBM peak; `fused_moe`)
-        return np.maximum(up + down, self.expert_weight_bytes(tokens_inst) / self.expert_bw)
+        gemms = np.maximum(up + down, self.expert_weight_bytes(tokens_inst) / self.expert_bw)
+        # without an all-to-all the fused_moe runner writes every routed copy's output
+        # ([tokens, topk, hidden] bf16) and a separate kernel sums the top-k copies of each token
+        # (sglang fused_moe.py moe_sum_reduce_triton: reads them, writes [tokens, hidden]); under
+        # DeepEP the combine does that sum (priced in `_comm`)
+        topk_sum = tokens_inst * (k + 1) * h * 2.0 / self.hbm_bw
+        return gemms + np.where(c.a2a > 0, 0.0, topk_sum)
 
     def _comm(self, tokens_inst, decode: bool = False):
         """Communication seconds on one GPU per (MoE layer, dense layer).
