@@ -79,3 +79,14 @@ def test_topk_sum_is_priced_only_without_an_all_to_all():
     without = float(sm._experts(T)[0])
     want = 8192 * (DSV3.moe_router_topk + 1) * DSV3.hidden_size * 2.0 / sm.hbm_bw
     assert with_sum - without == pytest.approx(want, rel=1e-6)
+
+
+def test_a_prediction_reports_the_kernels_it_priced():
+    from cost_model.serving import predict_serve
+    from cost_model.serving.calibration import IDENTITY
+    from specs.serve_plan import ServeWorkload
+    w = ServeWorkload(isl=1000, osl=100, concurrency=8, phase="decode")
+    tp, ep = (predict_serve(DSV3, H200, ServePlan.parse(p), w, precision="fp8", calibration=IDENTITY).extra["gemm_paths"]
+              for p in ("tp=8", "tp=8,attn_dp=8,a2a=deepep"))
+    assert tp == {"dense": "deep_gemm", "experts": "triton_fused_moe"}
+    assert ep == {"dense": "deep_gemm", "experts": "deep_gemm"}

@@ -19,6 +19,7 @@ import numpy as np
 
 from cost_model.serving.calibration import load_default, phase_factors
 from cost_model.serving.constants import DEFAULT_MAX_RUNNING
+from cost_model.serving.kernel_path import paths as kernel_paths
 from cost_model.serving.memory import capacity
 from cost_model.serving.pd import pd_arrays
 from cost_model.serving.plans import effective_plans, to_cols
@@ -186,7 +187,8 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
                "mem_frac": float(est["mem_frac"][0]), "kv_pool_tokens_per_gpu": float(est["kv_pool_tokens"][0]),
                "replicas": int(est["replicas"][0]), "calibration_scale": cal.scale, "calibration_id": cal.id,
                "calibration_factors": dict(zip(("prefill", "decode"), phase_factors(cal))),
-               "cuda_graphs_decode": bool(c.graph_bs[0] > 0)})
+               "cuda_graphs_decode": bool(c.graph_bs[0] > 0),
+               "gemm_paths": kernel_paths(cluster, fp8, bool(c.a2a[0] > 0), deepgemm_jit)})
     if c.pd_p[0] > 0 and w.phase == "both":
         out.extra.update({"method": "pd-steady-state", "pd_bound": str(est["pd_bound"][0])})
         return out

@@ -73,6 +73,13 @@ def moe_path(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True) -> str:
     return "triton_fused_moe"
 
 
+def paths(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True) -> dict[str, str]:
+    """{"dense": path, "experts": path} of one plan, as a prediction reports them (CPU: "cpu")."""
+    if not getattr(cluster, "is_gpu", True):
+        return {"dense": "cpu", "experts": "cpu"}
+    return {"dense": dense_path(cluster, fp8, deepgemm_jit), "experts": moe_path(cluster, fp8, a2a, deepgemm_jit)}
+
+
 # path -> the measured path whose ratio it takes (None: the table's own rate)
 _RATIO_OF = {"deep_gemm": "deep_gemm", "cutlass": "cutlass", "triton": "triton",
              "triton_fused_moe": "triton", "cublas": None, "flashinfer_trtllm": None}
