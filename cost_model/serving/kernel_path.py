@@ -21,8 +21,9 @@ the geometric mean of t(DeepGEMM) / t(path). Assumed where nothing is measured, 
   scales) as Triton w8a8_block_fp8_matmul, with rows gathered per expert: it takes that kernel's ratio.
 - FlashInfer TRT-LLM (Blackwell, DeepGEMM JIT off) and bf16 Triton fused_moe: no public
   prefill-size comparison found; priced at the table's rate (ratio 1).
-The ratio divides only the compute term of a GEMM; the weight-read floor (and the decode
-expert bandwidth of `fused_moe`, itself measured on the Triton kernel) is unchanged.
+The ratio divides the table's GEMM time (`StepModel._gemm` / `_experts`); the weight-read floor
+beside it (and the decode expert bandwidth of `fused_moe`, itself measured on the Triton kernel)
+is unchanged, so small decode batches stay bandwidth-priced and prefill-sized GEMMs take the ratio.
 """
 from __future__ import annotations
 
