@@ -282,4 +282,11 @@ def test_medians_beside_p90_and_the_warm_up_burst():
     p = predict_serve(DSV3, H200, ServePlan.parse("tp=8"), w, precision="fp8", calibration=ID)
     x = p.extra
     assert x["ttft_p50_s"] <= p.ttft_p90_s and x["tpot_p50_s"] <= p.tpot_p90_s
-    assert x["ttft_mean_with_warmup_s"] > x["ttft_p50_s"]  # the burst queues 64 prompts behind each other
+    # the warm-up requests are in the mean, not in the percentiles: a different statistic (the
+    # simulator staggers the closed loop's first `concurrency` arrivals over one request's life,
+    # sim.py, so whether their mean lands above the steady median depends on the step times)
+    assert x["ttft_mean_with_warmup_s"] > 0
+    assert x["ttft_mean_with_warmup_s"] != pytest.approx(x["ttft_p50_s"], rel=1e-3)
+    # 64 prompts sent together queue behind each other: far above the closed loop's median
+    b = predict_serve(DSV3, H200, ServePlan.parse("tp=8"), w, precision="fp8", calibration=ID, burst=True, n_requests=64)
+    assert b.extra["ttft_mean_with_warmup_s"] > 5 * x["ttft_p50_s"]

@@ -19,6 +19,7 @@ import numpy as np
 
 from cost_model.serving.calibration import load_default, phase_factors
 from cost_model.serving.constants import DEFAULT_MAX_RUNNING
+from cost_model.serving.kernel_path import paths as kernel_paths
 from cost_model.serving.memory import capacity
 from cost_model.serving.pd import pd_arrays
 from cost_model.serving.plans import effective_plans, to_cols
@@ -59,16 +60,17 @@ def _default_tables(kind: str):
     return _TABLES[d]
 
 
-def _setup(model, cluster, plans, precision, tables, imbalance, routing_skew):
+def _setup(model, cluster, plans, precision, tables, imbalance, routing_skew, deepgemm_jit=True):
     tables = tables if tables is not None else _default_tables(cluster.kind)
     c = to_cols(effective_plans(plans, model, cluster))
     fp8 = precision in FP8_PRECISIONS
-    sm = StepModel(model, cluster, tables, c, fp8=fp8, imbalance=imbalance, routing_skew=routing_skew)
+    sm = StepModel(model, cluster, tables, c, fp8=fp8, imbalance=imbalance, routing_skew=routing_skew,
+                   deepgemm_jit=deepgemm_jit)
     return c, sm, fp8
 
 
 def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=None, calibration=None,
-                imbalance=1.0, routing_skew=0.0) -> dict:
+                imbalance=1.0, routing_skew=0.0, deepgemm_jit: bool = True) -> dict:
     """Analytic steady state of every plan (arrays). Closed loop at `workload.concurrency`
     requests per instance... per deployment of `cluster.num_devices` GPUs (decode phase: per GPU).
 
@@ -77,7 +79,7 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
     TPOT is a decode step plus the prefill steps that interrupt it; TTFT is the prefill of one
     prompt plus the wait for a free slot when concurrency exceeds the batch."""
     cal = calibration or load_default()
-    c, sm, fp8 = _setup(model, cluster, plans, precision, tables, imbalance, routing_skew)
+    c, sm, fp8 = _setup(model, cluster, plans, precision, tables, imbalance, routing_skew, deepgemm_jit)
     w = workload
     isl, osl = float(w.isl), float(w.osl)
     # phase prefill / decode price one pool of a disaggregated deployment: SGLang sizes such a
@@ -152,7 +154,7 @@ def _grid_fn(fn, xs, ys):
 
 def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=None, calibration=None,
                   imbalance=1.0, routing_skew=0.0, extra_reasons=(), n_requests: int = 0,
-                  burst: bool = False, requests=None) -> ServePrediction:
+                  burst: bool = False, requests=None, deepgemm_jit: bool = True) -> ServePrediction:
     """One plan: memory, then the simulation (phase both / prefill) or the steady decode step.
     `burst`: all `n_requests` arrive at t=0 and are not replaced (how "N prompts sent at once"
     benchmarks run); otherwise a closed loop at `workload.concurrency` until `n_requests`
@@ -160,14 +162,16 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     `requests` (burst only): the (isl, osl) of every request (e.g. `lengths.sharegpt_lengths`);
     default `n_requests` of exactly workload.isl / osl. Requests are dealt round robin to the
     replicas and attention-DP ranks (SGLang's DP controller); one rank's share is simulated and
-    throughput = all its tokens / its makespan (bench_serving's total throughput)."""
+    throughput = all its tokens / its makespan (bench_serving's total throughput).
+    `deepgemm_jit`: SGLANG_ENABLE_JIT_DEEPGEMM (default on, as in SGLang); off changes the GEMM
+    kernels SGLang runs (`kernel_path`)."""
     cal = calibration or load_default()
     w = workload
     eff = effective_plans([plan], model, cluster)[0]
     est = rank_arrays(model, cluster, [eff], w, precision=precision, tables=tables, calibration=cal,
-                      imbalance=imbalance, routing_skew=routing_skew)
+                      imbalance=imbalance, routing_skew=routing_skew, deepgemm_jit=deepgemm_jit)
     reasons = [r for r in extra_reasons] + ([str(est["reason"][0])] if est["reason"][0] else [])
-    c, sm, fp8 = _setup(model, cluster, [eff], precision, tables, imbalance, routing_skew)
+    c, sm, fp8 = _setup(model, cluster, [eff], precision, tables, imbalance, routing_skew, deepgemm_jit)
     gpus_inst = int(c.tp[0] * c.pp[0])
     a = int(c.attn_dp[0])
     plan = eff.source
@@ -183,7 +187,8 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
                "mem_frac": float(est["mem_frac"][0]), "kv_pool_tokens_per_gpu": float(est["kv_pool_tokens"][0]),
                "replicas": int(est["replicas"][0]), "calibration_scale": cal.scale, "calibration_id": cal.id,
                "calibration_factors": dict(zip(("prefill", "decode"), phase_factors(cal))),
-               "cuda_graphs_decode": bool(c.graph_bs[0] > 0)})
+               "cuda_graphs_decode": bool(c.graph_bs[0] > 0),
+               "gemm_paths": kernel_paths(cluster, fp8, bool(c.a2a[0] > 0), deepgemm_jit)})
     if c.pd_p[0] > 0 and w.phase == "both":
         out.extra.update({"method": "pd-steady-state", "pd_bound": str(est["pd_bound"][0])})
         return out

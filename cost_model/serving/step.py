@@ -19,6 +19,7 @@ from cost_model.flops import param_counts
 from cost_model.ops import TableOps
 from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNEL_MIN_S, KERNELS_PER_LAYER, PRICED_KERNELS, SCHED_OVERHEAD_S, SMALL_KERNELS_PER_LAYER
 from cost_model.serving.fused_moe import expert_bandwidth_efficiency
+from cost_model.serving.kernel_path import step_efficiencies
 from cost_model.serving.memory import kv_bytes_per_token
 from specs.errors import InputError
 
@@ -59,7 +60,8 @@ def _custom_ar_rows(hw: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 class StepModel:
     """Step-time functions of one model on one cluster (fixed precision) for plan columns `c`."""
 
-    def __init__(self, spec, cluster, tables, c, *, fp8: bool, imbalance: float = 1.0, routing_skew: float = 0.0):
+    def __init__(self, spec, cluster, tables, c, *, fp8: bool, imbalance: float = 1.0, routing_skew: float = 0.0,
+                 deepgemm_jit: bool = True):
         # the boundary of the serving model: a NaN here would become a NaN clock in the simulator
         if not (math.isfinite(routing_skew) and routing_skew >= 0):
             raise InputError(f"routing skew must be a finite number >= 0, got {routing_skew}")
@@ -69,6 +71,9 @@ class StepModel:
         self.fp8 = fp8
         self.ops = TableOps(tables, cluster, np.full(len(c), fp8))
         self.wbytes = 1.0 if fp8 else 2.0
+        # the GEMM kernels SGLang runs (DeepGEMM, CUTLASS, Triton fused_moe, ...) next to the
+        # tables' kernel: dense linears, and routed experts per plan (`kernel_path`)
+        self.dense_eff, self.moe_eff = step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit)
         # a GPU kernel's minimum duration (constants.KERNEL_MIN_S); on CPU only the launch gap
         self.kmin = KERNEL_MIN_S if cluster.is_gpu else GPU_KERNEL_GAP_S
         self.imb = imbalance
@@ -122,7 +127,7 @@ class StepModel:
         h = self.s.hidden_size
         n = np.maximum(params_per_gpu / h, 1.0)
         f, _ = self.ops.gemm(m, n, h)
-        f = f + self.ops.fp8_cast(np.maximum(np.asarray(m, float), 1.0) * h)  # w8a8: the input cast
+        f = f / self.dense_eff + self.ops.fp8_cast(np.maximum(np.asarray(m, float), 1.0) * h)  # w8a8: the input cast
         return np.maximum(f, params_per_gpu * self.wbytes / self.hbm_bw)
 
     def distinct_experts(self, tokens):
@@ -162,12 +167,19 @@ class StepModel:
         m = np.maximum(rows / active, 1.0)
         up, _ = self.ops.grouped(active, m, 2 * f_loc, h, True)
         down, _ = self.ops.grouped(active, m, h, f_loc, True)
+        up, down = up / self.moe_eff, down / self.moe_eff  # the kernel SGLang runs (`kernel_path`)
         g = np.maximum(active, 1.0)  # as `grouped` clamps it
         up = up + self.ops.fp8_cast(g * m * h)  # w8a8: each expert GEMM's input cast
         down = down + self.ops.fp8_cast(g * m * f_loc)
         # decode: the weights the batch activates, read at the bandwidth the fused-MoE kernel
         # reaches at this shard width (thin expert-TP shards far below the HBM peak; `fused_moe`)
-        return np.maximum(up + down, self.expert_weight_bytes(tokens_inst) / self.expert_bw)
+        gemms = np.maximum(up + down, self.expert_weight_bytes(tokens_inst) / self.expert_bw)
+        # without an all-to-all the fused_moe runner writes every routed copy's output
+        # ([tokens, topk, hidden] bf16) and a separate kernel sums the top-k copies of each token
+        # (sglang fused_moe.py moe_sum_reduce_triton: reads them, writes [tokens, hidden]); under
+        # DeepEP the combine does that sum (priced in `_comm`)
+        topk_sum = tokens_inst * (k + 1) * h * 2.0 / self.hbm_bw
+        return gemms + np.where(c.a2a > 0, 0.0, topk_sum)
 
     def _comm(self, tokens_inst, decode: bool = False):
         """Communication seconds on one GPU per (MoE layer, dense layer).

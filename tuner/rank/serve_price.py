@@ -103,9 +103,12 @@ def goodput(effs: list, model, cluster, workload, *, concurrencies: list[int] | 
     pd_of = np.array([e.plan.pd not in ("", "-") for e in uniq])
     pts = {"aggregated": ([], []), "disaggregated": ([], [])}
     # In the steady state TTFT and TPOT grow with the requests in flight, and throughput stops growing
-    # once the running batch is capped: a plan that misses an SLO, or gains nothing, at one concurrency
-    # is not priced at the higher ones (the sweep then costs far less than len(conc) full passes).
+    # once the running batch is capped: a plan that misses an SLO, or whose batch no longer grows and
+    # gains nothing, at one concurrency is not priced at the higher ones (the sweep then costs far
+    # less than len(conc) full passes). A batch that still grows is followed through a dip: past the
+    # CUDA-graph batch the step runs eager, and throughput can fall and then recover.
     active, prev = fit, np.full(n, -np.inf)
+    prev_b = np.full(n, -np.inf)
     for c in conc:
         if not len(active):
             break
@@ -125,8 +128,9 @@ def goodput(effs: list, model, cluster, workload, *, concurrencies: list[int] | 
         best["concurrency"][idx] = c
         for k in keys:
             best[k][idx] = np.asarray(r[k][sel], float)[better]
-        gains = ok & (obj > prev[active] * (1 + 1e-6))
-        prev[active] = obj
+        b = np.asarray(r["batch_rank"][sel], float)
+        gains = ok & ((obj > prev[active] * (1 + 1e-6)) | (b > prev_b[active] * (1 + 1e-6)))
+        prev[active], prev_b[active] = obj, b
         active = active[gains]
     never = fit[~(best["objective"][fit] > 0)]
     excluded.update(str(slo_miss[i]) or "no_throughput_predicted" for i in never)

@@ -1,0 +1,105 @@
+"""Which GEMM kernels SGLang 0.5.x runs for a plan, and how fast each is next to the GEMM tables.
+
+The shared GEMM tables hold one kernel family: fp8 is a tiled-roofline fit to DeepGEMM's H800 rows
+(`cost_model/build_default_tables.py`), bf16 the cuBLAS-class MAMF rate. SGLang does not always run
+those kernels; what it runs (source: sgl-project/sglang python/sglang/srt/):
+- dense fp8 block-quantised linears (`layers/quantization/fp8_utils.py` dispatch_w8a8_block_fp8_linear,
+  auto): DeepGEMM when `deep_gemm_wrapper.ENABLE_JIT_DEEPGEMM` (sm >= 90 and SGLANG_ENABLE_JIT_DEEPGEMM,
+  default true); else FlashInfer TRT-LLM groupwise on Blackwell, else CUTLASS
+  (sgl-kernel fp8_blockwise_scaled_mm) on Hopper, else Triton w8a8_block_fp8_matmul.
+- routed experts, fp8 block: a DeepEP all-to-all runs the DeepGEMM grouped runner (contiguous
+  layout in normal mode, the DeepGEMM README's "grouped" rows); without an all-to-all
+  (`moe_a2a_backend none`) the MoE runner `auto` stays the Triton fused_moe kernel on Hopper, and on
+  sm100 becomes flashinfer_trtllm for DeepSeek-V3 / Qwen3-MoE fp8 (`server_args.py`,
+  "Use flashinfer_trtllm as MoE runner backend on sm100").
+- bf16: cuBLAS for dense linears (the bf16 table), Triton fused_moe for experts.
+
+Efficiency of each path relative to the table's kernel, from public same-GPU comparisons
+(cost_model/data/fp8_block_gemm_kernel_paths.csv, DeepSeek-V3 shapes at prefill-sized m >= 1024):
+the geometric mean of t(DeepGEMM) / t(path). Assumed where nothing is measured, and said so:
+- Triton fused_moe fp8 runs the same Triton tile loop (tl.dot over 128-wide k blocks with per-block
+  scales) as Triton w8a8_block_fp8_matmul, with rows gathered per expert: it takes that kernel's ratio.
+- FlashInfer TRT-LLM (Blackwell, DeepGEMM JIT off) and bf16 Triton fused_moe: no public
+  prefill-size comparison found; priced at the table's rate (ratio 1).
+The ratio divides the table's GEMM time (`StepModel._gemm` / `_experts`); the weight-read floor
+beside it (and the decode expert bandwidth of `fused_moe`, itself measured on the Triton kernel)
+is unchanged, so small decode batches stay bandwidth-priced and prefill-sized GEMMs take the ratio.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from clusters import is_blackwell, is_hopper
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "fp8_block_gemm_kernel_paths.csv"
+PREFILL_MIN_M = 1024  # rows of a prefill-sized GEMM: smaller m is bound by the weight read
+_RATIO: dict | None = None
+
+
+def path_ratios() -> dict[str, float]:
+    """{path: geometric mean of t(DeepGEMM) / t(path)} over the measured prefill-sized rows."""
+    global _RATIO
+    if _RATIO is None:
+        rows = [r for r in csv.DictReader(DATA.open()) if int(r["m"]) >= PREFILL_MIN_M]
+        dg = np.array([float(r["deep_gemm_us"]) for r in rows])
+        _RATIO = {"deep_gemm": 1.0}
+        for path in ("cutlass", "triton"):
+            t = np.array([float(r[f"{path}_us"]) for r in rows])
+            _RATIO[path] = float(np.exp(np.mean(np.log(dg / t))))
+    return _RATIO
+
+
+def dense_path(cluster, fp8: bool, deepgemm_jit: bool = True) -> str:
+    """The kernel SGLang runs for a dense (attention, shared-expert, dense-MLP) linear."""
+    if not fp8:
+        return "cublas"
+    if deepgemm_jit and (is_hopper(cluster) or is_blackwell(cluster)):
+        return "deep_gemm"
+    if is_blackwell(cluster):
+        return "flashinfer_trtllm"
+    return "cutlass" if is_hopper(cluster) else "triton"
+
+
+def moe_path(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True) -> str:
+    """The kernel SGLang runs for the routed experts (`a2a`: a DeepEP-like all-to-all backend)."""
+    if not fp8:
+        return "triton_fused_moe"
+    if a2a and deepgemm_jit:
+        return "deep_gemm"
+    if is_blackwell(cluster):
+        return "flashinfer_trtllm"
+    return "triton_fused_moe"
+
+
+def paths(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True) -> dict[str, str]:
+    """{"dense": path, "experts": path} of one plan, as a prediction reports them (CPU: "cpu")."""
+    if not getattr(cluster, "is_gpu", True):
+        return {"dense": "cpu", "experts": "cpu"}
+    return {"dense": dense_path(cluster, fp8, deepgemm_jit), "experts": moe_path(cluster, fp8, a2a, deepgemm_jit)}
+
+
+# path -> the measured path whose ratio it takes (None: the table's own rate)
+_RATIO_OF = {"deep_gemm": "deep_gemm", "cutlass": "cutlass", "triton": "triton",
+             "triton_fused_moe": "triton", "cublas": None, "flashinfer_trtllm": None}
+
+
+def efficiency(path: str, fp8: bool) -> float:
+    """Rate of `path` as a fraction of the GEMM table's rate (1 = the table's kernel)."""
+    src = _RATIO_OF[path]
+    if src is None or not fp8:  # bf16 Triton fused_moe: unmeasured, the table's rate
+        return 1.0
+    return path_ratios()[src]
+
+
+def step_efficiencies(cluster, fp8: bool, a2a_col, deepgemm_jit: bool = True) -> tuple[float, np.ndarray]:
+    """(dense efficiency, routed-expert efficiency per plan) of a step on `cluster`; GPUs only
+    (a CPU runs no SGLang kernel: 1)."""
+    a2a = np.asarray(a2a_col) > 0
+    if not getattr(cluster, "is_gpu", True):
+        return 1.0, np.ones(len(a2a))
+    dense = efficiency(dense_path(cluster, fp8, deepgemm_jit), fp8)
+    moe = np.array([efficiency(moe_path(cluster, fp8, bool(x), deepgemm_jit), fp8) for x in (False, True)])
+    return dense, moe[a2a.astype(int)]

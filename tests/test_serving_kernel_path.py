@@ -1,0 +1,92 @@
+"""The GEMM kernels SGLang runs (cost_model/serving/kernel_path.py): which path each (GPU, precision,
+all-to-all backend, DeepGEMM JIT) takes, the measured ratios behind them, and that the prefill step
+prices them (Triton fused_moe slower than DeepGEMM's grouped kernel on the same shapes)."""
+import csv
+
+import numpy as np
+import pytest
+
+from clusters import load_cluster
+from cost_model.serving.kernel_path import DATA, PREFILL_MIN_M, dense_path, efficiency, moe_path, path_ratios, step_efficiencies
+from cost_model.serving.plans import effective_plans, to_cols
+from cost_model.serving.step import StepModel
+from cost_model.tables import load_tables, tables_dir_for
+from specs.models import load_model
+from specs.serve_plan import ServePlan
+
+DSV3 = load_model("deepseek-v3")
+H200 = load_cluster("h200-sxm", 8)
+B200 = load_cluster("b200", 8)
+
+
+@pytest.mark.parametrize("cluster, fp8, a2a, jit, dense, moe", [
+    (H200, True, False, True, "deep_gemm", "triton_fused_moe"),   # SGLang defaults, TP MoE on Hopper
+    (H200, True, True, True, "deep_gemm", "deep_gemm"),           # DeepEP: the DeepGEMM grouped runner
+    (H200, True, False, False, "cutlass", "triton_fused_moe"),    # SGLANG_ENABLE_JIT_DEEPGEMM=0
+    (B200, True, False, False, "flashinfer_trtllm", "flashinfer_trtllm"),
+    (B200, True, False, True, "deep_gemm", "flashinfer_trtllm"),
+    (H200, False, False, True, "cublas", "triton_fused_moe"),
+])
+def test_each_gpu_precision_and_backend_takes_sglangs_path(cluster, fp8, a2a, jit, dense, moe):
+    assert dense_path(cluster, fp8, jit) == dense
+    assert moe_path(cluster, fp8, a2a, jit) == moe
+
+
+def test_ratios_are_the_geometric_mean_of_the_measured_prefill_rows():
+    rows = [r for r in csv.DictReader(DATA.open()) if int(r["m"]) >= PREFILL_MIN_M]
+    assert len(rows) >= 5 and all(r["source"] for r in rows)
+    tri = np.exp(np.mean([np.log(float(r["deep_gemm_us"]) / float(r["triton_us"])) for r in rows]))
+    assert path_ratios()["triton"] == pytest.approx(tri)
+    # DeepGEMM is the fastest of the three on every prefill-sized row; CUTLASS sits between
+    assert 0 < path_ratios()["triton"] < path_ratios()["cutlass"] < 1
+    assert efficiency("deep_gemm", True) == 1.0
+    assert efficiency("triton_fused_moe", True) == path_ratios()["triton"]
+    assert efficiency("triton_fused_moe", False) == 1.0  # bf16: unmeasured, the table's rate
+
+
+def test_deepep_plans_run_experts_at_the_table_rate_and_tp_plans_slower():
+    c = to_cols(effective_plans([ServePlan.parse(p) for p in ("tp=8", "tp=8,attn_dp=8,a2a=deepep")], DSV3, H200))
+    dense, moe = step_efficiencies(H200, True, c.a2a)
+    assert dense == 1.0
+    assert moe[0] == pytest.approx(path_ratios()["triton"]) and moe[1] == 1.0
+
+
+def test_prefill_prices_the_triton_fused_moe_below_deepgemm():
+    c = to_cols(effective_plans([ServePlan.parse("tp=8")], DSV3, H200))
+    tables = load_tables(tables_dir_for(H200.kind))
+    on = StepModel(DSV3, H200, tables, c, fp8=True)
+    off = StepModel(DSV3, H200, tables, c, fp8=True, deepgemm_jit=False)
+    T = np.array([8192.0])
+    # same Triton fused_moe either way; JIT off moves the dense linears onto CUTLASS
+    assert float(off._experts(T)[0]) == pytest.approx(float(on._experts(T)[0]))
+    assert float(off.prefill(8192.0, 0.0)[0][0]) > float(on.prefill(8192.0, 0.0)[0][0])
+    # the expert GEMMs of an 8k-token prefill are compute-bound: the path's ratio divides them
+    # (the fp8 input casts beside them do not change), so the layer slows by up to 1 / ratio
+    on.moe_eff = np.ones(1)
+    slow = float(off._experts(T)[0]) / float(on._experts(T)[0])
+    assert 1.5 < slow <= 1 / path_ratios()["triton"] + 1e-9
+
+
+def test_topk_sum_is_priced_only_without_an_all_to_all():
+    """The Triton fused_moe runner sums each token's top-k expert outputs in a kernel of its own
+    (read [tokens, topk, hidden], write [tokens, hidden], bf16); DeepEP's combine does that sum."""
+    from dataclasses import replace
+    c = to_cols(effective_plans([ServePlan.parse("tp=8")], DSV3, H200))
+    sm = StepModel(DSV3, H200, load_tables(tables_dir_for(H200.kind)), c, fp8=True)
+    T = np.array([8192.0])
+    with_sum = float(sm._experts(T)[0])
+    sm.c = replace(c, a2a=np.array([2]))  # the same experts and kernels, only the all-to-all flag differs
+    without = float(sm._experts(T)[0])
+    want = 8192 * (DSV3.moe_router_topk + 1) * DSV3.hidden_size * 2.0 / sm.hbm_bw
+    assert with_sum - without == pytest.approx(want, rel=1e-6)
+
+
+def test_a_prediction_reports_the_kernels_it_priced():
+    from cost_model.serving import predict_serve
+    from cost_model.serving.calibration import IDENTITY
+    from specs.serve_plan import ServeWorkload
+    w = ServeWorkload(isl=1000, osl=100, concurrency=8, phase="decode")
+    tp, ep = (predict_serve(DSV3, H200, ServePlan.parse(p), w, precision="fp8", calibration=IDENTITY).extra["gemm_paths"]
+              for p in ("tp=8", "tp=8,attn_dp=8,a2a=deepep"))
+    assert tp == {"dense": "deep_gemm", "experts": "triton_fused_moe"}
+    assert ep == {"dense": "deep_gemm", "experts": "deep_gemm"}
