@@ -377,8 +377,8 @@ def test_batches_are_built_before_the_timed_loop(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     kinds = [e[0] for e in out["events"]]
-    # warmup 1 + 2 timed steps + the one untimed profiled step that records the step by calibration
-    # class (issue 27): every step after every batch was built
-    assert kinds == ["batch"] * 3 + ["step"] * 4, kinds
+    # warmup 1 + 2 timed steps + the two untimed steps that record the step by calibration class
+    # (issue 27: one under module hooks, one under the profiler): every step after every batch was built
+    assert kinds == ["batch"] * 3 + ["step"] * 5, kinds
     assert all(e[2] == out["device"] for e in out["events"])  # already on the device when stepped
     assert out["n_times"] == 2
