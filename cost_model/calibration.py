@@ -53,6 +53,8 @@ COMPONENT_CLASS = {
     "attention_proj": "gemm", "dense_mlp": "gemm", "shared_expert": "gemm", "lm_head_ce": "gemm", "mtp": "gemm",
     # the extra forward of recompute re-runs the layer's modules, dominated by their GEMMs
     "recompute": "gemm",
+    # ... except its core attention and routed experts, which are those modules' time again
+    "recompute_core_attention": "attention", "recompute_experts": "grouped_gemm",
     "expert_gemm": "grouped_gemm",
     "core_attention": "attention",
     "ep_dispatch_combine": "ep_comm",  # what the model leaves exposed (after any a2a overlap)
@@ -86,6 +88,10 @@ NOT_A_CLASS = ("calibration",)  # the breakdown's own calibration term is the ou
 PRIOR_SD = 0.5  # prior sd of d_k = log f_k - log c: a class within x0.61..x1.65 of the common scale at one sd
 COMMON_PRIOR_SD = 1.0  # prior sd of log c: weak (x0.37..x2.7 at one sd), only keeps a fit without rows finite
 SPLIT_WEIGHT = 0.5  # weight of a class's measured time beside the step total (module docstring)
+# Classes a trial's split cannot tell apart, compared in sum: {class: the class it is measured in}.
+# A pipeline rank waiting for its peer is time between ops, which a profiled CPU step records as
+# host_launch (trials/megatron/components.py): the bubble is measured inside host_launch.
+SPLIT_TOGETHER = {"pipeline_bubble": "host_launch"}
 OBS_SD = 0.1  # the soft-L1 scale of a log-time residual (host noise of a step, ~10%)
 Z90 = 1.645  # two-sided 90% normal quantile: the intervals of `interval`
 
@@ -317,6 +323,12 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
     labels = [p[2] if len(p) > 2 else str(i) for i, p in enumerate(pairs)]
     split = [p[3] if len(p) > 3 and p[3] and not one else None for p in pairs]
     M = np.array([[float(s.get(c, 0.0)) if s else 0.0 for c in classes] for s in split], float).reshape(len(pairs), K)
+    # the classes a trial's split can tell apart: each row of `merge` sums the classes measured together
+    merge = np.eye(K)
+    for a, b in SPLIT_TOGETHER.items():
+        if a in classes and b in classes:
+            merge[classes.index(b), classes.index(a)] = 1.0
+            merge[classes.index(a), :] = 0.0
     # per-component: x = (log c, d_1..d_K), log f = log c + d (module docstring); one-scale: x = (log f,)
     hier = not one
     prior_w = 0.0 if (one or prior_sd is None) else OBS_SD / prior_sd
@@ -332,8 +344,10 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
             r.append(np.logaddexp.reduce(lf + np.log(np.maximum(P[i], 1e-300)), where=P[i] > 0) - np.log(meas[i])
                      if K > 1 else lf[0] + np.log(pred[i]) - np.log(meas[i]))
             if split[i] is not None:
-                ok = (P[i] > 0) & (M[i] > 0)
-                r.extend(SPLIT_WEIGHT * (lf[ok] + np.log(P[i][ok]) - np.log(M[i][ok])))
+                q = merge @ (np.exp(lf) * P[i])  # predicted per measured class (SPLIT_TOGETHER)
+                m = merge @ M[i]
+                ok = (q > 0) & (m > 0)
+                r.extend(SPLIT_WEIGHT * (np.log(q[ok]) - np.log(m[ok])))
         if hier:
             r.append(OBS_SD / COMMON_PRIOR_SD * x[0])
             r.extend(prior_w * x[1:])  # prior_sd None: no pull (prior_w 0), the d_k as free as c

@@ -238,7 +238,7 @@ COMPONENTS = ("attention_proj", "core_attention", "dense_mlp", "router_permutati
               "ep_overlap_beyond", "ep_overlap_sm_share", "ep_overlap_hbm_share", "dispatcher_preprocess",
               "expert_gemm", "shared_expert", "elementwise", "kernel_latency", "wgrad_main_grad",
               "fp8_quantize", "moe_host_sync", "tp_comm", "cp_comm", "embedding", "lm_head_ce", "mtp",
-              "activation_offload", "recompute")
+              "activation_offload", "recompute", "recompute_core_attention", "recompute_experts")
 # The memory-bound components: what loses HBM bandwidth to a communication running beside it
 # (`nongemm.hidden_comm_hbm`), as a share of the stage's compute.
 MEMBOUND_COMPONENTS = ("elementwise", "router_permutation", "fp8_quantize", "wgrad_main_grad")
@@ -323,7 +323,8 @@ class StepTerms:
 def _recompute_forward(x: Inputs, st_terms: StepTerms, attn, tp, dense: FwdBwd, router: FwdBwd,
                        experts: RoutedExperts | None, ep_total: FwdBwd, shared: FwdBwd):
     """[P] extra forward seconds per dense and per MoE layer that recompute re-runs: the whole
-    layer forward (full), or the listed modules' forward (selective)."""
+    layer forward (full), or the listed modules' forward (selective); and of those, the core
+    attention's and the routed experts' (per layer, per MoE layer)."""
     has = x.recomputes
     rc_full = x.pa.recompute == 2
     z = x.zero
@@ -335,8 +336,12 @@ def _recompute_forward(x: Inputs, st_terms: StepTerms, attn, tp, dense: FwdBwd, 
     sel_moe = (has("core_attn") * attn.core_f + has("mla_up_proj") * attn.mla_up_f + has("layernorm") * attn.norm_f
                + has("moe_act") * moe_act_f + has("moe") * moe_fwd_total
                + has("shared_experts") * (1 - has("moe")) * shared.f)
+    # the re-run core attention and routed experts, apart (they are the attention's and the
+    # experts' time, where a trial's split finds them: trials/megatron/components.py)
+    core = np.where(rc_full, 1.0, has("core_attn")) * attn.core_f
+    exp = np.where(rc_full, expert_f, has("moe") * expert_f + (1 - has("moe")) * has("moe_act") * moe_act_f)
     return (np.where(rc_full, st_terms.unit_fwd("dense"), sel_dense),
-            np.where(rc_full, st_terms.unit_fwd("moe"), sel_moe))
+            np.where(rc_full, st_terms.unit_fwd("moe"), sel_moe), core, exp)
 
 
 def _add_offload(x: Inputs, terms: StepTerms, experts, cluster):
@@ -546,9 +551,15 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     terms.add("lm_head_ce", "loss", head.b)
     _add_offload(x, terms, experts, workload.cluster)
     _add_mtp(x, terms, head)
-    rec_dense, rec_moe = _recompute_forward(x, terms, attn, tp, dense, router, experts, ep_total, shared)
-    terms.add("recompute", "dense", rec_dense, recomputed=True)
-    terms.add("recompute", "moe", rec_moe, recomputed=True)
+    rec_dense, rec_moe, rec_core, rec_exp = _recompute_forward(x, terms, attn, tp, dense, router, experts, ep_total,
+                                                               shared)
+    rec_core = np.minimum(rec_core, np.minimum(rec_dense, rec_moe))  # parts of each total, never more
+    rec_exp = np.minimum(rec_exp, rec_moe - rec_core)
+    terms.add("recompute_core_attention", "dense", rec_core, recomputed=True)
+    terms.add("recompute", "dense", rec_dense - rec_core, recomputed=True)
+    terms.add("recompute_core_attention", "moe", rec_core, recomputed=True)
+    terms.add("recompute_experts", "moe", rec_exp, recomputed=True)
+    terms.add("recompute", "moe", rec_moe - rec_core - rec_exp, recomputed=True)
 
     # -- stages: compute, CPU launch floor, the slowest stage ------------------------------------------
     st = _stages(spec, pa, x.vpp)
