@@ -67,6 +67,9 @@ REGENERATIONS = [
      "deepseek-v3 -1.5%..+0.1%, qwen3-30b-a3b -15.3%..+4.3% (EP1 fp8: TE's per-expert launches at 3.8 us), "
      "gpt-oss-120b -0.3%..+0.5%, qwen3-235b -0.3%..+5.8%",
      "ce4df8fe2fecd508a454514e264d06f7fedc6f28c4c556abb7f9384d86faf945"),
+    ("issue 27 (2026-12-05)", "breakdown only: recompute's re-run core attention and routed experts are "
+     "their own components (recompute_core_attention, recompute_experts); every step time byte-identical",
+     "5f8458852b1f793c24d79a769721357be6fd875c50c2f8ca3ce7a0008d3ef135"),
 ]
 
 
