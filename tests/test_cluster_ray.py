@@ -194,15 +194,9 @@ def test_ray_job_submit_runs_a_study(cluster, tmp_path):
     entry = (f"{sys.executable} -m tuner.cli tune --model tiny-moe --cluster cpu-local --gpus 2 --gbs 4 --seq 64 "
              f"--study job --study-dir {study_dir} --trials 1 --preregister 1 --iters 2 --warmup 1 "
              f"--screen-actors 2 --trial-timeout 400 --adjudicate-rounds 2 --ray-address auto --no-progress")
-    # the entrypoint runs in the job supervisor's environment, not this one: name the cluster and the
-    # token it was submitted with (with "auto" and the node's inherited token path, 2 of 4 full runs
-    # on a busy 2-core host joined with a token the cluster refused: InvalidAuthToken)
-    env = _env()
-    job_env = json.dumps({"env_vars": {k: env[k] for k in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH",
-                                                           "MOETUNE_HOME") if k in env}})
     for _ in range(6):  # a just-started node's job agent may not be up yet (Ray: "try again later")
-        p = subprocess.run(["ray", "job", "submit", "--address", DASHBOARD, "--runtime-env-json", job_env, "--",
-                            *entry.split()], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+        p = subprocess.run(["ray", "job", "submit", "--address", DASHBOARD, "--", *entry.split()], cwd=ROOT,
+                           env=_env(), capture_output=True, text=True, timeout=1500)
         if "No available agent to submit job" not in p.stderr + p.stdout:
             break
         time.sleep(10)
