@@ -14,13 +14,10 @@ from cost_model.calibration import COMPONENT_CLASS, IDENTITY
 from cost_model.constants import P2P_CHANNELS_PER_PEER, P2P_PEERS
 from cost_model.nongemm import hidden_comm_hbm
 from specs.plan import Plan
+from tests.workloads import breakdown as _bd
 from tests.workloads import workload as _w
 
 PARTS = ("pp_p2p_sm_share", "pp_p2p_hbm_share", "dp_overlap_hbm_share")
-
-
-def _bd(w, plan, **kw):
-    return predict(w, plan, calibration=IDENTITY, **kw).breakdown_s
 
 
 def _interleaved(**kw):
@@ -55,12 +52,13 @@ def test_p2p_shares_grow_with_the_microbatches_that_hide_them():
         assert big[k] > small[k] > 0
 
 
-def test_dp_hbm_share_only_for_hidden_collectives():
+def test_dp_sm_and_hbm_shares_only_for_hidden_collectives():
     w = _w(gbs=256)
     plan = Plan(tp=1, pp=1, ep=8, mbs=1)
     on = _bd(w, plan)
     off = _bd(w, dataclasses.replace(plan, overlap_grad_reduce=False, overlap_param_gather=False))
-    assert on["dp_overlap_hbm_share"] > 0 and off["dp_overlap_hbm_share"] == 0
+    for k in ("dp_overlap_sm_share", "dp_overlap_hbm_share"):
+        assert on[k] > 0 and off[k] == 0
     # at most half the hidden collectives' own seconds (the share caps at one half)
     hidden = (off["dp_grad_reduce_scatter"] + off["dp_param_all_gather"]
               - on["dp_grad_reduce_scatter"] - on["dp_param_all_gather"])

@@ -4,8 +4,6 @@ the HBM bandwidth overlapped EP communication takes, and the SMs hidden DP colle
 Each test compares predictions that differ in one input, or checks a count against the module walk."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -21,13 +19,10 @@ from cost_model.nongemm import (
 )
 from specs.models import load_model
 from specs.plan import PRECISIONS, Plan
+from tests.workloads import breakdown as _bd
 from tests.workloads import workload as _w
 
 HYBRIDEP, ALLTOALL = 3, 0
-
-
-def _bd(w, plan, **kw):
-    return predict(w, plan, calibration=IDENTITY, **kw).breakdown_s
 
 
 def _hybridep(**kw):
@@ -133,14 +128,6 @@ def test_hbm_contention_is_monotone_and_capped():
     assert 0 < c[0] < c[1]
     # only the memory-bound time under the communication slows
     assert hbm_contention(1e-3, 1e-4, 0.5) == pytest.approx(1e-4)
-
-
-def test_dp_overlap_sm_share_follows_the_hidden_collectives():
-    w = _w(gbs=256)
-    plan = Plan(tp=1, pp=1, ep=8, mbs=1)
-    on = _bd(w, plan)
-    off = _bd(w, dataclasses.replace(plan, overlap_grad_reduce=False, overlap_param_gather=False))
-    assert on["dp_overlap_sm_share"] > 0 and off["dp_overlap_sm_share"] == 0
 
 
 def test_fp8_is_not_predicted_faster_than_bf16_on_fine_grained_moe():
