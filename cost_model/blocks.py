@@ -534,6 +534,11 @@ def lm_head_loss(x: Inputs, tp: TPComm, attn: Attention) -> FwdBwd:
 
 
 # ---- CPU launch floor --------------------------------------------------------------------------------
+def expert_gemm_calls(grouped, local_experts) -> np.ndarray:
+    """Routed-expert GEMM calls per layer and pass: one grouped GEMM, or one per local expert."""
+    return np.where(np.asarray(grouped, bool), 1.0, np.asarray(local_experts, float))
+
+
 def structural_kernels(spec, tp=1, cp=1, grouped=False, local_experts=1, precision=0):
     """Forward kernels per (attention block, dense MLP, MoE MLP) of one layer and microbatch (the
     CPU floor's structural counts, `cost_model.constants`; backward = 2x); `precision`: the
@@ -544,8 +549,7 @@ def structural_kernels(spec, tp=1, cp=1, grouped=False, local_experts=1, precisi
     k_attn = (KERNELS_ATTENTION + (KERNELS_MLA_EXTRA if spec.mla else 0) + KERNELS_TP_ATTENTION * (tp > 1)
               + KERNELS_CP_PER_STEP * (cp > 1) * (cp - 1)) + q * FP8_OPERANDS_ATTENTION
     k_dense = KERNELS_DENSE_MLP + KERNELS_TP_DENSE_MLP * (tp > 1) + q * FP8_OPERANDS_MLP
-    grouped = np.asarray(grouped, bool)
-    experts = np.where(grouped, 1.0, np.asarray(local_experts, float))  # one grouped GEMM or one per expert
+    experts = expert_gemm_calls(grouped, local_experts)
     k_moe = KERNELS_MOE + KERNELS_PER_EXPERT_GEMMS * experts + q * FP8_OPERANDS_MLP * experts + (
         KERNELS_SHARED_EXPERT + q * FP8_OPERANDS_MLP if spec.moe_shared_expert_ffn else 0)
     return k_attn, k_dense, k_moe
@@ -643,10 +647,18 @@ class DPComm:
     sm_share: np.ndarray = None  # compute slowed while the hidden collectives hold SMs
     grad_s: np.ndarray = None  # seconds of the whole grad reduce(-scatter) / param all-gather
     gather_s: np.ndarray = None
-    hidden_grad: np.ndarray = None  # seconds of the grad reduce(-scatter) hidden under the backward
-    hidden_gather: np.ndarray = None  # seconds of the param all-gather hidden under the forward
     grad_bytes: np.ndarray = None  # per-GPU buffer each moves (gradients; bf16 parameters)
     gather_bytes: np.ndarray = None
+
+    @property
+    def hidden_grad(self) -> np.ndarray:
+        """Seconds of the grad reduce(-scatter) hidden under the backward."""
+        return self.grad_s - self.grad
+
+    @property
+    def hidden_gather(self) -> np.ndarray:
+        """Seconds of the param all-gather hidden under the forward."""
+        return self.gather_s - self.param_gather
 
 
 def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,
@@ -680,7 +692,7 @@ def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarra
     n = float(getattr(ops.c, "sm_count", 0) or 0)
     share = min(NCCL_COMM_SMS / n, 0.9) if (n > 1 and ops.async_launch) else 0.0
     sm = share * ((grad_t - grad) + (ag_t - gather))
-    return DPComm(grad, gather, sm, grad_t, ag_t, grad_t - grad, ag_t - gather, gb * (Pd + Pe), 2.0 * (Pd + Pe))
+    return DPComm(grad, gather, sm, grad_t, ag_t, gb * (Pd + Pe), 2.0 * (Pd + Pe))
 
 
 def optimizer_step(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,
