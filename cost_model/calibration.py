@@ -394,8 +394,9 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
             r["measured_parts_s"] = {c: float(v) for c, v in s.items()}
     scale = float(f[0]) if one else 1.0
     factors = {} if one else {c: float(v) for c, v in zip(classes, f)}
+    common = None if one else float(np.exp(res.x[0]))
     report = {"kind": ONE_SCALE if one else PER_COMPONENT, "scale": scale, "factors": factors, "rows": rows,
-              "common_scale": None if one else float(np.exp(res.x[0])),
+              "common_scale": common,
               "max_abs_rel_err": float(np.max(np.abs(resid))) if len(pairs) else 0.0,
               "loo_max_abs_rel_err": float(np.nanmax(np.abs(loo))) if len(pairs) > 1 else float("nan")}
     prov = dict(provenance or {})
@@ -406,7 +407,7 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
                            f"per class (weight {SPLIT_WEIGHT}) where the trial split its time; hierarchical "
                            f"prior log f_k = log c + d_k, d_k ~ N(0, {prior_sd}^2), log c ~ N(0, {COMMON_PRIOR_SD}^2)",
                     n=len(pairs), n_split=sum(1 for s in split if s), prior_sd=prior_sd,
-                    common_scale=float(np.exp(res.x[0])), residuals=rows)
+                    common_scale=common, residuals=rows)
     cal = Calibration(scale=scale, provenance=prov, factors=factors,
                       log_cov=tuple(tuple(float(x) for x in r) for r in cov), resid_sd=resid_sd)
     report["factor_intervals"] = cal.factor_intervals()

@@ -245,6 +245,32 @@ def test_module_hooks_time_the_labelled_modules_and_the_profiler_splits_the_rest
                                     "host_launch": 0.5 * 0.05 / 0.15})
 
 
+def test_a_function_class_is_not_counted_as_hook_timed():
+    """Ops under a FUNCTION_CLASS autograd Function (Megatron's vocabulary-parallel cross entropy,
+    gemm) are in the profiled split but not in `scoped`: no module hook times them, so
+    combine_shares must keep them in the rest of the step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from trials.megatron.components import split_events
+
+    class _VocabParallelCrossEntropy(torch.autograd.Function):  # the name FUNCTION_CLASS maps
+        @staticmethod
+        def forward(ctx, x):
+            return torch.exp(x).sum()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * torch.ones(64, 64)
+
+    x = torch.randn(64, 64, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _VocabParallelCrossEntropy.apply(x).backward()
+    scoped: dict = {}
+    shares = split_events(prof.events(), 1e12, None, scoped=scoped)
+    assert shares.get("gemm", 0) > 0 and "gemm" not in scoped
+
+
 @pytest.mark.slow
 def test_cpu_megatron_trial_records_its_step_by_class():
     """A real 2-rank CPU Megatron trial with EP 2: its measurement splits the median step by class

@@ -103,7 +103,7 @@ def split_events(events, wall_us: float, step_us: float | None = None, by_op: di
     given, is filled with {(class, op name): [us, calls]} (the trial's trace explains its split);
     `scoped` with {class: share of the step} of the ops inside a MODULE_CLASS module's scope (what
     `timed_modules` times without the profiler)."""
-    scope_of: dict = {}  # id(event) -> (class or None, inside moe)
+    scope_of: dict = {}  # id(event) -> (class or None, inside moe, class from a module scope)
     fwd_scope: dict = {}  # (thread, sequence_nr) of a forward op -> its scope
     fwd_seqs: dict = {}  # thread -> the sorted sequence numbers of its forward ops
 
@@ -111,18 +111,18 @@ def split_events(events, wall_us: float, step_us: float | None = None, by_op: di
         k = id(e)
         if k in scope_of:
             return scope_of[k]
-        parent = scope(e.cpu_parent) if e.cpu_parent is not None else (None, False)
-        cls, moe = parent
+        cls, moe, module = scope(e.cpu_parent) if e.cpu_parent is not None else (None, False, False)
         if e.name == MOE:
             moe = True
         elif e.name.startswith(PREFIX):
-            cls = e.name[len(PREFIX):]
-        elif e.name in FUNCTION_CLASS:
-            cls = FUNCTION_CLASS[e.name]
+            cls, module = e.name[len(PREFIX):], True
+        elif e.name in FUNCTION_CLASS:  # not a module: `timed_modules` does not time it
+            cls, module = FUNCTION_CLASS[e.name], False
         elif e.name.startswith(BACKWARD):
-            cls, moe = _forward_scope(fwd_scope, fwd_seqs, getattr(e, "fwd_thread", None), e.sequence_nr, (cls, moe))
-        scope_of[k] = (cls, moe)
-        return cls, moe
+            cls, moe, module = _forward_scope(fwd_scope, fwd_seqs, getattr(e, "fwd_thread", None), e.sequence_nr,
+                                              (cls, moe, module))
+        scope_of[k] = (cls, moe, module)
+        return scope_of[k]
 
     events = sorted(events, key=lambda e: e.time_range.start)  # forward ops before their backward
     step_us = wall_us if step_us is None else min(step_us, wall_us)
@@ -130,15 +130,16 @@ def split_events(events, wall_us: float, step_us: float | None = None, by_op: di
     shares: dict = {}
     in_ops = 0.0
     for e in events:
-        cls, moe = scope(e)
+        cls, moe, module = scope(e)
         if not e.name.startswith(BACKWARD) and e.sequence_nr is not None and e.sequence_nr >= 0:
             if (e.thread, e.sequence_nr) not in fwd_scope:
-                fwd_scope[(e.thread, e.sequence_nr)] = (cls, moe)
+                fwd_scope[(e.thread, e.sequence_nr)] = (cls, moe, module)
                 bisect.insort(fwd_seqs.setdefault(e.thread, []), e.sequence_nr)
         if e.name.startswith(PREFIX):
             continue
         t = max(0.0, float(e.self_cpu_time_total) - per_event)
-        if _is_comm(e.name):
+        comm = _is_comm(e.name)
+        if comm:
             c = "ep_comm" if moe else "other_comm"
         elif cls is not None:
             c = cls
@@ -146,7 +147,7 @@ def split_events(events, wall_us: float, step_us: float | None = None, by_op: di
             c = "gemm" if e.name in GEMM_OPS else "elementwise"
         shares[c] = shares.get(c, 0.0) + t
         in_ops += t
-        if scoped is not None and cls is not None and not _is_comm(e.name):
+        if scoped is not None and module and not comm:
             scoped[c] = scoped.get(c, 0.0) + t
         if by_op is not None:
             acc = by_op.setdefault((c, e.name), [0.0, 0])
