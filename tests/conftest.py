@@ -68,6 +68,7 @@ def postgres():
     server.stop()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into node ids
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's command): every slow test (real
     multi-process trials, Ray clusters, vLLM servers, tuner subprocesses) runs in one group, on one

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -71,16 +73,20 @@ def cluster(tmp_path_factory):
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_metrics_report_interval_ms")}
     os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
     os.environ["RAY_metrics_report_interval_ms"] = "1000"
+    # its own Ray temp dir: Ray's job supervisor resolves a job's RAY_ADDRESS as "auto", i.e. the
+    # address file in the temp dir, else ANY GCS process on the host; with the shared /tmp/ray a
+    # job submitted here joined whichever other Ray ran on the host (another xdist worker's) and
+    # was refused its token. A short path: Ray's unix sockets live under it (107-byte limit).
+    temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     c = Cluster(initialize_head=True, head_node_args=dict(
-        gcs_server_port=GCS_PORT, num_cpus=1, resources={"moetune_node0": 1}, node_ip_address="127.0.0.1",
+        temp_dir=temp_dir, gcs_server_port=GCS_PORT, num_cpus=1, resources={"moetune_node0": 1}, node_ip_address="127.0.0.1",
         include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=DASHBOARD_PORT,
         metrics_export_port=METRICS_PORT, ray_client_server_port=CLIENT_PORT,
         dashboard_agent_listen_port=AGENT_PORT_0,  # the default 52365 may be another Ray's on a shared host
         _system_config={"health_check_period_ms": 1000, "health_check_failure_threshold": 3}))
-    worker = c.add_node(num_cpus=1, resources={"moetune_node1": 1}, node_ip_address="127.0.0.1",
+    worker = c.add_node(temp_dir=temp_dir, num_cpus=1, resources={"moetune_node1": 1}, node_ip_address="127.0.0.1",
                         metrics_export_port=METRICS_PORT_1, dashboard_agent_listen_port=AGENT_PORT_1)
     c.wait_for_nodes()
-    _forget_address_file()
     ray.init(address=ADDRESS, log_to_driver=False)
     c.worker = worker
     try:
@@ -88,20 +94,12 @@ def cluster(tmp_path_factory):
     finally:
         ray.shutdown()
         c.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def _forget_address_file() -> None:
-    """Cluster() records its address in Ray's shared temp dir, where a plain ray.init() of any
-    other process on this machine would then join it: remove it (these tests name the address)."""
-    from ray._private.utils import get_ray_address_file
-    f = Path(get_ray_address_file(None))
-    if f.exists() and f.read_text().strip().endswith(f":{GCS_PORT}"):
-        f.unlink()
 
 
 def _alive_nodes() -> set[str]:
