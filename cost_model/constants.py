@@ -6,6 +6,8 @@ design choice of this model, and says which.
 """
 from __future__ import annotations
 
+from specs.stack import HYBRIDEP_NUM_SMS
+
 # ---- attention ----------------------------------------------------------------------------------
 # FlashAttention's own FLOP accounting: the backward pass runs 5 of the forward's 2 GEMM-sized
 # products (recomputed S, dP, dS, dQ/dK/dV), i.e. 2.5x the forward FLOPs. Dao-AILab/flash-attention
@@ -121,11 +123,11 @@ KERNELS_MOE_PREPROCESS = 3
 #   (NCCL src/include/device.h; NCCL_MAX_NCHANNELS caps it).
 # - DeepEP: megatron-core 0.16.1 transformer_config.py moe_deepep_num_sms = 20 (the emitted script
 #   keeps the default; arXiv 2603.07685 §4.2.3: "DeepEP uses 20 SMs per GPU").
-# - HybridEP: transformer_config.py moe_hybridep_num_sms = 16 ("16 SMs can generally achieve good
-#   bandwidth" in pure NVLink scenarios; the emitted script keeps the default).
+# - HybridEP: the count the emitted script sets, NVIDIA's performance recipes' 32
+#   (`specs.stack.HYBRIDEP_NUM_SMS`, sources there; megatron-core's default is 16).
 NCCL_COMM_SMS = 32
 DEEPEP_SMS = 20
-HYBRIDEP_SMS = 16
+HYBRIDEP_SMS = HYBRIDEP_NUM_SMS
 COMM_SMS = (NCCL_COMM_SMS, NCCL_COMM_SMS, DEEPEP_SMS, HYBRIDEP_SMS)
 
 # ---- CUDA graphs (megatron-core 0.16.1 --cuda-graph-impl / --cuda-graph-scope) ----------------------
