@@ -481,7 +481,7 @@ class Fp8Quantize:
 def fp8_quantize(x: Inputs, experts: RoutedExperts | None) -> Fp8Quantize:
     spec, T, tp, h = x.spec, x.tokens, x.tp, x.hidden
     nh = spec.num_attention_heads
-    bpe = np.asarray(FP8_QUANT_BYTES_PER_ELEMENT)[x.pa.precision] / x.bw_elementwise
+    bpe = np.asarray(FP8_QUANT_BYTES_PER_ELEMENT)[x.pa.precision] / x.ops.bw_fp8_quant
     if spec.mla:
         dq, dv = spec.qk_head_dim + spec.qk_pos_emb_head_dim, spec.v_head_dim
         ql, kvl, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.qk_pos_emb_head_dim

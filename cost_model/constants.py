@@ -6,6 +6,8 @@ design choice of this model, and says which.
 """
 from __future__ import annotations
 
+from specs.stack import HYBRIDEP_NUM_SMS
+
 # ---- attention ----------------------------------------------------------------------------------
 # FlashAttention's own FLOP accounting: the backward pass runs 5 of the forward's 2 GEMM-sized
 # products (recomputed S, dP, dS, dQ/dK/dV), i.e. 2.5x the forward FLOPs. Dao-AILab/flash-attention
@@ -121,11 +123,11 @@ KERNELS_MOE_PREPROCESS = 3
 #   (NCCL src/include/device.h; NCCL_MAX_NCHANNELS caps it).
 # - DeepEP: megatron-core 0.16.1 transformer_config.py moe_deepep_num_sms = 20 (the emitted script
 #   keeps the default; arXiv 2603.07685 §4.2.3: "DeepEP uses 20 SMs per GPU").
-# - HybridEP: transformer_config.py moe_hybridep_num_sms = 16 ("16 SMs can generally achieve good
-#   bandwidth" in pure NVLink scenarios; the emitted script keeps the default).
+# - HybridEP: the count the emitted script sets, NVIDIA's performance recipes' 32
+#   (`specs.stack.HYBRIDEP_NUM_SMS`, sources there; megatron-core's default is 16).
 NCCL_COMM_SMS = 32
 DEEPEP_SMS = 20
-HYBRIDEP_SMS = 16
+HYBRIDEP_SMS = HYBRIDEP_NUM_SMS
 COMM_SMS = (NCCL_COMM_SMS, NCCL_COMM_SMS, DEEPEP_SMS, HYBRIDEP_SMS)
 
 # ---- CUDA graphs (megatron-core 0.16.1 --cuda-graph-impl / --cuda-graph-scope) ----------------------
@@ -142,8 +144,8 @@ GRAPH_STATIC_BUFFERS_PER_REGION = 2
 
 # ---- fp8 quantization (TransformerEngine 2.9 recipes) ---------------------------------------------
 # HBM bytes moved per element quantized for an fp8 GEMM operand (the activation entering a GEMM in
-# the forward pass, the output gradient in the backward), memory-bound at the `membw`
-# "elementwise" rate. Index = specs.plan.PRECISIONS code.
+# the forward pass, the output gradient in the backward), memory-bound at the quantisation kernels'
+# own rate (`TableOps.bw_fp8_quant`, FP8_QUANT_HBM_FRACTION below). Index = specs.plan.PRECISIONS code.
 #   tensorwise (current scaling): an amax reduction pass (read bf16, 2 B) before the cast, then
 #     cast + transpose (read 2 B, write the row-wise and the column-wise fp8 copy, 1 + 1 B):
 #     TE `Float8CurrentScalingQuantizer` (pytorch/tensor/float8_tensor.py) computes amax first;
@@ -157,6 +159,16 @@ GRAPH_STATIC_BUFFERS_PER_REGION = 2
 #   mxfp8 (1x32 E8M0 scales): read 2, write row- and column-wise copies 1 + 1 and a 1-byte scale
 #     per 32 elements each way: 2 + 2 + 2/32. TE `MXFP8Quantizer`.
 FP8_QUANT_BYTES_PER_ELEMENT = (0.0, 2 + 2 + 1 + 1, 2 + 1 + 1, 2 + 1 + 1 + 2 * 4 / 128, 2 + 1 + 1 + 2 / 32)
+# Share of the GPU's HBM bandwidth training's quantisation kernels achieve (GPUs; `TableOps.bw_fp8_quant`,
+# the one rate that prices them): well below the 0.80 assumed for fused elementwise kernels, since a
+# cast + transpose reads rows and writes columns (strided tiles, a reduction for the scales). Applied
+# to every byte of FP8_QUANT_BYTES_PER_ELEMENT, the tensorwise amax read included.
+# Value: TransformerEngine's own cast + transpose on H100 SXM, fp16 in, fp8 row- and column-wise out
+# (NVIDIA/TransformerEngine PR 101, 2023, table "Run time": 4096 x 4096 in 51.53 us):
+# 4096^2 x (2 + 1 + 1) B / 51.53 us = 1.30 TB/s = 0.39 of 3.35 TB/s (3072 x 3072: 24.51 us, 0.46).
+# Check on another kernel and GPU: pytorch/ao PR 4356 (2026) MXFP8 quantisation of 8192 x 5120 on
+# B200 reports 3.65-4.43 TB/s, 0.46-0.55 of 8 TB/s.
+FP8_QUANT_HBM_FRACTION = 0.39
 
 # ---- sliding-window attention ----------------------------------------------------------------------
 # Megatron-core `window_attn_skip_freq` (transformer_config.py): with an int N, every N-th layer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_model.constants import ATTN_BWD_FLOPS_FACTOR, FLEX_PER_TOKEN_S, FLEX_REF_TOKEN_BYTES
+from cost_model.constants import ATTN_BWD_FLOPS_FACTOR, FLEX_PER_TOKEN_S, FLEX_REF_TOKEN_BYTES, FP8_QUANT_HBM_FRACTION
 from specs.ranks import members_per_node, nodes_spanned
 
 
@@ -86,6 +86,15 @@ class TableOps:
         f = np.where(use_grouped, gf, sf)
         b = np.where(use_grouped, gb, sb)
         return f, b
+
+    @property
+    def bw_fp8_quant(self) -> float:
+        """Bytes/s training's fp8 quantisation kernels (TE cast + transpose per recipe,
+        `blocks.fp8_quantize`) move: FP8_QUANT_HBM_FRACTION of the GPU's HBM (`constants`, a public
+        kernel timing); CPU devices (no such kernels in their stack) keep the `membw` elementwise
+        rate. Serving's plain per-GEMM input cast (`fp8_cast`, no transpose) is not that kernel."""
+        hbm = float(getattr(self.c, "hbm_tbps", 0.0) or 0.0) * 1e12
+        return FP8_QUANT_HBM_FRACTION * hbm if (self.async_launch and hbm > 0) else self.bw["elementwise"]
 
     def fp8_cast(self, elements):
         """Seconds of quantising `elements` bf16 activations to fp8 where the plan runs fp8 (read

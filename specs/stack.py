@@ -187,6 +187,14 @@ def profile_from_installed(inst: Installed) -> StackProfile:
 
 
 # ---- what the emitted script and the trial both set ----------------------------------------------
+# SMs HybridEP's dispatch/combine kernels hold (--moe-hybridep-num-sms; megatron-core 0.16.1's default is
+# 16, transformer_config.py). NVIDIA's performance recipes set 32 whenever the flex backend is HybridEP
+# (NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/perf_recipes/_common.py and
+# scripts/performance/utils/overrides.py: `moe_hybridep_num_sms = 32`, with the note that it "needs to
+# be adjusted when overlapping HybridEP with computation"), so the published HybridEP runs, the
+# overlap A/B among them, hold 32 SMs; the emitted script and the trial set the same, and the cost
+# model prices the SMs the communication takes from overlapped compute with it.
+HYBRIDEP_NUM_SMS = 32
 FP8_RECIPES = {  # plan precision -> (Megatron fp8 format, fp8 recipe): --fp8-format / --fp8-recipe
     "fp8-tensorwise": ("hybrid", "tensorwise"),
     "fp8-delayed": ("hybrid", "delayed"),

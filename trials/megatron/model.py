@@ -30,7 +30,7 @@ def transformer_config(model, plan, *, on_gpu: bool, seq: int, overrides: dict |
     switch on by default (the emitted script does not turn them off) are switched on here too."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from specs.stack import FP8_RECIPES
+    from specs.stack import FP8_RECIPES, HYBRIDEP_NUM_SMS
 
     dtype = torch.bfloat16 if on_gpu else torch.float32  # CPU: fp32 (see cpu_support)
     kw = dict(
@@ -105,6 +105,8 @@ def transformer_config(model, plan, *, on_gpu: bool, seq: int, overrides: dict |
             kw["moe_shared_expert_intermediate_size"] = model.moe_shared_expert_ffn
         if plan.dispatcher == "flex":
             kw["moe_flex_dispatcher_backend"] = plan.flex_backend or "deepep"
+            if kw["moe_flex_dispatcher_backend"] == "hybridep":
+                kw["moe_hybridep_num_sms"] = HYBRIDEP_NUM_SMS  # as the emitted script
     if plan.fp8:
         # the --fp8-format/--fp8-recipe pair the emitted script passes for this precision
         fmt, recipe = FP8_RECIPES[plan.precision]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 
 from specs.plan import Plan
-from specs.stack import FP8_RECIPES, StackProfile, launch_env
+from specs.stack import FP8_RECIPES, HYBRIDEP_NUM_SMS, StackProfile, launch_env
 from specs.workload import Workload
 
 # plan precision -> (--fp8-format, --fp8-recipe): one table for the emitted script and the trial
@@ -118,6 +118,8 @@ def plan_args(w: Workload, p: Plan, profile: StackProfile) -> list[str]:
               "--moe-token-dispatcher-type", p.dispatcher]
         if p.flex_backend:
             a += ["--moe-flex-dispatcher-backend", p.flex_backend]
+        if p.dispatcher == "flex" and p.flex_backend == "hybridep":
+            a += ["--moe-hybridep-num-sms", HYBRIDEP_NUM_SMS]  # the SMs the cost model prices
         a += [flag for field, flag in MOE_SWITCHES if getattr(p, field)]
     if p.tp > 1:
         a += ["--sequence-parallel"]  # required for MoE with TP > 1 (moe_layer.py), faster for dense
