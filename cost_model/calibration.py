@@ -10,6 +10,9 @@ and serving, in two kinds (the file's `kind` says which):
       step_time = scale * sum_k factor_k * raw_k          (scale 1 in a per-component fit)
       log factor_k = log c + d_k,   d_k ~ N(0, prior_sd^2)
 
+A part key "F@M" (`factor_class`, `measured_class`) is time priced with class F's factor that a
+trial's split measures in class M (the CPU floor's launches inside the modules a trial times whole).
+
 Identity by default; stored as JSON with a content hash and provenance. `fit_calibration` fits
 either kind by robust (soft-L1) least squares in log space. A per-component fit weighs every
 trial's measured step total (measured = sum_k f_k * predicted_k) and, where the trial recorded its
@@ -76,8 +79,12 @@ COMPONENT_CLASS = {
     "tp_comm": "other_comm", "cp_comm": "other_comm", "pp_p2p": "other_comm",
     "dp_grad_reduce_scatter": "other_comm", "dp_param_all_gather": "other_comm", "activation_offload": "other_comm",
     "moe_host_sync": "host_launch", "cpu_launch_floor": "host_launch",
-    # CPU: the floor's launches of the modules a trial times whole belong to those modules' classes
-    "cpu_launch_core_attention": "attention", "cpu_launch_experts": "grouped_gemm", "cpu_launch_router": "elementwise",
+    # CPU: the floor's launches of the modules a trial times whole are measured in those modules'
+    # classes, but they are the stack's dispatch time, one physics with the rest of the floor: they
+    # take host_launch's factor (a module's compute factor, fitted where compute dominates, scaled
+    # the launch-bound held-out plans' floor with it: pp=2 mbs=1 predicted 40-46% slow, issue 27)
+    "cpu_launch_core_attention": "host_launch@attention", "cpu_launch_experts": "host_launch@grouped_gemm",
+    "cpu_launch_router": "host_launch@elementwise",
     "elementwise": "elementwise", "router_permutation": "elementwise", "fp8_quantize": "elementwise",
     "embedding": "elementwise", "optimizer_step": "elementwise",
     "pipeline_bubble": "pipeline_bubble",
@@ -92,8 +99,29 @@ SPLIT_WEIGHT = 0.5  # weight of a class's measured time beside the step total (m
 # A pipeline rank waiting for its peer is time between ops, which a profiled CPU step records as
 # host_launch (trials/megatron/components.py): the bubble is measured inside host_launch.
 SPLIT_TOGETHER = {"pipeline_bubble": "host_launch"}
+# A part key "F@M": time with class F's factor that a trial's split measures in class M.
+MEASURED_IN = "@"
 OBS_SD = 0.1  # the soft-L1 scale of a log-time residual (host noise of a step, ~10%)
 Z90 = 1.645  # two-sided 90% normal quantile: the intervals of `interval`
+
+
+def factor_class(key: str) -> str:
+    """The class whose factor a part key takes ("F@M" -> F)."""
+    return key.split(MEASURED_IN, 1)[0]
+
+
+def measured_class(key: str) -> str:
+    """The class a trial's split measures a part key in ("F@M" -> M)."""
+    return key.rsplit(MEASURED_IN, 1)[-1]
+
+
+def fold_parts(parts: dict) -> dict:
+    """{class: seconds} with every "F@M" part added to its factor class F."""
+    out: dict = {}
+    for k, v in parts.items():
+        c = factor_class(k)
+        out[c] = out[c] + v if c in out else v
+    return out
 
 
 def class_parts(breakdown: dict, component_class: dict | None = None) -> dict:
@@ -138,7 +166,7 @@ class Calibration:
 
     def factor(self, cls: str) -> float:
         """The factor on class `cls`'s raw time (a class the fit did not hold: the scale alone)."""
-        return self.scale * float(self.factors.get(cls, 1.0))
+        return self.scale * float(self.factors.get(factor_class(cls), 1.0))
 
     def apply(self, parts):
         """Calibrated time from a raw total (one-scale) or {class: raw seconds} (floats or arrays)."""
@@ -158,6 +186,7 @@ class Calibration:
             return float("nan")
         var = rs * rs
         if self.log_cov and isinstance(parts, dict):
+            parts = fold_parts(parts)
             tot = self.apply(parts)
             g = np.array([self.factor(c) * float(parts.get(c, 0.0)) / tot for c in self.classes])
             var += float(g @ np.asarray(self.log_cov, float) @ g)
@@ -317,7 +346,14 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
     one = classes is None
     classes = (STEP,) if one else tuple(classes)
     K = len(classes)
-    P = np.array([_as_parts(p[0], classes) for p in pairs], float).reshape(len(pairs), K)
+    # the part keys: the classes, then any "F@M" parts (F's factor, measured in M)
+    keys = classes if one else classes + tuple(sorted({k for p in pairs if isinstance(p[0], dict) for k in p[0]
+                                                       if MEASURED_IN in k}))
+    bad = [k for k in keys if factor_class(k) not in classes or measured_class(k) not in classes]
+    if bad:
+        raise ValueError(f"predicted parts {bad} name classes that are not among {list(classes)}")
+    F = np.array([[1.0 if factor_class(k) == c else 0.0 for c in classes] for k in keys])  # key -> its factor
+    P = np.array([_as_parts(p[0], keys) for p in pairs], float).reshape(len(pairs), len(keys))
     pred = P.sum(axis=1)
     meas = np.array([p[1] for p in pairs], float)
     labels = [p[2] if len(p) > 2 else str(i) for i, p in enumerate(pairs)]
@@ -329,6 +365,8 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
         if a in classes and b in classes:
             merge[classes.index(b), classes.index(a)] = 1.0
             merge[classes.index(a), :] = 0.0
+    # predicted part key -> the measured class it is compared in
+    merge_keys = merge @ np.array([[1.0 if measured_class(k) == c else 0.0 for k in keys] for c in classes])
     # per-component: x = (log c, d_1..d_K), log f = log c + d (module docstring); one-scale: x = (log f,)
     hier = not one
     prior_w = 0.0 if (one or prior_sd is None) else OBS_SD / prior_sd
@@ -338,13 +376,13 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
         return x[0] + x[1:] if hier else x
 
     def residuals(x, idx):
-        lf = log_f(x)
+        lf = F @ log_f(x)  # per part key
         r = []
         for i in idx:
             r.append(np.logaddexp.reduce(lf + np.log(np.maximum(P[i], 1e-300)), where=P[i] > 0) - np.log(meas[i])
                      if K > 1 else lf[0] + np.log(pred[i]) - np.log(meas[i]))
             if split[i] is not None:
-                q = merge @ (np.exp(lf) * P[i])  # predicted per measured class (SPLIT_TOGETHER)
+                q = merge_keys @ (np.exp(lf) * P[i])  # predicted per measured class (SPLIT_TOGETHER)
                 m = merge @ M[i]
                 ok = (q > 0) & (m > 0)
                 r.extend(SPLIT_WEIGHT * (np.log(q[ok]) - np.log(m[ok])))
@@ -360,7 +398,7 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
     allidx = np.arange(len(pairs))
     theta, res = fit(allidx)
     f = np.exp(theta)
-    calp = P @ f
+    calp = P @ (F @ f)
     resid = calp / meas - 1.0
     loo = []
     for i in allidx:
@@ -368,7 +406,7 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
             loo.append(float("nan"))
             continue
         th_i, _ = fit(allidx[allidx != i])
-        loo.append(float(P[i] @ np.exp(th_i) / meas[i] - 1.0))
+        loo.append(float(P[i] @ (F @ np.exp(th_i)) / meas[i] - 1.0))
     # covariance of log f (Gauss-Newton at the optimum): the rows' information at their residual
     # variance, plus the priors' precisions (a class no row informs keeps the common scale's sd
     # and its own prior's)

@@ -318,3 +318,34 @@ def test_serving_sampler_stays_one_scale_with_its_own_fit():
     assert cal.label.startswith("serving") and cal.scale == pytest.approx(2.5, rel=1e-3)
     nxt = s.propose()
     assert nxt not in (first, pool[1]["plan"]) and s.predicted(nxt) == pytest.approx(2.5 * s.rows[nxt], rel=1e-3)
+
+
+def test_a_part_measured_in_another_class_takes_its_own_class_factor():
+    """"F@M" parts (the CPU floor's launches inside the attention / expert / router modules) take
+    class F's factor, while a trial's split measures them in class M. Rows where attention's compute
+    runs 2x its raw time and the launches 1x: the fit tells them apart only through the key, and a
+    launch-bound plan is then predicted at its launches' factor, not attention's."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(12):
+        comp, launch, host = rng.uniform(0.05, 0.2), rng.uniform(0.01, 0.2), rng.uniform(0.01, 0.05)
+        pred = {"attention": comp, "host_launch@attention": launch, "host_launch": host}
+        meas_parts = {"attention": 2.0 * comp + launch, "host_launch": host}
+        rows.append((pred, 2.0 * comp + launch + host, "r", meas_parts))
+    cal, _ = fit_calibration(rows, classes=TRAIN_CLASSES)
+    assert cal.factor("attention") == pytest.approx(2.0, rel=0.05)
+    assert cal.factor("host_launch@attention") == cal.factor("host_launch") == pytest.approx(1.0, rel=0.05)
+    launch_bound = {"attention": 0.01, "host_launch@attention": 0.5}
+    assert cal.apply(launch_bound) == pytest.approx(0.02 + 0.5, rel=0.05)
+    lo, hi = cal.interval(launch_bound)
+    assert lo < cal.apply(launch_bound) < hi
+    with pytest.raises(ValueError, match="not among"):
+        fit_calibration([({"attention": 1.0, "host_launch@nowhere": 1.0}, 2.0)], classes=TRAIN_CLASSES)
+
+
+def test_the_cpu_floor_launches_are_measured_in_their_modules_with_the_floor_factor():
+    from cost_model.calibration import COMPONENT_CLASS, factor_class, measured_class
+    for comp, module in (("cpu_launch_core_attention", "attention"), ("cpu_launch_experts", "grouped_gemm"),
+                         ("cpu_launch_router", "elementwise")):
+        assert factor_class(COMPONENT_CLASS[comp]) == "host_launch"
+        assert measured_class(COMPONENT_CLASS[comp]) == module

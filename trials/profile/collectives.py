@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from trials.processes import RankGroup
 
 COLLS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
+PER_CALL = {"send_recv": 2}  # transfers per timed call (a round trip), so a row is one transfer
 CPU_BYTES = {"tiny": [4096, 262144], "small": [1024, 32768, 1048576, 16777216],
              "full": [1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216]}
 GPU_BYTES = {"tiny": [65536, 67108864], "small": [65536, 4194304, 268435456],
@@ -228,11 +230,16 @@ def _time_point(p, rs, grp, dev, on_gpu, sync, rank) -> float:
         peer = rs[1] if rank == rs[0] else rs[0]
         buf = torch.ones(n, device=dev)
 
-        def fn():  # one direction per call, alternating, as a PP boundary does (fwd act / bwd grad)
+        def fn():
+            # a round trip, one transfer each way, as a PP boundary runs them (the forward's
+            # activation, the backward's gradient), timed per transfer (`PER_CALL`); the comment
+            # said so, but the code sent one way back to back
             if rank == rs[0]:
                 dist.send(buf, peer)
+                dist.recv(buf, peer)
             else:
                 dist.recv(buf, peer)
+                dist.send(buf, peer)
     else:  # ep_dispatch: counts all_to_all, then tokens with split sizes (Megatron alltoall dispatcher)
         counts = torch.full((g,), n // g, dtype=torch.int64, device=dev)
         rc = torch.empty_like(counts)
@@ -247,13 +254,26 @@ def _time_point(p, rs, grp, dev, on_gpu, sync, rank) -> float:
     sync()
     dist.barrier(group=grp)
     it = _iters(b, on_gpu)
+    if coll == "send_recv" and not on_gpu:
+        # blocking gloo send/recv: each call is timed and the median kept. A batch mean carries
+        # the host's scheduling tail (now and then a blocked rank's wake-up waits milliseconds on
+        # a busy 2-core host: batch means of a round trip gave 0.66-2.2 ms per 1-256 KB transfer
+        # where a standalone ping-pong's per-call medians were 83-290 us, issue 27), a tail the
+        # cost model's p2p term would then charge to every one of a pipeline's 2(m + pp - 1)
+        # transfers
+        calls = []
+        for _ in range(3 * it):
+            t0 = time.perf_counter()
+            fn()
+            calls.append(time.perf_counter() - t0)
+        return statistics.median(calls) / PER_CALL[coll]
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
         for _ in range(it):
             fn()
         sync()
-        times.append((time.perf_counter() - t0) / it)
+        times.append((time.perf_counter() - t0) / it / PER_CALL.get(coll, 1))
     return min(times)  # least-interfered batch (shared hosts only add time)
 
 
