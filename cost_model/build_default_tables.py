@@ -137,7 +137,7 @@ def published_ep_rows(kind: str) -> list[dict]:
     for r in _data_rows("ep_dispatch_combine_bandwidth.csv", hw=hw, kernel="normal"):
         ep, T, h, E = int(r["ep"]), float(r["tokens"]), float(r["hidden"]), 256
         t_us = (float(r["dispatch_us"]), float(r["combine_us"]))
-        src = r["source"] + "; assumed uniform top-8, BF16 tokens; rate solved from the time (build_default_tables)"
+        src = f"published: {r['source']}; assumed uniform top-8, BF16 tokens; rate solved from the time (build_default_tables)"
         if r["library"] == "hybridep":
             # flex: every counted token (distinct destination ranks) on the NVLink leg
             n_tok = T * float(distinct_ranks(uniform, E, TABLE7_TOPK, np.array([float(ep)]))[0])
@@ -352,7 +352,7 @@ def build(kind: str, out_root: Path, params, rms) -> str:
                 hit = pub.get((direction, seq))
                 if hit is not None and hit[1] == hd:  # the published row itself
                     rows.append(dict(dtype="bf16", direction=direction, seq=seq, head_dim=hd, bh=FA_BH,
-                                     tflops=hit[0], source=hit[2]))
+                                     tflops=hit[0], source=f"published: {hit[2]}"))
                     continue
                 rows.append(dict(dtype="bf16", direction=direction, seq=seq, head_dim=hd, bh=FA_BH,
                                  tflops=fa_tflops(direction, seq, hd) * k, source=tag))
