@@ -18,7 +18,7 @@ import numpy as np
 from clusters import load_cluster
 from cost_model import resolve_tables
 from cost_model.blocks import distinct_domains, distinct_ranks
-from cost_model.build_default_tables import DATA_DIR, TABLE7_TOKEN_BYTES, TABLE7_TOPK
+from cost_model.build_default_tables import DATA_DIR, TABLE7_EXPERTS, TABLE7_TOKEN_BYTES, TABLE7_TOPK
 from cost_model.ops import TableOps
 from specs.models import load_model
 from specs.workload import Workload
@@ -27,7 +27,7 @@ KINDS = {"h100": "h100-sxm", "gb200": "gb200-nvl72"}
 UNIFORM = SimpleNamespace(moe_router_num_groups=0, moe_router_group_topk=0)
 
 
-def priced(kind: str, library: str, ep: float, tokens: float, experts: int = 256) -> tuple[float, float]:
+def priced(kind: str, library: str, ep: float, tokens: float, experts: int = TABLE7_EXPERTS) -> tuple[float, float]:
     """(dispatch, combine) seconds of one call at the Table 7 setting on `kind`."""
     w = Workload(load_model("deepseek-v3"), load_cluster(kind, int(max(ep, 8))), 1024, 4096)
     ops = TableOps(resolve_tables(w, None), w.cluster, np.array([False]))

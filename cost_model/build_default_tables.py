@@ -108,7 +108,7 @@ PUBLISHED_ATTN_PLATFORM = {"gb200-nvl72": "blackwell"}  # kind -> `platform` of 
 # The setting Table 7 states is hidden 7168, sequence 4096 (tokens per GPU), 256 experts; it does not
 # state top-k, routing, dtype or SMs. Assumed: DeepSeek-V3's top-8 with uniform routing (no group
 # limit: the dispatch benchmarks draw random scores) and BF16 tokens both ways (no FP8 is stated).
-TABLE7_TOPK, TABLE7_TOKEN_BYTES = 8, (2.0 * 7168, 2.0 * 7168)
+TABLE7_EXPERTS, TABLE7_TOPK, TABLE7_TOKEN_BYTES = 256, 8, (2.0 * 7168, 2.0 * 7168)
 # DeepEP is not in Table 7: on a kind with published HybridEP rows its NVLink rows are those x the
 # DeepEP/HybridEP ratio of the same H100 NVLink benchmark (EP_ROWS above: 323/358, 326/364).
 DEEPEP_OVER_HYBRID_NVLINK = (EP_ROWS[("deepep", "scaleup")][8][0] / EP_ROWS[("hybridep", "scaleup")][8][0],
@@ -135,7 +135,7 @@ def published_ep_rows(kind: str) -> list[dict]:
     rows = []
     uniform = SimpleNamespace(moe_router_num_groups=0, moe_router_group_topk=0)
     for r in _data_rows("ep_dispatch_combine_bandwidth.csv", hw=hw, kernel="normal"):
-        ep, T, h, E = int(r["ep"]), float(r["tokens"]), float(r["hidden"]), 256
+        ep, T, h, E = int(r["ep"]), float(r["tokens"]), float(r["hidden"]), TABLE7_EXPERTS
         t_us = (float(r["dispatch_us"]), float(r["combine_us"]))
         src = f"published: {r['source']}; assumed uniform top-8, BF16 tokens; rate solved from the time (build_default_tables)"
         if r["library"] == "hybridep":
@@ -393,13 +393,13 @@ def build(kind: str, out_root: Path, params, rms) -> str:
                                              f"{LAT_SCALEOUT_US} us x (1 + log2(nodes)/4) (assumed)")
     write_family(out, "collectives", rows)
     # EP dispatch
-    rows = published_ep_rows(kind)  # scale-up rows of the backends measured on this kind (GridTable clamps past them)
-    measured = {r["backend"] for r in rows}
+    rows = published_ep_rows(kind)  # scale-up rows of the backends published for this kind (GridTable clamps past them)
+    published = {r["backend"] for r in rows}
     for ep in (2, 4, 8, 16, 32, 64, 128, 256, 512):
         for backend in ("deepep", "hybridep"):
             d0, c0, ref, src = EP_ROWS[(backend, "scaleup")][8]
             r = scaleup_link / ref
-            if backend not in measured:
+            if backend not in published:
                 rows.append(dict(backend=backend, scope="scaleup", ep=ep, dispatch_gbps=d0 * r, combine_gbps=c0 * r,
                                  latency_us=LAT_SCALEUP_US * 2, source=f"derived: {src} x NVLink ratio ({src_hw})"))
             sel = min(EP_ROWS[("deepep", "scaleout")], key=lambda e: abs(math.log2(e) - math.log2(max(ep, 16))))
@@ -412,7 +412,7 @@ def build(kind: str, out_root: Path, params, rms) -> str:
                              latency_us=LAT_SCALEOUT_US * 2, source=f"derived: {src} x NIC ratio ({src_hw})"))
         a2a_up = up_peak
         a2a_out = nic * INTER_AR[2] * (max(2.0, ep / 8.0) / 2.0) ** slope
-        if "alltoall" not in measured:
+        if "alltoall" not in published:
             rows.append(dict(backend="alltoall", scope="scaleup", ep=ep, dispatch_gbps=a2a_up, combine_gbps=a2a_up,
                              latency_us=LAT_SCALEUP_US, source=f"derived: NCCL all_to_all = {NCCL_SRC_INTRA}"))
         rows.append(dict(backend="alltoall", scope="scaleout", ep=ep, dispatch_gbps=a2a_out, combine_gbps=a2a_out,

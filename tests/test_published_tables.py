@@ -14,7 +14,7 @@ import pytest
 from clusters import load_cluster
 from cost_model import resolve_tables
 from cost_model.blocks import distinct_ranks
-from cost_model.build_default_tables import TABLE7_TOKEN_BYTES, TABLE7_TOPK
+from cost_model.build_default_tables import TABLE7_EXPERTS, TABLE7_TOKEN_BYTES, TABLE7_TOPK
 from cost_model.constants import ATTN_BWD_FLOPS_FACTOR
 from cost_model.ops import TableOps
 from specs.models import load_model
@@ -64,7 +64,7 @@ def test_gb200_ep_rows_reproduce_table7(row):
     code = np.array([BACKEND_CODE[row["library"]]])
     e = np.array([ep])
     if row["library"] == "hybridep":
-        copies = distinct_ranks(SimpleNamespace(moe_router_num_groups=0, moe_router_group_topk=0), 256, TABLE7_TOPK, e)
+        copies = distinct_ranks(SimpleNamespace(moe_router_num_groups=0, moe_router_group_topk=0), TABLE7_EXPERTS, TABLE7_TOPK, e)
         nb_d, nb_c = (b * T * copies for b in TABLE7_TOKEN_BYTES)
         d, c = ops.ep_dispatch(code, nb_d, nb_c, e, 1, inter=np.zeros(1), intra=np.ones(1),
                                token_bytes=tuple(np.array([b]) for b in TABLE7_TOKEN_BYTES))
