@@ -19,7 +19,9 @@ with its source; the few used here are also copied below so the build reads as o
 - attention: FlashAttention fraction-of-peak vs sequence length and head dim (approximate reading
   of FlashAttention-3, arXiv:2407.08608, H100 bf16 causal), scaled by the bf16 peak; one constant
   bh (batch x heads per call, FA_BH) for every kind, cpu-local included: the axis is inert here and
-  only a measured profile (`moetune profile`, CPU) fills it.
+  only a measured profile (`moetune profile`, CPU) fills it. A kind with published SDPA rows
+  (PUBLISHED_ATTN_PLATFORM: GB200 <- arXiv 2603.07685 Table 9) carries them at their own points and
+  the curve scaled through them elsewhere.
 - collectives: nccl-tests bus bandwidth. Scale-up peak = NVLink unidirectional GB/s x the H100
   ring all-reduce efficiency (370 / 450, nccl-tests issue 212); scale-out = members-per-node x
   per-NIC achievable (48.5 of 50 GB/s, nccl-tests issue 267) x a node-count factor fitted to the
@@ -27,7 +29,9 @@ with its source; the few used here are also copied below so the build reads as o
   busbw(S) = peak * S / (S + peak * latency) with an assumed base latency (documented per row).
 - ep_dispatch: DeepEP / HybridEP normal-kernel bandwidth (DeepEP README, NeMo Automodel benchmark),
   scaled to the target by NVLink (scale-up) or NIC (scale-out) bandwidth ratio; alltoall rows are
-  the NCCL all_to_all bus bandwidth of the collectives family.
+  the NCCL all_to_all bus bandwidth of the collectives family. A kind with published per-call times
+  (PUBLISHED_EP_HW: GB200 <- arXiv 2603.07685 Table 7, HybridEP and all-to-all) takes its scale-up
+  rows solved from them instead (`published_ep_rows`).
 - dispatch_gap (GPUs): the host seconds per launched kernel of a PyTorch-eager training step, from
   DeepSeek's public profiler trace (HOST_US_PER_LAUNCH below, a lower bound); cpu-local: assumed.
 - membw: assumed values (no public measurement in the reference set), labelled so.
@@ -35,6 +39,7 @@ with its source; the few used here are also copied below so the build reads as o
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 from pathlib import Path
 
@@ -89,6 +94,98 @@ EP_ROWS = {  # backend, scope -> {ep: (dispatch, combine, ref fabric GB/s, sourc
 }
 # HybridEP vs DeepEP on the same H100 RDMA system (Automodel): 81.6/79.5 dispatch, 76.5/68.2 combine
 HYBRID_OVER_DEEPEP_RDMA = (81.6 / 79.5, 76.5 / 68.2)
+
+# Published per-kind measurements (arXiv 2603.07685, "Scalable Training of MoE Models with Megatron
+# Core", NVIDIA): read from cost_model/data/ (each row keeps its table and setting in `source`), not
+# copied here. A kind listed below takes them in place of the rows scaled from H100 by link or peak
+# ratio. Table 7 measures HybridEP and all-to-all on GB200 NVL72 (EP 8-64, all inside the NVLink
+# domain); Table 9 names its platform "Blackwell", and GB200 is the paper's Blackwell training
+# system (Tables 11, 17). GB300 (Blackwell Ultra, twice the exponential-unit rate) and B200 have no
+# row of their own there, so they keep the derived rows.
+DATA_DIR = Path(__file__).resolve().parent / "data"
+PUBLISHED_EP_HW = {"gb200-nvl72": "gb200"}         # kind -> `hw` of ep_dispatch_combine_bandwidth.csv
+PUBLISHED_ATTN_PLATFORM = {"gb200-nvl72": "blackwell"}  # kind -> `platform` of attention_sdpa_tflops.csv
+# The setting Table 7 states is hidden 7168, sequence 4096 (tokens per GPU), 256 experts; it does not
+# state top-k, routing, dtype or SMs. Assumed: DeepSeek-V3's top-8 with uniform routing (no group
+# limit: the dispatch benchmarks draw random scores) and BF16 tokens both ways (no FP8 is stated).
+TABLE7_EXPERTS, TABLE7_TOPK, TABLE7_TOKEN_BYTES = 256, 8, (2.0 * 7168, 2.0 * 7168)
+# DeepEP is not in Table 7: on a kind with published HybridEP rows its NVLink rows are those x the
+# DeepEP/HybridEP ratio of the same H100 NVLink benchmark (EP_ROWS above: 323/358, 326/364).
+DEEPEP_OVER_HYBRID_NVLINK = (EP_ROWS[("deepep", "scaleup")][8][0] / EP_ROWS[("hybridep", "scaleup")][8][0],
+                             EP_ROWS[("deepep", "scaleup")][8][1] / EP_ROWS[("hybridep", "scaleup")][8][1])
+
+
+def _data_rows(name: str, **match) -> list[dict]:
+    with open(DATA_DIR / name, newline="") as f:
+        return [r for r in csv.DictReader(f) if all(r[k] == v for k, v in match.items())]
+
+
+def published_ep_rows(kind: str) -> list[dict]:
+    """`ep_dispatch` scale-up rows of `kind` solved from published per-call times (Table 7), so that
+    `TableOps.ep_dispatch` at the table's own setting returns the published microseconds: the rows
+    carry the rate at the flex rows' reference token size (`constants` FLEX_REF_TOKEN_BYTES), the
+    per-token term of tokens of other sizes taken out. Empty for a kind with no published rows."""
+    from types import SimpleNamespace
+
+    from cost_model.blocks import distinct_ranks
+    from cost_model.constants import FLEX_PER_TOKEN_S, FLEX_REF_TOKEN_BYTES
+    hw = PUBLISHED_EP_HW.get(kind)
+    if hw is None:
+        return []
+    rows = []
+    uniform = SimpleNamespace(moe_router_num_groups=0, moe_router_group_topk=0)
+    for r in _data_rows("ep_dispatch_combine_bandwidth.csv", hw=hw, kernel="normal"):
+        ep, T, h, E = int(r["ep"]), float(r["tokens"]), float(r["hidden"]), TABLE7_EXPERTS
+        t_us = (float(r["dispatch_us"]), float(r["combine_us"]))
+        src = f"published: {r['source']}; assumed uniform top-8, BF16 tokens; rate solved from the time (build_default_tables)"
+        if r["library"] == "hybridep":
+            # flex: every counted token (distinct destination ranks) on the NVLink leg
+            n_tok = T * float(distinct_ranks(uniform, E, TABLE7_TOPK, np.array([float(ep)]))[0])
+            lat = LAT_SCALEUP_US * 2
+            gbps = []
+            for i in range(2):
+                c0 = FLEX_PER_TOKEN_S[("hybridep", "scaleup")][i]
+                size = TABLE7_TOKEN_BYTES[i]
+                per_tok = n_tok * c0 * (1.0 - size / FLEX_REF_TOKEN_BYTES[i])
+                gbps.append(n_tok * size / ((t_us[i] - lat) * 1e-6 - per_tok) / 1e9)
+            rows.append(dict(backend="hybridep", scope="scaleup", ep=ep, dispatch_gbps=gbps[0],
+                             combine_gbps=gbps[1], latency_us=lat, source=src))
+            r_d, r_c = DEEPEP_OVER_HYBRID_NVLINK
+            rows.append(dict(backend="deepep", scope="scaleup", ep=ep, dispatch_gbps=gbps[0] * r_d,
+                             combine_gbps=gbps[1] * r_c, latency_us=lat,
+                             source=f"derived: HybridEP row ({r['source']}) x DeepEP/HybridEP H100 NVLink ratio "
+                                    "(NVIDIA-NeMo/Automodel docs/deepep_vs_hybridep_benchmark.md, EP8 24 SMs)"))
+        elif r["library"] == "nccl-alltoall":
+            # NCCL all-to-all: top-k copies of every token, the (ep - 1)/ep of them not local
+            nbytes = 2.0 * h * T * TABLE7_TOPK * (ep - 1) / ep
+            lat = LAT_SCALEUP_US
+            d, c = (nbytes / ((t - lat) * 1e-6) / 1e9 for t in t_us)
+            rows.append(dict(backend="alltoall", scope="scaleup", ep=ep, dispatch_gbps=d, combine_gbps=c,
+                             latency_us=lat, source=src))
+    return rows
+
+
+def published_attention(kind: str) -> dict[tuple[str, int], tuple[float, int, str]]:
+    """{(direction, seq): (TFLOPS, qk head dim, source)} of the published SDPA rows of `kind`."""
+    plat = PUBLISHED_ATTN_PLATFORM.get(kind)
+    if plat is None:
+        return {}
+    out = {}
+    for r in _data_rows("attention_sdpa_tflops.csv", platform=plat, dtype="bf16"):
+        for direction in ("fwd", "bwd"):
+            out[(direction, int(r["seq"]))] = (float(r[f"{direction}_tflops"]), int(r["head_dim_qk"]), r["source"])
+    return out
+
+
+def attention_anchor(pub: dict, direction: str, seq: float, derived_at) -> float:
+    """Factor taking the derived FlashAttention curve through the published points of `direction`:
+    published / derived at each published sequence length, interpolated in log sequence length
+    between them and held beyond them (the curve's shape outside the measured range)."""
+    pts = sorted((s, v[0] / derived_at(direction, s, v[1])) for (d, s), v in pub.items() if d == direction)
+    if not pts:
+        return 1.0
+    xs = np.log([p[0] for p in pts])
+    return float(np.interp(math.log(seq), xs, [p[1] for p in pts]))
 
 
 M_AX = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
@@ -243,14 +340,26 @@ def build(kind: str, out_root: Path, params, rms) -> str:
             rows.append(dict(dtype=dt, groups=int(g), m=int(m), n=int(n), k=int(k), tflops=float(v), source=gsrc))
     write_family(out, "grouped_gemm", rows)
     # attention (always bf16 in Megatron unless fp8 DPA is enabled)
+    def fa_tflops(direction, seq, hd):
+        return s["bf16"] * FA_FWD_FRACTION[seq] * FA_HEADDIM[hd] * (FA_BWD_OVER_FWD if direction == "bwd" else 1.0)
+    pub = published_attention(kind)
+    tag = "derived:fa3-fraction+hw" if not pub else "derived:fa3-fraction+hw, anchored to published SDPA rows"
     rows = []
     for direction in ("fwd", "bwd"):
-        for seq, frac in FA_FWD_FRACTION.items():
-            for hd, hf in FA_HEADDIM.items():
-                f = frac * hf * (FA_BWD_OVER_FWD if direction == "bwd" else 1.0)
+        for seq in FA_FWD_FRACTION:
+            k = attention_anchor(pub, direction, seq, fa_tflops)
+            for hd in FA_HEADDIM:
+                hit = pub.get((direction, seq))
+                if hit is not None and hit[1] == hd:  # the published row itself
+                    rows.append(dict(dtype="bf16", direction=direction, seq=seq, head_dim=hd, bh=FA_BH,
+                                     tflops=hit[0], source=f"published: {hit[2]}"))
+                    continue
                 rows.append(dict(dtype="bf16", direction=direction, seq=seq, head_dim=hd, bh=FA_BH,
-                                 tflops=s["bf16"] * f, source="derived:fa3-fraction+hw"))
-    sources["derived:fa3-fraction+hw"] = f"{FA_SRC}; bf16 peak of {src_hw}; one bh value ({FA_BH}): no batch x heads dependence"
+                                 tflops=fa_tflops(direction, seq, hd) * k, source=tag))
+    sources[tag] = f"{FA_SRC}; bf16 peak of {src_hw}; one bh value ({FA_BH}): no batch x heads dependence"
+    if pub:
+        sources[tag] += ("; x published / derived at the published rows (cost_model/data/attention_sdpa_tflops.csv), "
+                         "interpolated in log sequence length and held outside them")
     write_family(out, "attention", rows)
     # collectives
     scaleup_link = s["nvlink"] if s["nvlink"] > 0 else s.get("pcie", 0.0) or 10.0
@@ -284,13 +393,15 @@ def build(kind: str, out_root: Path, params, rms) -> str:
                                              f"{LAT_SCALEOUT_US} us x (1 + log2(nodes)/4) (assumed)")
     write_family(out, "collectives", rows)
     # EP dispatch
-    rows = []
+    rows = published_ep_rows(kind)  # scale-up rows of the backends published for this kind (GridTable clamps past them)
+    published = {r["backend"] for r in rows}
     for ep in (2, 4, 8, 16, 32, 64, 128, 256, 512):
         for backend in ("deepep", "hybridep"):
             d0, c0, ref, src = EP_ROWS[(backend, "scaleup")][8]
             r = scaleup_link / ref
-            rows.append(dict(backend=backend, scope="scaleup", ep=ep, dispatch_gbps=d0 * r, combine_gbps=c0 * r,
-                             latency_us=LAT_SCALEUP_US * 2, source=f"derived: {src} x NVLink ratio ({src_hw})"))
+            if backend not in published:
+                rows.append(dict(backend=backend, scope="scaleup", ep=ep, dispatch_gbps=d0 * r, combine_gbps=c0 * r,
+                                 latency_us=LAT_SCALEUP_US * 2, source=f"derived: {src} x NVLink ratio ({src_hw})"))
             sel = min(EP_ROWS[("deepep", "scaleout")], key=lambda e: abs(math.log2(e) - math.log2(max(ep, 16))))
             d0, c0, ref, src = EP_ROWS[("deepep", "scaleout")][sel]
             r = (s["nic_gbit"] / 8.0) / ref
@@ -301,8 +412,9 @@ def build(kind: str, out_root: Path, params, rms) -> str:
                              latency_us=LAT_SCALEOUT_US * 2, source=f"derived: {src} x NIC ratio ({src_hw})"))
         a2a_up = up_peak
         a2a_out = nic * INTER_AR[2] * (max(2.0, ep / 8.0) / 2.0) ** slope
-        rows.append(dict(backend="alltoall", scope="scaleup", ep=ep, dispatch_gbps=a2a_up, combine_gbps=a2a_up,
-                         latency_us=LAT_SCALEUP_US, source=f"derived: NCCL all_to_all = {NCCL_SRC_INTRA}"))
+        if "alltoall" not in published:
+            rows.append(dict(backend="alltoall", scope="scaleup", ep=ep, dispatch_gbps=a2a_up, combine_gbps=a2a_up,
+                             latency_us=LAT_SCALEUP_US, source=f"derived: NCCL all_to_all = {NCCL_SRC_INTRA}"))
         rows.append(dict(backend="alltoall", scope="scaleout", ep=ep, dispatch_gbps=a2a_out, combine_gbps=a2a_out,
                          latency_us=LAT_SCALEOUT_US, source=f"derived: NCCL all_to_all per-GPU NIC; {NIC_SRC}; {INTER_SRC}"))
     write_family(out, "ep_dispatch", rows)
