@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from clusters import is_blackwell
+from cost_model.blocks import ep_wire_seconds
 from cost_model.flops import param_counts
 from cost_model.ops import TableOps
 from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNEL_MIN_S, KERNELS_PER_LAYER, PRICED_KERNELS, SCHED_OVERHEAD_S, SMALL_KERNELS_PER_LAYER
@@ -201,7 +202,11 @@ class StepModel:
         # DeepEP: tokens of this GPU go to top-k experts (fp8 dispatch, bf16 combine)
         mine = tokens_inst / c.tp * s.moe_router_topk * self.imb
         bd, bc = mine * h * 1.0, mine * h * 2.0
-        d, cb = o.ep_dispatch(np.where(c.a2a > 0, 2, 0), bd, bc, c.ep, 1)
+        # normal kernels: each token crosses RDMA once per node it reaches and fans out over
+        # NVLink there, the bytes the DeepEP README's rates count (`blocks.ep_wire_seconds`, the
+        # rule the training model uses); charging every top-k copy on RDMA overprices them ~2x
+        d, cb, _, _ = ep_wire_seconds(s, o, np.where(c.a2a > 0, 2, 0), tokens_inst / c.tp, h, np.full(len(c), self.fp8),
+                                      c.ep, 1, self.imb)
         if _LL is None:
             _LL = _low_latency_rates()
         eps, dg, cg = _LL
