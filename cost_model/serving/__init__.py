@@ -24,7 +24,7 @@ from cost_model.serving.memory import capacity
 from cost_model.serving.pd import pd_arrays
 from cost_model.serving.plans import effective_plans, to_cols
 from cost_model.serving.sim import request_ttft, simulate
-from cost_model.serving.step import StepModel
+from cost_model.serving.step import StepModel, context_split
 from cost_model.tables import load_tables, tables_dir_for
 
 FP8_PRECISIONS = ("fp8", "fp8-blockwise", "fp8-tensorwise", "fp8-delayed", "mxfp8")
@@ -102,7 +102,8 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
         C = np.minimum(c.chunk, isl * K).astype(float)
         # a prompt longer than the chunk runs as ceil(isl / C) chunks, chunk i attending to the
         # i C tokens before it: the mean prefix of its chunks is (chunks - 1) C / 2
-        t_pre = s_pre * sm.prefill(C, (np.ceil(isl / C) - 1) * C / 2)[0]
+        # a chunk longer than the prompt packs ~C / isl prompts, each attending only to itself
+        t_pre = s_pre * sm.prefill(C, (np.ceil(isl / C) - 1) * C / 2, np.minimum(C, isl))[0]
         per_in = t_pre / C  # seconds per prompt token
         if w.phase == "prefill":
             in_rank = 1.0 / per_in
@@ -211,7 +212,8 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     bs = np.unique(np.geomspace(1, max(max_b, 2), 24).round())
     dec = _grid_fn(lambda b, x: s_dec * sm.decode(b, x)[0], bs, np.linspace(1, ctx_max, 6))
     cs = np.unique(np.geomspace(1, max(chunk, 2), 16).round())
-    pre = _grid_fn(lambda t, p: s_pre * sm.prefill(t, p)[0], cs, np.linspace(0, max(isl_max, 1), 5))
+    # (tokens, mean context a new token attends to), as the simulator tracks a step
+    pre = _grid_fn(lambda t, x: s_pre * sm.prefill(t, *context_split(t, x))[0], cs, np.linspace(0, max(isl_max, 1), 5))
     replicas = int(est["replicas"][0])
     osl = 1 if w.phase == "prefill" else w.osl
     if burst:
@@ -225,8 +227,9 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     else:
         K = max(int(round(max(w.concurrency, 1) / (replicas * a))), 1)
         total = n_requests or max(4 * K, 64)
-        life = (np.ceil(w.isl / chunk) * pre(min(chunk, w.isl), 0.0)
-                + (osl - 1) * dec(min(K, max_b), w.isl + osl / 2)) if osl > 1 else pre(min(chunk, w.isl), 0.0)
+        first = min(chunk, w.isl)
+        life = (np.ceil(w.isl / chunk) * pre(first, first / 2.0)
+                + (osl - 1) * dec(min(K, max_b), w.isl + osl / 2)) if osl > 1 else pre(first, first / 2.0)
         r = simulate(pre, dec, [(0.0, w.isl, osl)], chunk=chunk, max_batch=max_b,
                      kv_tokens=est["kv_pool_tokens"][0], closed_loop=K, total=total, stagger_s=float(life))
         # throughput: tokens made between the first completion (warm-up over) and the last time a

@@ -37,7 +37,8 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
     """Run the simulation.
 
     Args:
-        prefill_t(tokens, mean_prefix) / decode_t(batch, mean_context): step seconds.
+        prefill_t(tokens, mean_context) / decode_t(batch, mean_context): step seconds (a prefill
+            token's context: its request's prefix plus its position in its own segment).
         requests: (arrival_s, isl, osl) tuples; with `closed_loop` = K, only the first K are
             used at t=0 and each completion starts the next one (isl/osl cycling through the list)
             until `total` requests have been issued.
@@ -73,7 +74,7 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
         room = len(run_ctx) < max_batch
         head_fits = bool(waiting) and (waiting[0][3] > 0 or kv_used + waiting[0][1] + waiting[0][2] <= kv_tokens)
         if waiting and room and (head_fits or not run_ctx):
-            budget, batch, prefix_sum, toks = chunk, [], 0.0, 0
+            budget, batch, ctx_sum, toks = chunk, [], 0.0, 0
             while waiting and budget > 0 and len(run_ctx) + len(batch) < max_batch:
                 r = waiting[0]
                 if r[3] == 0 and kv_used + r[1] + r[2] > kv_tokens and (run_ctx or batch):
@@ -81,7 +82,7 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
                 take = min(budget, r[1] - r[3])
                 if r[3] == 0:  # its first chunk reserves the request's whole KV (isl + osl)
                     kv_used += r[1] + r[2]
-                prefix_sum += r[3] * take
+                ctx_sum += take * (r[3] + take / 2.0)  # causal inside its own request only
                 r[3] += take
                 budget -= take
                 toks += take
@@ -89,7 +90,7 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
                     batch.append(waiting.popleft())
                 else:
                     break  # a partially prefilled request stays at the head
-            dt = _step_seconds(prefill_t(toks, prefix_sum / max(toks, 1)), "prefill")
+            dt = _step_seconds(prefill_t(toks, ctx_sum / max(toks, 1)), "prefill")
             t += dt
             steps += 1
             in_tok += toks
