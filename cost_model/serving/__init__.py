@@ -115,11 +115,21 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
             B = np.minimum(K, cap["max_batch_rank"])
             B = np.maximum(B, 1.0)
             t_dec = s_dec * sm.decode(B, isl + osl / 2)[0]
-            per_out = t_dec / B + isl / osl * per_in
+            # steady state of the closed loop: each decode step completes attn_dp B / osl requests
+            # of the instance and their replacements are extended together in the next step (at
+            # least one per extend step); with fewer than attn_dp of them only their ranks extend
+            # while every other rank waits for that step at the MoE layers (SGLang's DP-attention
+            # ranks run each forward in lock step): a rank pays its neighbours' prefills too
+            n_ext = np.maximum(c.attn_dp * B / osl, 1.0)
+            r_ext = np.minimum(n_ext, c.attn_dp)
+            C_ss = np.minimum(c.chunk, n_ext / r_ext * isl).astype(float)
+            t_ext = s_pre * sm.prefill(C_ss, (np.ceil(isl / C_ss) - 1) * C_ss / 2, np.minimum(C_ss, isl), r_ext)[0]
+            per_in_ss = t_ext / C_ss * c.attn_dp / r_ext  # a rank's seconds per prompt token
+            per_out = t_dec / B + isl / osl * per_in_ss
             out_rank = 1.0 / per_out
-            tpot = t_dec + B / osl * isl * per_in
+            tpot = t_dec + B / osl * isl * per_in_ss
             req_rate = out_rank / osl
-            ttft = request_ttft(np.ceil(isl / C) * t_pre + np.maximum(K - B, 0) / req_rate)
+            ttft = request_ttft(np.ceil(isl / C_ss) * t_ext + np.maximum(K - B, 0) / req_rate)
             res = {"output_tokens_per_s_per_gpu": out_rank * c.attn_dp / gpus_inst,
                    "input_tokens_per_s_per_gpu": out_rank * c.attn_dp / gpus_inst * isl / osl,
                    "ttft_s": ttft, "tpot_s": tpot, "batch_rank": B}

@@ -306,11 +306,12 @@ class StepModel:
         t = stage * c.pp  # the batch passes every stage once per token
         return t, {**parts, "cuda_graphs": graphs}
 
-    def _prefill_gpu(self, C, prefix, seg):
+    def _prefill_gpu(self, C, prefix, seg, ranks):
         """(compute, communication, parts) seconds of one prefill step of `C` tokens per rank, made
-        of segments of `seg` new tokens (one per request), each after `prefix` tokens of its own."""
+        of segments of `seg` new tokens (one per request), each after `prefix` tokens of its own,
+        on `ranks` attention-DP ranks at once (the MoE layers see their tokens together)."""
         s, c, pl = self.s, self.c, self.pc["per_layer"]
-        T = C * c.attn_dp
+        T = C * ranks
         proj = self._floor(self._gemm(C, pl["attention"] / c.attn_tp), "attention_proj")
         heads = s.num_attention_heads / c.attn_tp
         if s.mla:  # prefill runs MLA un-absorbed: q.k over (nope + rope) dims, values over v dim
@@ -333,18 +334,20 @@ class StepModel:
                  "communication": comm_t * c.pp}
         return comp, comm_t, parts
 
-    def prefill(self, chunk_rank, prefix, seg=None):
+    def prefill(self, chunk_rank, prefix, seg=None, ranks=None):
         """Seconds of one prefill (extend) step of `chunk_rank` new tokens per attention-DP rank:
         requests' segments of `seg` new tokens each (default the whole chunk: one request) whose
         requests already hold `prefix` tokens of context (chunked prefill). TBO splits the chunk
         in two halves: whole requests when several are packed, else one request's two halves (the
-        second half's attention also reads the first's tokens)."""
+        second half's attention also reads the first's tokens). `ranks`: attention-DP ranks that
+        extend in this step (default all; the others wait for it at the MoE layers)."""
         c = self.c
         C = np.maximum(np.asarray(chunk_rank, float), 1.0)
         seg = C if seg is None else np.clip(np.asarray(seg, float), 1.0, C)
-        comp, comm_t, parts = self._prefill_gpu(C, prefix, seg)
+        ranks = c.attn_dp if ranks is None else np.clip(np.asarray(ranks, float), 1.0, c.attn_dp)
+        comp, comm_t, parts = self._prefill_gpu(C, prefix, seg, ranks)
         seg_h = np.minimum(seg, np.maximum(C / 2.0, 1.0))
-        comp_h, comm_h, _ = self._prefill_gpu(np.maximum(C / 2.0, 1.0), prefix + (seg - seg_h) / 2.0, seg_h)
+        comp_h, comm_h, _ = self._prefill_gpu(np.maximum(C / 2.0, 1.0), prefix + (seg - seg_h) / 2.0, seg_h, ranks)
         gpu = self._two_batch((comp, comm_t), (comp_h, comm_h))
         stage = self._launch(gpu, np.zeros(len(c), bool))
         return stage * c.pp, parts
