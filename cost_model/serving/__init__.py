@@ -69,6 +69,17 @@ def _setup(model, cluster, plans, precision, tables, imbalance, routing_skew, de
     return c, sm, fp8
 
 
+def extends(attn_dp, batch_rank, osl):
+    """(requests per extend step, attention-DP ranks extending in it) in a closed loop's steady
+    state: a decode step completes attn_dp x B / osl requests of the instance, whose replacements
+    are extended together in the next step (at least one request); with fewer requests than ranks
+    only their ranks extend, and the others wait for that step at the MoE layers (SGLang's
+    DP-attention ranks run each forward in lock step)."""
+    a = np.asarray(attn_dp, float)
+    n = np.maximum(a * np.asarray(batch_rank, float) / max(float(osl), 1.0), 1.0)
+    return n, np.minimum(n, a)
+
+
 def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=None, calibration=None,
                 imbalance=1.0, routing_skew=0.0, deepgemm_jit: bool = True) -> dict:
     """Analytic steady state of every plan (arrays). Closed loop at `workload.concurrency`
@@ -120,8 +131,7 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
             # least one per extend step); with fewer than attn_dp of them only their ranks extend
             # while every other rank waits for that step at the MoE layers (SGLang's DP-attention
             # ranks run each forward in lock step): a rank pays its neighbours' prefills too
-            n_ext = np.maximum(c.attn_dp * B / osl, 1.0)
-            r_ext = np.minimum(n_ext, c.attn_dp)
+            n_ext, r_ext = extends(c.attn_dp, B, osl)
             C_ss = np.minimum(c.chunk, n_ext / r_ext * isl).astype(float)
             t_ext = s_pre * sm.prefill(C_ss, (np.ceil(isl / C_ss) - 1) * C_ss / 2, np.minimum(C_ss, isl), r_ext)[0]
             per_in_ss = t_ext / C_ss * c.attn_dp / r_ext  # a rank's seconds per prompt token
@@ -222,10 +232,19 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     bs = np.unique(np.geomspace(1, max(max_b, 2), 24).round())
     dec = _grid_fn(lambda b, x: s_dec * sm.decode(b, x)[0], bs, np.linspace(1, ctx_max, 6))
     cs = np.unique(np.geomspace(1, max(chunk, 2), 16).round())
-    # (tokens, mean context a new token attends to), as the simulator tracks a step
-    pre = _grid_fn(lambda t, x: s_pre * sm.prefill(t, *context_split(t, x))[0], cs, np.linspace(0, max(isl_max, 1), 5))
     replicas = int(est["replicas"][0])
     osl = 1 if w.phase == "prefill" else w.osl
+    # a burst starts every rank with a queue (their extends coincide); a closed loop's steady
+    # extends involve only the ranks whose requests completed (`extends`), and this rank also
+    # waits out the extends of the others: attn_dp / r_ext - 1 of them per extend of its own
+    r_ext, stall = float(a), 0.0
+    if not burst and w.phase == "both":
+        K_ss = max(int(round(max(w.concurrency, 1) / (replicas * a))), 1)
+        r_ext = float(extends(a, min(K_ss, max_b), osl)[1])
+        stall = a / r_ext - 1.0
+    # (tokens, mean context a new token attends to), as the simulator tracks a step
+    pre = _grid_fn(lambda t, x: s_pre * sm.prefill(t, *context_split(t, x), ranks=r_ext)[0], cs,
+                   np.linspace(0, max(isl_max, 1), 5))
     if burst:
         if requests is None:
             n = max(n_requests // (replicas * a), 1)
@@ -241,7 +260,8 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
         life = (np.ceil(w.isl / chunk) * pre(first, first / 2.0)
                 + (osl - 1) * dec(min(K, max_b), w.isl + osl / 2)) if osl > 1 else pre(first, first / 2.0)
         r = simulate(pre, dec, [(0.0, w.isl, osl)], chunk=chunk, max_batch=max_b,
-                     kv_tokens=est["kv_pool_tokens"][0], closed_loop=K, total=total, stagger_s=float(life))
+                     kv_tokens=est["kv_pool_tokens"][0], closed_loop=K, total=total, stagger_s=float(life),
+                     prefill_stall=stall)
         # throughput: tokens made between the first completion (warm-up over) and the last time a
         # request was issued (the loop still at full concurrency)
         tr, done = r["trace"], np.sort(r["done_t"])

@@ -33,7 +33,7 @@ def _step_seconds(x, what: str) -> float:
 
 
 def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_tokens: float,
-             closed_loop: int = 0, total: int = 0, stagger_s: float = 0.0) -> dict:
+             closed_loop: int = 0, total: int = 0, stagger_s: float = 0.0, prefill_stall: float = 0.0) -> dict:
     """Run the simulation.
 
     Args:
@@ -46,6 +46,8 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
         stagger_s: closed loop only: the first K requests arrive spread evenly over this span
             rather than all at t=0, so that fixed lengths do not lock the loop into waves of
             simultaneous completions (real length spreads break such waves).
+        prefill_stall: after each prefill step this rank also waits that many times its duration
+            (the extends of other attention-DP ranks, which hold every rank at the MoE layers).
 
     Returns dict: ttft (array, s), tpot (array, s), makespan_s, in_tokens, out_tokens, steps,
     window (s, the span the throughputs are measured over), in_tps, out_tps (per rank).
@@ -104,6 +106,9 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
                     tpot.append(0.0)
                 else:
                     run_ctx.append([r[1] + 1, r[2] - 1, t, r[0], r[1] + r[2], r[2] - 1])
+            # the other ranks' extends come after this one's first tokens (they delay its decodes;
+            # on average a request's own extend overlaps none of them)
+            t += dt * prefill_stall
             continue
         if run_ctx:
             ctx = np.array([r[0] for r in run_ctx], float)
