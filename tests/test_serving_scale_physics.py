@@ -93,3 +93,32 @@ def test_attention_dp_ranks_pay_each_others_prefills():
     aligned = float(sm.prefill(np.array([1000.0]), 0.0, 1000.0)[0][0]) / 8  # one rank's share of an all-rank extend
     assert float(r["tpot_s"][0]) - t_dec == pytest.approx(B / 1000 * 8 * solo, rel=1e-6)
     assert 8 * solo > 3 * aligned
+
+
+def test_simulated_attention_dp_rank_waits_out_its_neighbours_extends():
+    """The one-rank simulation of a closed loop: each extend of its own is followed by the others'
+    (prefill_stall of them), which delay its decodes but not its own first tokens."""
+    from cost_model.serving.sim import simulate
+
+    def run(stall):
+        return simulate(lambda t, x: 0.1, lambda b, x: 0.01, [(0.0, 1000, 50)], chunk=4096, max_batch=8,
+                        kv_tokens=1e9, closed_loop=8, total=32, prefill_stall=stall)
+    r0, r3 = run(0.0), run(3.0)
+    n_pre = r0["steps"] - 32 * 49 // 8  # prefill steps of the plain run
+    assert n_pre > 0
+    assert r3["makespan_s"] > r0["makespan_s"] + 0.9 * 3 * 0.1 * n_pre
+    assert r3["ttft"][0] == pytest.approx(r0["ttft"][0])  # the first extend: no wait before it
+
+
+def test_closed_loop_attention_dp_prices_lock_step_in_the_simulation_too():
+    """predict_serve's closed loop and rank_arrays' steady state agree that an 8-rank attention-DP
+    instance at 1k/1k concurrency 64 pays its neighbours' prefills: both well below the aligned
+    price (every rank extending together), which the burst rows still use."""
+    from cost_model.serving import extends, predict_serve
+    n, r = extends(8, 8, 1000)
+    assert (float(n), float(r)) == (1.0, 1.0)
+    assert tuple(map(float, extends(8, 256, 100))) == (20.48, 8.0)  # many completions: all ranks extend
+    w = ServeWorkload(isl=1000, osl=1000, concurrency=64)
+    p = predict_serve(DSV3, H200, ServePlan.parse("tp=8,attn_dp=8,ep=8"), w, precision="fp8", calibration=IDENTITY)
+    ss = rank_arrays(DSV3, H200, [ServePlan.parse("tp=8,attn_dp=8,ep=8")], w, precision="fp8", calibration=IDENTITY)
+    assert p.output_tokens_per_s_per_gpu == pytest.approx(float(ss["output_tokens_per_s_per_gpu"][0]), rel=0.05)
