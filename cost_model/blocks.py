@@ -326,32 +326,41 @@ def distinct_domains(spec, E, topk, ep, per):
     return (nd - 1.0) * (1.0 - p)
 
 
-def ep_dispatch_combine(x: Inputs, experts: RoutedExperts) -> FwdBwd:
-    """EP token dispatch + combine and the ETP gather/scatter of the routed rows, fwd seconds
-    (bwd moves the same bytes the other way), before any overlap."""
-    spec, ops, pa = x.spec, x.ops, x.pa
+def ep_wire_seconds(spec, ops, disp, tokens, h, fp8, ep, etp, imb=1.0):
+    """(dispatch s, combine s, dispatch bytes, combine bytes), fwd, of `tokens` tokens per GPU
+    over the EP group by the
+    all-to-all backend `disp` (0/1 alltoall, 2 DeepEP, 3 HybridEP: the flex backends' normal
+    kernels). The one rule for what goes on each fabric (training and serving both call it)."""
     E, K = max(spec.num_experts, 1), max(spec.moe_router_topk, 1)
-    ep, Tsp, h, imb = x.ep, x.tokens_sp, x.hidden, x.imbalance
-    eti = pa.etp
-    disp = pa.dispatch
     # copies of a token on the wire: topk (alltoall) or the distinct destination ranks (flex)
     copies = np.where(disp >= 2, distinct_ranks(spec, E, K, ep), float(K))
-    tok_d = np.where((disp >= 2) & x.fp8, 1.0 + 4.0 / 128, 2.0) * h  # bytes per dispatched token
-    d_bytes = tok_d * Tsp * copies * imb
-    c_bytes = 2.0 * Tsp * copies * h * imb
+    tok_d = np.where((disp >= 2) & fp8, 1.0 + 4.0 / 128, 2.0) * h  # bytes per dispatched token
+    d_bytes = tok_d * tokens * copies * imb
+    c_bytes = 2.0 * tokens * copies * h * imb
     # cross-domain share: alltoall (NCCL) sends every copy; flex sends once per remote domain.
     # Flex rows count what DeepEP / HybridEP benchmarks count (`constants`, "DeepEP / HybridEP"):
     # every received row on the NVLink leg, and one copy per domain reached, the token's own
     # included (by symmetry it is hit as often as any other: all = remote x nd / (nd - 1)).
-    _, per_ep = ops.scope(ep, eti)
+    _, per_ep = ops.scope(ep, etp)
     remote = distinct_domains(spec, E, K, ep, per_ep)
     nd = np.maximum(ep / np.maximum(np.minimum(per_ep, ep), 1.0), 1.0)
     reached = remote * nd / np.maximum(nd - 1.0, 1e-9)
     flex = disp >= 2
     inter = np.where(flex, reached / np.maximum(copies, 1e-9), (ep - np.minimum(per_ep, ep)) / ep)
     intra = np.where(flex, 1.0, (np.minimum(per_ep, ep) - 1) / ep)
-    ep_d, ep_c = ops.ep_dispatch(disp, d_bytes, c_bytes, ep, eti, inter=inter, intra=intra,
-                                 token_bytes=(tok_d, 2.0 * h + 0.0 * tok_d))
+    d, c = ops.ep_dispatch(disp, d_bytes, c_bytes, ep, etp, inter=inter, intra=intra,
+                           token_bytes=(tok_d, 2.0 * h + 0.0 * tok_d))
+    return d, c, d_bytes, c_bytes
+
+
+def ep_dispatch_combine(x: Inputs, experts: RoutedExperts) -> FwdBwd:
+    """EP token dispatch + combine and the ETP gather/scatter of the routed rows, fwd seconds
+    (bwd moves the same bytes the other way), before any overlap."""
+    spec, ops, pa = x.spec, x.ops, x.pa
+    ep, Tsp, h, imb = x.ep, x.tokens_sp, x.hidden, x.imbalance
+    eti = pa.etp
+    disp = pa.dispatch
+    ep_d, ep_c, d_bytes, c_bytes = ep_wire_seconds(spec, ops, disp, Tsp, h, x.fp8, ep, eti, imb)
     # allgather dispatcher: every EP rank gathers all tokens of the group, reduce-scatters back
     ag = ops.collective("all_gather", 2.0 * Tsp * h * ep, ep, eti)
     rs = ops.collective("reduce_scatter", 2.0 * Tsp * h * ep, ep, eti)

@@ -24,7 +24,7 @@ from cost_model.serving.memory import capacity
 from cost_model.serving.pd import pd_arrays
 from cost_model.serving.plans import effective_plans, to_cols
 from cost_model.serving.sim import request_ttft, simulate
-from cost_model.serving.step import StepModel
+from cost_model.serving.step import StepModel, context_split
 from cost_model.tables import load_tables, tables_dir_for
 
 FP8_PRECISIONS = ("fp8", "fp8-blockwise", "fp8-tensorwise", "fp8-delayed", "mxfp8")
@@ -69,6 +69,17 @@ def _setup(model, cluster, plans, precision, tables, imbalance, routing_skew, de
     return c, sm, fp8
 
 
+def extends(attn_dp, batch_rank, osl):
+    """(requests per extend step, attention-DP ranks extending in it) in a closed loop's steady
+    state: a decode step completes attn_dp x B / osl requests of the instance, whose replacements
+    are extended together in the next step (at least one request); with fewer requests than ranks
+    only their ranks extend, and the others wait for that step at the MoE layers (SGLang's
+    DP-attention ranks run each forward in lock step)."""
+    a = np.asarray(attn_dp, float)
+    n = np.maximum(a * np.asarray(batch_rank, float) / max(float(osl), 1.0), 1.0)
+    return n, np.minimum(n, a)
+
+
 def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=None, calibration=None,
                 imbalance=1.0, routing_skew=0.0, deepgemm_jit: bool = True) -> dict:
     """Analytic steady state of every plan (arrays). Closed loop at `workload.concurrency`
@@ -102,7 +113,8 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
         C = np.minimum(c.chunk, isl * K).astype(float)
         # a prompt longer than the chunk runs as ceil(isl / C) chunks, chunk i attending to the
         # i C tokens before it: the mean prefix of its chunks is (chunks - 1) C / 2
-        t_pre = s_pre * sm.prefill(C, (np.ceil(isl / C) - 1) * C / 2)[0]
+        # a chunk longer than the prompt packs ~C / isl prompts, each attending only to itself
+        t_pre = s_pre * sm.prefill(C, (np.ceil(isl / C) - 1) * C / 2, np.minimum(C, isl))[0]
         per_in = t_pre / C  # seconds per prompt token
         if w.phase == "prefill":
             in_rank = 1.0 / per_in
@@ -114,11 +126,20 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
             B = np.minimum(K, cap["max_batch_rank"])
             B = np.maximum(B, 1.0)
             t_dec = s_dec * sm.decode(B, isl + osl / 2)[0]
-            per_out = t_dec / B + isl / osl * per_in
+            # steady state of the closed loop: each decode step completes attn_dp B / osl requests
+            # of the instance and their replacements are extended together in the next step (at
+            # least one per extend step); with fewer than attn_dp of them only their ranks extend
+            # while every other rank waits for that step at the MoE layers (SGLang's DP-attention
+            # ranks run each forward in lock step): a rank pays its neighbours' prefills too
+            n_ext, r_ext = extends(c.attn_dp, B, osl)
+            C_ss = np.minimum(c.chunk, n_ext / r_ext * isl).astype(float)
+            t_ext = s_pre * sm.prefill(C_ss, (np.ceil(isl / C_ss) - 1) * C_ss / 2, np.minimum(C_ss, isl), r_ext)[0]
+            per_in_ss = t_ext / C_ss * c.attn_dp / r_ext  # a rank's seconds per prompt token
+            per_out = t_dec / B + isl / osl * per_in_ss
             out_rank = 1.0 / per_out
-            tpot = t_dec + B / osl * isl * per_in
+            tpot = t_dec + B / osl * isl * per_in_ss
             req_rate = out_rank / osl
-            ttft = request_ttft(np.ceil(isl / C) * t_pre + np.maximum(K - B, 0) / req_rate)
+            ttft = request_ttft(np.ceil(isl / C_ss) * t_ext + np.maximum(K - B, 0) / req_rate)
             res = {"output_tokens_per_s_per_gpu": out_rank * c.attn_dp / gpus_inst,
                    "input_tokens_per_s_per_gpu": out_rank * c.attn_dp / gpus_inst * isl / osl,
                    "ttft_s": ttft, "tpot_s": tpot, "batch_rank": B}
@@ -211,9 +232,19 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     bs = np.unique(np.geomspace(1, max(max_b, 2), 24).round())
     dec = _grid_fn(lambda b, x: s_dec * sm.decode(b, x)[0], bs, np.linspace(1, ctx_max, 6))
     cs = np.unique(np.geomspace(1, max(chunk, 2), 16).round())
-    pre = _grid_fn(lambda t, p: s_pre * sm.prefill(t, p)[0], cs, np.linspace(0, max(isl_max, 1), 5))
     replicas = int(est["replicas"][0])
     osl = 1 if w.phase == "prefill" else w.osl
+    # a burst starts every rank with a queue (their extends coincide); a closed loop's steady
+    # extends involve only the ranks whose requests completed (`extends`), and this rank also
+    # waits out the extends of the others: attn_dp / r_ext - 1 of them per extend of its own
+    r_ext, stall = float(a), 0.0
+    if not burst and w.phase == "both":
+        K_ss = max(int(round(max(w.concurrency, 1) / (replicas * a))), 1)
+        r_ext = float(extends(a, min(K_ss, max_b), osl)[1])
+        stall = a / r_ext - 1.0
+    # (tokens, mean context a new token attends to), as the simulator tracks a step
+    pre = _grid_fn(lambda t, x: s_pre * sm.prefill(t, *context_split(t, x), ranks=r_ext)[0], cs,
+                   np.linspace(0, max(isl_max, 1), 5))
     if burst:
         if requests is None:
             n = max(n_requests // (replicas * a), 1)
@@ -225,10 +256,12 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     else:
         K = max(int(round(max(w.concurrency, 1) / (replicas * a))), 1)
         total = n_requests or max(4 * K, 64)
-        life = (np.ceil(w.isl / chunk) * pre(min(chunk, w.isl), 0.0)
-                + (osl - 1) * dec(min(K, max_b), w.isl + osl / 2)) if osl > 1 else pre(min(chunk, w.isl), 0.0)
+        first = min(chunk, w.isl)
+        life = (np.ceil(w.isl / chunk) * pre(first, first / 2.0)
+                + (osl - 1) * dec(min(K, max_b), w.isl + osl / 2)) if osl > 1 else pre(first, first / 2.0)
         r = simulate(pre, dec, [(0.0, w.isl, osl)], chunk=chunk, max_batch=max_b,
-                     kv_tokens=est["kv_pool_tokens"][0], closed_loop=K, total=total, stagger_s=float(life))
+                     kv_tokens=est["kv_pool_tokens"][0], closed_loop=K, total=total, stagger_s=float(life),
+                     prefill_stall=stall)
         # throughput: tokens made between the first completion (warm-up over) and the last time a
         # request was issued (the loop still at full concurrency)
         tr, done = r["trace"], np.sort(r["done_t"])

@@ -33,11 +33,12 @@ def _step_seconds(x, what: str) -> float:
 
 
 def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_tokens: float,
-             closed_loop: int = 0, total: int = 0, stagger_s: float = 0.0) -> dict:
+             closed_loop: int = 0, total: int = 0, stagger_s: float = 0.0, prefill_stall: float = 0.0) -> dict:
     """Run the simulation.
 
     Args:
-        prefill_t(tokens, mean_prefix) / decode_t(batch, mean_context): step seconds.
+        prefill_t(tokens, mean_context) / decode_t(batch, mean_context): step seconds (a prefill
+            token's context: its request's prefix plus its position in its own segment).
         requests: (arrival_s, isl, osl) tuples; with `closed_loop` = K, only the first K are
             used at t=0 and each completion starts the next one (isl/osl cycling through the list)
             until `total` requests have been issued.
@@ -45,6 +46,8 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
         stagger_s: closed loop only: the first K requests arrive spread evenly over this span
             rather than all at t=0, so that fixed lengths do not lock the loop into waves of
             simultaneous completions (real length spreads break such waves).
+        prefill_stall: after each prefill step this rank also waits that many times its duration
+            (the extends of other attention-DP ranks, which hold every rank at the MoE layers).
 
     Returns dict: ttft (array, s), tpot (array, s), makespan_s, in_tokens, out_tokens, steps,
     window (s, the span the throughputs are measured over), in_tps, out_tps (per rank).
@@ -73,7 +76,7 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
         room = len(run_ctx) < max_batch
         head_fits = bool(waiting) and (waiting[0][3] > 0 or kv_used + waiting[0][1] + waiting[0][2] <= kv_tokens)
         if waiting and room and (head_fits or not run_ctx):
-            budget, batch, prefix_sum, toks = chunk, [], 0.0, 0
+            budget, batch, ctx_sum, toks = chunk, [], 0.0, 0
             while waiting and budget > 0 and len(run_ctx) + len(batch) < max_batch:
                 r = waiting[0]
                 if r[3] == 0 and kv_used + r[1] + r[2] > kv_tokens and (run_ctx or batch):
@@ -81,7 +84,7 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
                 take = min(budget, r[1] - r[3])
                 if r[3] == 0:  # its first chunk reserves the request's whole KV (isl + osl)
                     kv_used += r[1] + r[2]
-                prefix_sum += r[3] * take
+                ctx_sum += take * (r[3] + take / 2.0)  # causal inside its own request only
                 r[3] += take
                 budget -= take
                 toks += take
@@ -89,7 +92,7 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
                     batch.append(waiting.popleft())
                 else:
                     break  # a partially prefilled request stays at the head
-            dt = _step_seconds(prefill_t(toks, prefix_sum / max(toks, 1)), "prefill")
+            dt = _step_seconds(prefill_t(toks, ctx_sum / max(toks, 1)), "prefill")
             t += dt
             steps += 1
             in_tok += toks
@@ -103,6 +106,9 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
                     tpot.append(0.0)
                 else:
                     run_ctx.append([r[1] + 1, r[2] - 1, t, r[0], r[1] + r[2], r[2] - 1])
+            # the other ranks' extends come after this one's first tokens (they delay its decodes;
+            # on average a request's own extend overlaps none of them)
+            t += dt * prefill_stall
             continue
         if run_ctx:
             ctx = np.array([r[0] for r in run_ctx], float)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from clusters import is_blackwell
+from cost_model.blocks import ep_wire_seconds
 from cost_model.flops import param_counts
 from cost_model.ops import TableOps
 from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNEL_MIN_S, KERNELS_PER_LAYER, PRICED_KERNELS, SCHED_OVERHEAD_S, SMALL_KERNELS_PER_LAYER
@@ -130,6 +131,17 @@ class StepModel:
         f = f / self.dense_eff + self.ops.fp8_cast(np.maximum(np.asarray(m, float), 1.0) * h)  # w8a8: the input cast
         return np.maximum(f, params_per_gpu * self.wbytes / self.hbm_bw)
 
+    def _shared(self, tokens_inst):
+        """Seconds of the shared expert (and router) on one GPU for `tokens_inst` tokens of the
+        instance. Under a DeepEP all-to-all SGLang keeps the shared expert whole on every rank
+        (sglang models/deepseek_v2.py: "disable tp for shared experts when enable deepep moe",
+        tp_size=1), each rank running its own tokens; otherwise it is TP-sharded over the
+        gathered tokens. Same FLOPs, different shapes: T x (params / tp) is a thin GEMM."""
+        c, pl = self.c, self.pc["per_layer"]
+        params = pl["shared_expert"] + pl["router"]
+        a2a = c.a2a > 0
+        return np.where(a2a, self._gemm(tokens_inst / c.tp, params), self._gemm(tokens_inst, params / c.tp))
+
     def distinct_experts(self, tokens):
         """Expected distinct routed experts that `tokens` tokens activate (each picks top-k of E
         without replacement; the probability that one token picks expert e is k * p_e, capped at 1)."""
@@ -201,7 +213,11 @@ class StepModel:
         # DeepEP: tokens of this GPU go to top-k experts (fp8 dispatch, bf16 combine)
         mine = tokens_inst / c.tp * s.moe_router_topk * self.imb
         bd, bc = mine * h * 1.0, mine * h * 2.0
-        d, cb = o.ep_dispatch(np.where(c.a2a > 0, 2, 0), bd, bc, c.ep, 1)
+        # normal kernels: each token crosses RDMA once per node it reaches and fans out over
+        # NVLink there, the bytes the DeepEP README's rates count (`blocks.ep_wire_seconds`, the
+        # rule the training model uses); charging every top-k copy on RDMA overprices them ~2x
+        d, cb, _, _ = ep_wire_seconds(s, o, np.where(c.a2a > 0, 2, 0), tokens_inst / c.tp, h, np.full(len(c), self.fp8),
+                                      c.ep, 1, self.imb)
         if _LL is None:
             _LL = _low_latency_rates()
         eps, dg, cg = _LL
@@ -267,7 +283,7 @@ class StepModel:
         core_f, _ = self.ops.attention(fl, np.maximum(ctx, 16), min(hd, 256), B * heads)
         core = self._floor(np.maximum(kv_read / self.hbm_bw, core_f), "attention_core")
         dense = self._floor(self._gemm(T, pl["dense_mlp"] / c.tp), "mlp")
-        shared = self._floor(self._gemm(T, (pl["shared_expert"] + pl["router"]) / c.tp), "mlp")
+        shared = self._floor(self._shared(T), "mlp")
         experts = self._floor(self._experts(T), "experts") if s.num_experts else 0.0
         comm, comm_dense = self._comm(T, decode=True)
         head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp) / c.pp
@@ -290,22 +306,26 @@ class StepModel:
         t = stage * c.pp  # the batch passes every stage once per token
         return t, {**parts, "cuda_graphs": graphs}
 
-    def _prefill_gpu(self, C, prefix):
-        """(compute, communication, parts) seconds of one prefill step of `C` tokens per rank."""
+    def _prefill_gpu(self, C, prefix, seg, ranks):
+        """(compute, communication, parts) seconds of one prefill step of `C` tokens per rank, made
+        of segments of `seg` new tokens (one per request), each after `prefix` tokens of its own,
+        on `ranks` attention-DP ranks at once (the MoE layers see their tokens together)."""
         s, c, pl = self.s, self.c, self.pc["per_layer"]
-        T = C * c.attn_dp
+        T = C * ranks
         proj = self._floor(self._gemm(C, pl["attention"] / c.attn_tp), "attention_proj")
         heads = s.num_attention_heads / c.attn_tp
         if s.mla:  # prefill runs MLA un-absorbed: q.k over (nope + rope) dims, values over v dim
             dqk, dv = s.qk_head_dim + s.qk_pos_emb_head_dim, s.v_head_dim
         else:
             dqk = dv = s.head_dim
-        fl = 2.0 * heads * C * (prefix + C / 2.0) * (dqk + dv)
-        # priced as one sequence of prefix + C tokens (as `fl` counts it): bh = the rank's heads
-        core, _ = self.ops.attention(fl, prefix + C, min(dqk, 256), heads)
+        # causal within each request only: a token attends to its request's prefix and the
+        # tokens of its own segment before it (packed prompts do not see each other; SGLang's
+        # extend attention runs one variable-length batch of C / seg sequences)
+        fl = 2.0 * heads * C * (prefix + seg / 2.0) * (dqk + dv)
+        core, _ = self.ops.attention(fl, prefix + seg, min(dqk, 256), heads * C / seg)
         core = self._floor(core, "attention_core")
         dense = self._floor(self._gemm(T, pl["dense_mlp"] / c.tp), "mlp")
-        shared = self._floor(self._gemm(T, (pl["shared_expert"] + pl["router"]) / c.tp), "mlp")
+        shared = self._floor(self._shared(T), "mlp")
         experts = self._floor(self._experts(T), "experts") if s.num_experts else 0.0
         comm, comm_dense = self._comm(T)
         comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts)
@@ -314,15 +334,31 @@ class StepModel:
                  "communication": comm_t * c.pp}
         return comp, comm_t, parts
 
-    def prefill(self, chunk_rank, prefix):
-        """Seconds of one prefill (extend) step of `chunk_rank` new tokens per attention-DP rank
-        whose requests already hold `prefix` tokens of context (chunked prefill). TBO splits the
-        chunk in two halves (the second half's attention also reads the first's tokens: priced
-        as the halves of the same causal work)."""
+    def prefill(self, chunk_rank, prefix, seg=None, ranks=None):
+        """Seconds of one prefill (extend) step of `chunk_rank` new tokens per attention-DP rank:
+        requests' segments of `seg` new tokens each (default the whole chunk: one request) whose
+        requests already hold `prefix` tokens of context (chunked prefill). TBO splits the chunk
+        in two halves: whole requests when several are packed, else one request's two halves (the
+        second half's attention also reads the first's tokens). `ranks`: attention-DP ranks that
+        extend in this step (default all; the others wait for it at the MoE layers)."""
         c = self.c
         C = np.maximum(np.asarray(chunk_rank, float), 1.0)
-        comp, comm_t, parts = self._prefill_gpu(C, prefix)
-        comp_h, comm_h, _ = self._prefill_gpu(np.maximum(C / 2.0, 1.0), prefix + C / 4.0)
+        seg = C if seg is None else np.clip(np.asarray(seg, float), 1.0, C)
+        ranks = c.attn_dp if ranks is None else np.clip(np.asarray(ranks, float), 1.0, c.attn_dp)
+        comp, comm_t, parts = self._prefill_gpu(C, prefix, seg, ranks)
+        seg_h = np.minimum(seg, np.maximum(C / 2.0, 1.0))
+        comp_h, comm_h, _ = self._prefill_gpu(np.maximum(C / 2.0, 1.0), prefix + (seg - seg_h) / 2.0, seg_h, ranks)
         gpu = self._two_batch((comp, comm_t), (comp_h, comm_h))
         stage = self._launch(gpu, np.zeros(len(c), bool))
         return stage * c.pp, parts
+
+
+def context_split(chunk, ctx):
+    """(prefix, seg) of a prefill step of `chunk` tokens whose new tokens attend on average to
+    `ctx` tokens (prefix plus position within their own segment; what the simulator tracks):
+    one request's chunk when ctx >= chunk / 2 (ctx = prefix + chunk / 2), else packed prompts of
+    2 ctx tokens each with no prefix. Causal attention work, C x ctx, is the same either way."""
+    C = np.maximum(np.asarray(chunk, float), 1.0)
+    ctx = np.maximum(np.asarray(ctx, float), 0.0)
+    seg = np.clip(2.0 * ctx, 1.0, C)
+    return np.maximum(ctx - C / 2.0, 0.0), seg

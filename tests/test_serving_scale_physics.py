@@ -1,0 +1,124 @@
+"""Serving physics behind large-scale EP prefill and attention DP (issue 23): DeepEP normal kernels
+cross RDMA once per node a token reaches; packed prompts attend only to themselves; the shared
+expert runs whole on each rank under DeepEP; attention-DP ranks wait for each other's prefills."""
+import numpy as np
+import pytest
+
+from clusters import load_cluster
+from cost_model.blocks import distinct_domains, ep_wire_seconds
+from cost_model.serving import rank_arrays
+from cost_model.serving.calibration import IDENTITY
+from cost_model.serving.plans import effective_plans, to_cols
+from cost_model.serving.step import StepModel, context_split
+from cost_model.tables import load_tables, tables_dir_for
+from specs.models import load_model
+from specs.serve_plan import ServePlan, ServeWorkload
+
+DSV3 = load_model("deepseek-v3")
+H100_32 = load_cluster("h100-sxm", 32)
+H200 = load_cluster("h200-sxm", 8)
+LMSYS = "tp=32,attn_dp=32,a2a=deepep,deepep_mode=normal,eplb_redundant=32,chunked_prefill=524288"
+
+
+def _step(text, cluster, fp8=True):
+    c = to_cols(effective_plans([ServePlan.parse(text)], DSV3, cluster))
+    return StepModel(DSV3, cluster, load_tables(tables_dir_for(cluster.kind)), c, fp8=fp8)
+
+
+def test_deepep_normal_crosses_rdma_once_per_node_reached():
+    """DeepEP's README rates count one copy per node a token reaches (tests/test_internode.py:
+    num_rdma_token_sent); NVLink fans the copies out there. At EP32 over 4 H100 nodes DeepSeek-V3
+    (group-limited: 4 of 8 groups, two groups per node) reaches ~3.1 nodes, not 8 x 3/4 = 6 remote
+    top-k copies: the RDMA leg, which bounds the step, costs about half of the all-copies price."""
+    sm = _step(LMSYS, H100_32)
+    tok = 16384.0  # tokens per rank of LMSYS's 524288-token chunk over 32 ranks
+    comm, _ = sm._comm(np.array([tok * 32]))
+    d, c, _, _ = ep_wire_seconds(DSV3, sm.ops, np.array([2]), tok, DSV3.hidden_size, np.array([True]), sm.c.ep, 1)
+    assert comm[0] == pytest.approx(d[0] + c[0])  # attention TP 1: no all-reduce beside it
+    reached = distinct_domains(DSV3, 256, 8, np.array([32.0]), np.array([8.0]))[0] * 4 / 3
+    assert 2.9 < reached < 3.4
+    # the all-copies price: every top-k copy whose expert lives on another node, on the RDMA rates
+    bd, bc = tok * 8 * DSV3.hidden_size * 1.0, tok * 8 * DSV3.hidden_size * 2.0
+    old_d, old_c = sm.ops.ep_dispatch(np.array([2]), bd, bc, sm.c.ep, 1)
+    assert (old_d[0] + old_c[0]) / comm[0] > 1.6
+
+
+def test_packed_prompts_attend_only_to_themselves():
+    """A prefill chunk holding 16 prompts of 512 tokens does 1/16 of the causal attention work of one
+    8192-token prompt (SGLang's extend attention is variable-length: prompts do not see each other)."""
+    sm = _step("tp=8", H200)
+    C = np.array([8192.0])
+    one = sm._prefill_gpu(C, 0.0, C, 1.0)[2]["attention"][0]
+    packed = sm._prefill_gpu(C, 0.0, np.array([512.0]), 1.0)[2]["attention"][0]
+    proj = sm.layers * sm._floor(sm._gemm(C, sm.pc["per_layer"]["attention"] / sm.c.attn_tp), "attention_proj")[0]
+    assert packed < one
+    assert (one - proj) / (packed - proj) > 6  # ~16 x the FLOPs; the table's rate moves a little
+    # the simulator's (tokens, mean context) maps onto (prefix, segment) without changing the work
+    assert context_split(8192.0, 4096.0) == (0.0, 8192.0)
+    assert context_split(8192.0, 6096.0) == (2000.0, 8192.0)
+    assert context_split(8192.0, 256.0) == (0.0, 512.0)
+    # rank_arrays: a chunk longer than the prompt packs prompts, it does not run one long sequence
+    w = ServeWorkload(isl=512, osl=1, concurrency=64, phase="prefill")
+    packed_rate = rank_arrays(DSV3, H200, [ServePlan.parse("tp=8")], w, precision="fp8",
+                              calibration=IDENTITY)["input_tokens_per_s_per_gpu"][0]
+    sm1 = _step("tp=8", H200)
+    C1 = float(sm1.c.chunk[0])
+    one_seq_rate = C1 / float(sm1.prefill(C1, 0.0)[0][0]) / 8
+    assert packed_rate > 1.05 * one_seq_rate
+
+
+def test_shared_expert_is_whole_on_each_rank_under_deepep():
+    """sglang models/deepseek_v2.py keeps the shared expert unsharded with DeepEP (tp_size=1): each
+    rank runs [its tokens, 7168] x [7168, 4096], not the thin [all tokens, 7168] x [7168, 4096 / 32]."""
+    ep, plain = _step(LMSYS, H100_32), _step("tp=32,attn_dp=32", H100_32)
+    T = np.array([16384.0 * 32])
+    pl = ep.pc["per_layer"]
+    whole = ep._gemm(T / 32, pl["shared_expert"] + pl["router"])
+    assert ep._shared(T)[0] == pytest.approx(np.ravel(whole)[0])
+    assert ep._shared(T)[0] < 0.5 * plain._shared(T)[0]
+
+
+def test_attention_dp_ranks_pay_each_others_prefills():
+    """In a closed loop at 1k/1k each decode step of an 8-rank attention-DP instance completes
+    8 x 8 / 1000 < 1 request: its replacement is extended alone, and the seven other ranks wait for
+    that step at the MoE layers. A rank's TPOT therefore carries eight one-rank extends per osl / B
+    of its own requests, not one eighth of an all-rank extend."""
+    text = "tp=8,attn_dp=8,ep=8"
+    sm = _step(text, H200)
+    w = ServeWorkload(isl=1000, osl=1000, concurrency=64)
+    r = rank_arrays(DSV3, H200, [ServePlan.parse(text)], w, precision="fp8", calibration=IDENTITY)
+    B = float(r["batch_rank"][0])
+    t_dec = float(sm.decode(np.array([B]), 1500.0)[0][0])
+    solo = float(sm.prefill(np.array([1000.0]), 0.0, 1000.0, 1.0)[0][0])
+    aligned = float(sm.prefill(np.array([1000.0]), 0.0, 1000.0)[0][0]) / 8  # one rank's share of an all-rank extend
+    assert float(r["tpot_s"][0]) - t_dec == pytest.approx(B / 1000 * 8 * solo, rel=1e-6)
+    assert 8 * solo > 3 * aligned
+
+
+def test_simulated_attention_dp_rank_waits_out_its_neighbours_extends():
+    """The one-rank simulation of a closed loop: each extend of its own is followed by the others'
+    (prefill_stall of them), which delay its decodes but not its own first tokens."""
+    from cost_model.serving.sim import simulate
+
+    def run(stall):
+        return simulate(lambda t, x: 0.1, lambda b, x: 0.01, [(0.0, 1000, 50)], chunk=4096, max_batch=8,
+                        kv_tokens=1e9, closed_loop=8, total=32, prefill_stall=stall)
+    r0, r3 = run(0.0), run(3.0)
+    n_pre = r0["steps"] - 32 * 49 // 8  # prefill steps of the plain run
+    assert n_pre > 0
+    assert r3["makespan_s"] > r0["makespan_s"] + 0.9 * 3 * 0.1 * n_pre
+    assert r3["ttft"][0] == pytest.approx(r0["ttft"][0])  # the first extend: no wait before it
+
+
+def test_closed_loop_attention_dp_prices_lock_step_in_the_simulation_too():
+    """predict_serve's closed loop and rank_arrays' steady state agree that an 8-rank attention-DP
+    instance at 1k/1k concurrency 64 pays its neighbours' prefills: both well below the aligned
+    price (every rank extending together), which the burst rows still use."""
+    from cost_model.serving import extends, predict_serve
+    n, r = extends(8, 8, 1000)
+    assert (float(n), float(r)) == (1.0, 1.0)
+    assert tuple(map(float, extends(8, 256, 100))) == (20.48, 8.0)  # many completions: all ranks extend
+    w = ServeWorkload(isl=1000, osl=1000, concurrency=64)
+    p = predict_serve(DSV3, H200, ServePlan.parse("tp=8,attn_dp=8,ep=8"), w, precision="fp8", calibration=IDENTITY)
+    ss = rank_arrays(DSV3, H200, [ServePlan.parse("tp=8,attn_dp=8,ep=8")], w, precision="fp8", calibration=IDENTITY)
+    assert p.output_tokens_per_s_per_gpu == pytest.approx(float(ss["output_tokens_per_s_per_gpu"][0]), rel=0.05)
