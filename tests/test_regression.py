@@ -70,6 +70,12 @@ REGENERATIONS = [
     ("issue 27 (2026-12-05)", "breakdown only: recompute's re-run core attention and routed experts are "
      "their own components (recompute_core_attention, recompute_experts); every step time byte-identical",
      "5f8458852b1f793c24d79a769721357be6fd875c50c2f8ca3ce7a0008d3ef135"),
+    ("issue 22 (2026-12-05, session 3)", "fp8 quantisation kernels at their own HBM share (0.39, TE PR 101) and the "
+     "GPU calibration refit 1.3445 -> 1.2746 (bf16 workloads: every step x0.948, the scale alone; fp8 deepseek-v3 "
+     "x0.969..x1.030, qwen3-30b-a3b x0.974..x1.047); GB200 EP dispatch/combine and attention from arXiv 2603.07685 "
+     "Tables 7 and 9 (qwen3-235b on GB200: +0.3%..+6.0% on 9 of 10 plans); HybridEP's 32 SMs (no pinned plan uses "
+     "it). Same plans and scripts",
+     "e5ab4a2a2c1972a074753685995f16a47bcf8aec647139a324ab429640c47317"),
 ]
 
 
