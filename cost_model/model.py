@@ -718,7 +718,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
                 part = floor_s * np.where(total > 0, (k * smask)[rows, slow] / np.maximum(total, 1e-30), 0.0)
                 bd[name] = part
                 left = left - part
-            bd["cpu_launch_floor"] = np.maximum(0.0, left)
+            bd["cpu_stack_floor"] = np.maximum(0.0, left)  # the rest, measured in situ (calibration: stack_floor)
         bd.update(pipeline_bubble=pipe.bubble, pp_p2p=pipe.p2p, dp_grad_reduce_scatter=dpc.grad,
                   dp_param_all_gather=dpc.param_gather, dp_overlap_sm_share=dpc.sm_share, optimizer_step=opt_t,
                   pp_p2p_sm_share=p2p_sm, pp_p2p_hbm_share=p2p_hbm, dp_overlap_hbm_share=dp_hbm,

@@ -346,6 +346,36 @@ def test_a_part_measured_in_another_class_takes_its_own_class_factor():
 def test_the_cpu_floor_launches_are_measured_in_their_modules_with_the_floor_factor():
     from cost_model.calibration import COMPONENT_CLASS, factor_class, measured_class
     for comp, module in (("cpu_launch_core_attention", "attention"), ("cpu_launch_experts", "grouped_gemm"),
-                         ("cpu_launch_router", "elementwise")):
-        assert factor_class(COMPONENT_CLASS[comp]) == "host_launch"
+                         ("cpu_launch_router", "elementwise"), ("cpu_stack_floor", "host_launch")):
+        assert factor_class(COMPONENT_CLASS[comp]) == "stack_floor"
         assert measured_class(COMPONENT_CLASS[comp]) == module
+    # a CPU prediction prices its floor in those keys, a GPU one in the host clock's own
+    cpu = cost_model.raw_class_parts(Workload(load_model("tiny-moe"), load_cluster("cpu-local", 2), 32, 128),
+                                     [Plan.parse("pp=2,mbs=1")])[0]
+    assert {"stack_floor@host_launch", "stack_floor@attention", "stack_floor@grouped_gemm"} <= set(cpu)
+    gpu = cost_model.raw_class_parts(Workload(load_model("tiny-moe"), load_cluster("h100-sxm", 8), 8, 256),
+                                     [Plan.parse("ep=1")])[0]
+    assert not any(k.startswith("stack_floor") for k in gpu) and gpu.get("host_launch", 0) > 0
+
+
+def test_the_in_situ_floor_keeps_its_own_factor_near_one():
+    """The stack floor is the trial stack timed as the trials run it: its factor is not drawn to
+    the common scale. Rows whose compute runs 1.5x its raw time while the floor runs at its own
+    give the floor ~1, and a launch-bound plan is predicted at ~1x; with no row informing the
+    floor, its factor stays at its prior's 1 while every other class follows the common 1.5."""
+    from cost_model.calibration import IN_SITU_PRIOR_SD
+    assert IN_SITU_PRIOR_SD == {"stack_floor": 0.15}
+    rng = np.random.default_rng(1)
+    rows, bare = [], []
+    for _ in range(10):
+        att, gg, fl = rng.uniform(0.1, 0.3), rng.uniform(0.05, 0.2), rng.uniform(0.01, 0.05)
+        rows.append(({"attention": att, "grouped_gemm": gg, "stack_floor@host_launch": fl},
+                     1.5 * (att + gg) + fl, "r", {"attention": 1.5 * att, "grouped_gemm": 1.5 * gg, "host_launch": fl}))
+        bare.append(({"attention": att, "grouped_gemm": gg}, 1.5 * (att + gg)))
+    cal, _ = fit_calibration(rows, classes=TRAIN_CLASSES)
+    assert cal.factor("attention") == pytest.approx(1.5, rel=0.05)
+    assert cal.factor("stack_floor") == pytest.approx(1.0, rel=0.05)
+    assert cal.apply({"attention": 0.02, "stack_floor@host_launch": 1.0}) == pytest.approx(1.03, rel=0.05)
+    cal, _ = fit_calibration(bare, classes=TRAIN_CLASSES)
+    assert cal.factor("elementwise") == pytest.approx(1.5, rel=0.1)  # an uninformed class: the common scale
+    assert cal.factor("stack_floor") == pytest.approx(1.0, abs=1e-6)
