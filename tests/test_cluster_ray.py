@@ -73,10 +73,9 @@ def cluster(tmp_path_factory):
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_metrics_report_interval_ms")}
     os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
     os.environ["RAY_metrics_report_interval_ms"] = "1000"
-    # its own Ray temp dir: Ray's job supervisor resolves a job's RAY_ADDRESS as "auto", i.e. the
-    # address file in the temp dir, else ANY GCS process on the host; with the shared /tmp/ray a
-    # job submitted here joined whichever other Ray ran on the host (another xdist worker's) and
-    # was refused its token. A short path: Ray's unix sockets live under it (107-byte limit).
+    # its own Ray temp dir: the cluster's address file stays out of the shared /tmp/ray, where a
+    # plain ray.init() (or a Ray job's "auto") of any other process on this host would join it. A
+    # short path: Ray's unix sockets live under it (107-byte limit).
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     c = Cluster(initialize_head=True, head_node_args=dict(
         temp_dir=temp_dir, gcs_server_port=GCS_PORT, num_cpus=1, resources={"moetune_node0": 1}, node_ip_address="127.0.0.1",
@@ -189,7 +188,11 @@ def test_tune_with_ray_address_auto_runs_a_study_on_the_cluster(cluster, tmp_pat
 @pytest.mark.timeout(1200)  # a whole study through the job agent: minutes when the other worker is busy
 def test_ray_job_submit_runs_a_study(cluster, tmp_path):
     study_dir = tmp_path / "jobstudy"
-    entry = (f"{sys.executable} -m tuner.cli tune --model tiny-moe --cluster cpu-local --gpus 2 --gbs 4 --seq 64 "
+    # the job's driver gets RAY_ADDRESS from Ray's job supervisor, which resolves it as "auto": the
+    # address file of its temp dir, else ANY GCS on the host (a stale file or another test's Ray:
+    # the job then joined a dead or foreign cluster). A user's one cluster per host never sees that;
+    # here the entrypoint names the cluster as the supervisor means to, and moetune's "auto" reads it.
+    entry = (f"env RAY_ADDRESS={ADDRESS} {sys.executable} -m tuner.cli tune --model tiny-moe --cluster cpu-local --gpus 2 --gbs 4 --seq 64 "
              f"--study job --study-dir {study_dir} --trials 1 --preregister 1 --iters 2 --warmup 1 "
              f"--screen-actors 2 --trial-timeout 400 --adjudicate-rounds 2 --ray-address auto --no-progress")
     for _ in range(6):  # a just-started node's job agent may not be up yet (Ray: "try again later")
