@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import statistics
@@ -46,6 +47,8 @@ from trials.megatron.components import component_times
 from trials.megatron.spec_choice import layer_spec_choice, ranks_fit
 from trials.processes import RankGroup, trial_tempdir
 from trials.rank_watch import watch_local
+
+logger = logging.getLogger(__name__)
 
 # glibc tunables for CPU ranks (module docstring): 32 MiB is glibc's largest dynamic mmap
 # threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit), fixed here so the threshold does not move;
@@ -170,6 +173,26 @@ def launch(plan: str, model: dict, gbs: int, seq: int, world: int, *, timeout_s:
     """Run the workers; return {"ok": True, "ranks": [...], "dir": ...} or
     {"ok": False, "kind", "message", "dir"}. memory_cap_gib: host RSS cap per rank (CPU trials);
     extra: more worker spec keys; env: extra environment variables for every rank."""
+    for attempt in range(PORT_RETRIES + 1):
+        result = _launch_once(plan, model, gbs, seq, world, timeout_s=timeout_s, memory_cap_gib=memory_cap_gib,
+                              master_port=master_port, iters=iters, warmup=warmup, mode=mode, out_dir=out_dir,
+                              keep_dir=keep_dir, extra=extra, env=env)
+        # the rendezvous port is picked free and bound by rank 0 a moment later: on a busy host
+        # another process can take it in between (a profile's stack-floor trial, 2026-12-05:
+        # "OSError: [Errno 98] Address already in use" at init). A port we chose is chosen again,
+        # in a fresh folder; one the caller named, or a folder the caller keeps, is not retried.
+        if (result["ok"] or master_port is not None or out_dir is not None or attempt == PORT_RETRIES
+                or "Address already in use" not in str(result.get("message", ""))):
+            return result
+        logger.warning("trial rendezvous port taken by another process; retrying on a new port")
+    return result
+
+
+PORT_RETRIES = 2
+
+
+def _launch_once(plan, model, gbs, seq, world, *, timeout_s, memory_cap_gib, master_port, iters, warmup, mode,
+                 out_dir, keep_dir, extra, env) -> dict:
     tmp = trial_tempdir(owned=not keep_dir) if out_dir is None else None  # a kept folder is never swept
     d = Path(out_dir or tmp.name)
     try:
