@@ -88,7 +88,9 @@ COMPONENT_CLASS = {
     "cpu_launch_router": "stack_floor@elementwise", "cpu_stack_floor": "stack_floor@host_launch",
     "elementwise": "elementwise", "router_permutation": "elementwise", "fp8_quantize": "elementwise",
     "embedding": "elementwise", "optimizer_step": "elementwise",
-    "pipeline_bubble": "pipeline_bubble",
+    # a pipeline rank waiting for its peer is time between ops, which a profiled CPU step records as
+    # host_launch (trials/megatron/components.py): the bubble is measured inside host_launch
+    "pipeline_bubble": "pipeline_bubble@host_launch",
 }
 # The serving model's parts and their classes: a step's time belongs to its phase.
 SERVE_COMPONENT_CLASS = {"prefill_step": "prefill", "decode_step": "decode"}
@@ -96,10 +98,6 @@ NOT_A_CLASS = ("calibration",)  # the breakdown's own calibration term is the ou
 PRIOR_SD = 0.5  # prior sd of d_k = log f_k - log c: a class within x0.61..x1.65 of the common scale at one sd
 COMMON_PRIOR_SD = 1.0  # prior sd of log c: weak (x0.37..x2.7 at one sd), only keeps a fit without rows finite
 SPLIT_WEIGHT = 0.5  # weight of a class's measured time beside the step total (module docstring)
-# Classes a trial's split cannot tell apart, compared in sum: {class: the class it is measured in}.
-# A pipeline rank waiting for its peer is time between ops, which a profiled CPU step records as
-# host_launch (trials/megatron/components.py): the bubble is measured inside host_launch.
-SPLIT_TOGETHER = {"pipeline_bubble": "host_launch"}
 # Classes measured in situ, not by an uncontended microbenchmark: their factor is not drawn toward
 # the common scale (the host's contention the trials see and the microbenchmarks do not) but has a
 # prior of its own around 1, of this sd. The CPU stack floor is the trial stack itself timed as the
@@ -108,7 +106,8 @@ SPLIT_TOGETHER = {"pipeline_bubble": "host_launch"}
 # scale's 1.2-1.4 (or a noisy host_launch split's 1.8) and a launch-bound plan was predicted
 # 25-46% slow.
 IN_SITU_PRIOR_SD = {"stack_floor": 0.15}
-# A part key "F@M": time with class F's factor that a trial's split measures in class M.
+# A part key "F@M": time with class F's factor that a trial's split measures in class M (time a
+# split cannot tell apart from M's, compared in sum with it).
 MEASURED_IN = "@"
 OBS_SD = 0.1  # the soft-L1 scale of a log-time residual (host noise of a step, ~10%)
 Z90 = 1.645  # two-sided 90% normal quantile: the intervals of `interval`
@@ -126,11 +125,7 @@ def measured_class(key: str) -> str:
 
 def fold_parts(parts: dict) -> dict:
     """{class: seconds} with every "F@M" part added to its factor class F."""
-    out: dict = {}
-    for k, v in parts.items():
-        c = factor_class(k)
-        out[c] = out[c] + v if c in out else v
-    return out
+    return class_parts(parts, {k: factor_class(k) for k in parts})
 
 
 def class_parts(breakdown: dict, component_class: dict | None = None) -> dict:
@@ -368,14 +363,8 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
     labels = [p[2] if len(p) > 2 else str(i) for i, p in enumerate(pairs)]
     split = [p[3] if len(p) > 3 and p[3] and not one else None for p in pairs]
     M = np.array([[float(s.get(c, 0.0)) if s else 0.0 for c in classes] for s in split], float).reshape(len(pairs), K)
-    # the classes a trial's split can tell apart: each row of `merge` sums the classes measured together
-    merge = np.eye(K)
-    for a, b in SPLIT_TOGETHER.items():
-        if a in classes and b in classes:
-            merge[classes.index(b), classes.index(a)] = 1.0
-            merge[classes.index(a), :] = 0.0
-    # predicted part key -> the measured class it is compared in
-    merge_keys = merge @ np.array([[1.0 if measured_class(k) == c else 0.0 for k in keys] for c in classes])
+    # measured class <- the predicted part keys compared in it
+    measured_in = np.array([[1.0 if measured_class(k) == c else 0.0 for k in keys] for c in classes])
     # per-component: x = (log c, d_1..d_K), log f = log c + d (module docstring); one-scale: x = (log f,)
     hier = not one
     prior_w = 0.0 if (one or prior_sd is None) else OBS_SD / prior_sd
@@ -395,8 +384,8 @@ def fit_calibration(pairs, *, provenance: dict | None = None, classes=None,
             r.append(np.logaddexp.reduce(lf + np.log(np.maximum(P[i], 1e-300)), where=P[i] > 0) - np.log(meas[i])
                      if K > 1 else lf[0] + np.log(pred[i]) - np.log(meas[i]))
             if split[i] is not None:
-                q = merge_keys @ (np.exp(lf) * P[i])  # predicted per measured class (SPLIT_TOGETHER)
-                m = merge @ M[i]
+                q = measured_in @ (np.exp(lf) * P[i])  # predicted per measured class
+                m = M[i]
                 ok = (q > 0) & (m > 0)
                 r.extend(SPLIT_WEIGHT * (np.log(q[ok]) - np.log(m[ok])))
         if hier:
