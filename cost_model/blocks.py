@@ -328,8 +328,7 @@ def distinct_domains(spec, E, topk, ep, per):
 
 def ep_wire_seconds(spec, ops, disp, tokens, h, fp8, ep, etp, imb=1.0):
     """(dispatch s, combine s, dispatch bytes, combine bytes), fwd, of `tokens` tokens per GPU
-    over the EP group by the
-    all-to-all backend `disp` (0/1 alltoall, 2 DeepEP, 3 HybridEP: the flex backends' normal
+    over the EP group by the all-to-all backend `disp` (0/1 alltoall, 2 DeepEP, 3 HybridEP: the flex backends' normal
     kernels). The one rule for what goes on each fabric (training and serving both call it)."""
     E, K = max(spec.num_experts, 1), max(spec.moe_router_topk, 1)
     # copies of a token on the wire: topk (alltoall) or the distinct destination ranks (flex)

@@ -127,8 +127,7 @@ KERNELS_MOE_PREPROCESS = 3
 #   (`specs.stack.HYBRIDEP_NUM_SMS`, sources there; megatron-core's default is 16).
 NCCL_COMM_SMS = 32
 DEEPEP_SMS = 20
-HYBRIDEP_SMS = HYBRIDEP_NUM_SMS
-COMM_SMS = (NCCL_COMM_SMS, NCCL_COMM_SMS, DEEPEP_SMS, HYBRIDEP_SMS)
+COMM_SMS = (NCCL_COMM_SMS, NCCL_COMM_SMS, DEEPEP_SMS, HYBRIDEP_NUM_SMS)
 
 # ---- CUDA graphs (megatron-core 0.16.1 --cuda-graph-impl / --cuda-graph-scope) ----------------------
 # A graphed region replaces its kernel launches by one graph replay per pass: TE

@@ -702,8 +702,10 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         # the same terms per component, at the slowest stage, over the m microbatches
         bd = {k: m * v[rows, slow] for k, v in terms.breakdown(st).items()}
         # what the host clock adds to the GPU's (the whole dispatch time on CPU devices)
-        bd["cpu_launch_floor"] = m * np.maximum(0.0, stage_time[rows, slow] - stage_compute[rows, slow])
-        if not ops.async_launch:
+        floor_s = m * np.maximum(0.0, stage_time[rows, slow] - stage_compute[rows, slow])
+        if ops.async_launch:
+            bd["cpu_launch_floor"] = floor_s
+        else:
             # CPU: one thread dispatches and runs each op, so an op's dispatch is part of its
             # module's time (what a trial's module hooks measure, trials/megatron/components.py):
             # the floor is placed by the modules issuing the launches, the rest stays the stack's
@@ -712,7 +714,6 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
                      "cpu_launch_experts": nm * col(KERNELS_PER_EXPERT_GEMMS * n_exp),
                      "cpu_launch_router": nm * KERNELS_MOE_ROUTER}
             total = kern[rows, slow] / KERNEL_PASSES
-            floor_s = bd.pop("cpu_launch_floor")
             left = floor_s
             for name, k in share.items():
                 part = floor_s * np.where(total > 0, (k * smask)[rows, slow] / np.maximum(total, 1e-30), 0.0)

@@ -7,9 +7,9 @@ import pytest
 import cost_model
 from clusters import load_cluster
 from cost_model.blocks import paired_exposure
-from cost_model.constants import DEEPEP_SMS, HYBRIDEP_SMS
+from cost_model.constants import DEEPEP_SMS
 from specs.models import load_model
-from specs.stack import GPU_FULL
+from specs.stack import GPU_FULL, HYBRIDEP_NUM_SMS
 from specs.workload import Workload
 from tuner.rank.complete import complete_plan
 
@@ -32,7 +32,7 @@ def _w(gbs=1024):
     return Workload(load_model("qwen3-30b-a3b"), load_cluster("h100-sxm", 16), gbs, 4096)
 
 
-@pytest.mark.parametrize("backend,sms", [("hybridep", HYBRIDEP_SMS), ("deepep", DEEPEP_SMS)])
+@pytest.mark.parametrize("backend,sms", [("hybridep", HYBRIDEP_NUM_SMS), ("deepep", DEEPEP_SMS)])
 def test_overlapped_comm_pays_its_sm_share_and_the_unpaired_chunks(backend, sms):
     w = _w()
     base = complete_plan(f"ep=16,dispatcher=flex,flex_backend={backend}", w, GPU_FULL)

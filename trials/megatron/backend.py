@@ -49,6 +49,7 @@ from trials.processes import RankGroup, trial_tempdir
 from trials.rank_watch import watch_local
 
 logger = logging.getLogger(__name__)
+PORT_RETRIES = 2  # launches again when another process took the rendezvous port (`launch`)
 
 # glibc tunables for CPU ranks (module docstring): 32 MiB is glibc's largest dynamic mmap
 # threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit), fixed here so the threshold does not move;
@@ -173,22 +174,19 @@ def launch(plan: str, model: dict, gbs: int, seq: int, world: int, *, timeout_s:
     """Run the workers; return {"ok": True, "ranks": [...], "dir": ...} or
     {"ok": False, "kind", "message", "dir"}. memory_cap_gib: host RSS cap per rank (CPU trials);
     extra: more worker spec keys; env: extra environment variables for every rank."""
-    for attempt in range(PORT_RETRIES + 1):
+    # the rendezvous port is picked free and bound by rank 0 a moment later: on a busy host another
+    # process can take it in between (a profile's stack-floor trial, 2026-12-05: "OSError: [Errno
+    # 98] Address already in use" at init). A port we chose is chosen again, in a fresh folder; one
+    # the caller named, or a folder the caller keeps, is not retried.
+    retries = PORT_RETRIES if master_port is None and out_dir is None else 0
+    while True:
         result = _launch_once(plan, model, gbs, seq, world, timeout_s=timeout_s, memory_cap_gib=memory_cap_gib,
                               master_port=master_port, iters=iters, warmup=warmup, mode=mode, out_dir=out_dir,
                               keep_dir=keep_dir, extra=extra, env=env)
-        # the rendezvous port is picked free and bound by rank 0 a moment later: on a busy host
-        # another process can take it in between (a profile's stack-floor trial, 2026-12-05:
-        # "OSError: [Errno 98] Address already in use" at init). A port we chose is chosen again,
-        # in a fresh folder; one the caller named, or a folder the caller keeps, is not retried.
-        if (result["ok"] or master_port is not None or out_dir is not None or attempt == PORT_RETRIES
-                or "Address already in use" not in str(result.get("message", ""))):
+        if result["ok"] or retries == 0 or "Address already in use" not in str(result.get("message", "")):
             return result
+        retries -= 1
         logger.warning("trial rendezvous port taken by another process; retrying on a new port")
-    return result
-
-
-PORT_RETRIES = 2
 
 
 def _launch_once(plan, model, gbs, seq, world, *, timeout_s, memory_cap_gib, master_port, iters, warmup, mode,

@@ -25,7 +25,6 @@ from pathlib import Path
 from trials.processes import RankGroup
 
 COLLS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
-PER_CALL = {"send_recv": 2}  # transfers per timed call (a round trip), so a row is one transfer
 CPU_BYTES = {"tiny": [4096, 262144], "small": [1024, 32768, 1048576, 16777216],
              "full": [1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216]}
 GPU_BYTES = {"tiny": [65536, 67108864], "small": [65536, 4194304, 268435456],
@@ -232,8 +231,7 @@ def _time_point(p, rs, grp, dev, on_gpu, sync, rank) -> float:
 
         def fn():
             # a round trip, one transfer each way, as a PP boundary runs them (the forward's
-            # activation, the backward's gradient), timed per transfer (`PER_CALL`); the comment
-            # said so, but the code sent one way back to back
+            # activation, the backward's gradient), timed per transfer (`transfers`)
             if rank == rs[0]:
                 dist.send(buf, peer)
                 dist.recv(buf, peer)
@@ -254,6 +252,7 @@ def _time_point(p, rs, grp, dev, on_gpu, sync, rank) -> float:
     sync()
     dist.barrier(group=grp)
     it = _iters(b, on_gpu)
+    transfers = 2 if coll == "send_recv" else 1  # per timed call (a round trip), so a row is one transfer
     if coll == "send_recv" and not on_gpu:
         # blocking gloo send/recv: each call is timed and the median kept. A batch mean carries
         # the host's scheduling tail (now and then a blocked rank's wake-up waits milliseconds on
@@ -266,14 +265,14 @@ def _time_point(p, rs, grp, dev, on_gpu, sync, rank) -> float:
             t0 = time.perf_counter()
             fn()
             calls.append(time.perf_counter() - t0)
-        return statistics.median(calls) / PER_CALL[coll]
+        return statistics.median(calls) / transfers
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
         for _ in range(it):
             fn()
         sync()
-        times.append((time.perf_counter() - t0) / it / PER_CALL.get(coll, 1))
+        times.append((time.perf_counter() - t0) / it / transfers)
     return min(times)  # least-interfered batch (shared hosts only add time)
 
 
