@@ -312,8 +312,12 @@ def test_tune_end_to_end_kill_and_resume(tmp_path):
                 continue
             trials = st.get_trials(deepcopy=False)
             # kill during a running trial (after one measured): the kill must interrupt one
-            running = [t.user_attrs.get("plan") for t in trials if t.state == TrialState.RUNNING]
-            if any(t.state == TrialState.COMPLETE for t in trials) and all(running) and running:
+            # a trial runs once its claim finished ("started_unix" is the claim's last attribute but the
+            # params): a kill between the claim's writes leaves a trial whose plan never started
+            claimed = [t for t in trials if t.state == TrialState.RUNNING]
+            running = [t.user_attrs.get("plan") for t in claimed]
+            if (any(t.state == TrialState.COMPLETE for t in trials) and claimed
+                    and all("started_unix" in t.user_attrs for t in claimed)):
                 break
         assert p.poll() is None, p.stdout.read().decode()[-3000:]
         assert running, "no trial was running at the kill"
