@@ -7,7 +7,9 @@ per GPU).
 Plans carry the flags of the post's reproduction commands (SGLang issue 6017: prefill
 --mem-fraction-static 0.85 --chunked-prefill-size 524288 --deepep-mode normal --page-size 64;
 decode --mem-fraction-static 0.835 --max-running-requests 18432 --cuda-graph-bs 256 --deepep-mode
-low_latency; both --enable-two-batch-overlap --ep-num-redundant-experts 32). SGLang's default
+low_latency; both --enable-two-batch-overlap --ep-num-redundant-experts 32 --moe-dense-tp-size 1:
+the post's "DP for dense FFNs", each rank running the 3 dense layers on its own tokens with full
+weights). SGLang's default
 mem_fraction_static formula would not start these servers (attention-DP 32/72 graph padding
 alone exceeds 80 GB), which is why the commands pin it.
 
@@ -29,10 +31,10 @@ from specs.serve_plan import ServePlan, ServeWorkload
 OUT = Path(__file__).resolve().parent / "results" / "serving_lmsys_validation.md"
 CASES = [
     # name, gpus, plan, workload, published tok/s/GPU, metric
-    ("prefill EP32 (4 nodes)", 32, "tp=32,attn_dp=32,a2a=deepep,deepep_mode=normal,tbo=1,eplb_redundant=32,"
+    ("prefill EP32 (4 nodes)", 32, "tp=32,attn_dp=32,moe_dense_tp=1,a2a=deepep,deepep_mode=normal,tbo=1,eplb_redundant=32,"
      "mem_frac=0.85,chunked_prefill=524288,page_size=64",
      ServeWorkload(isl=2000, osl=100, concurrency=32 * 16, phase="prefill"), 52300 / 8, "input"),
-    ("decode EP72 (9 nodes), 256 req/GPU", 72, "tp=72,attn_dp=72,a2a=deepep,deepep_mode=low_latency,tbo=1,"
+    ("decode EP72 (9 nodes), 256 req/GPU", 72, "tp=72,attn_dp=72,moe_dense_tp=1,a2a=deepep,deepep_mode=low_latency,tbo=1,"
      "eplb_redundant=32,mem_frac=0.835,max_running=18432,cuda_graph_max_bs=256,page_size=64",
      ServeWorkload(isl=2000, osl=100, concurrency=256, phase="decode"), 22300 / 8, "output"),
 ]

@@ -13,6 +13,10 @@ Field meanings (the SGLang 0.5.23 flag each one becomes):
   must divide tp.
 - ep: `--ep-size`; an all-to-all backend forces ep = tp (SGLang rewrites it: specs/serve_resolve.py
   holds every such rewrite).
+- moe_dense_tp: `--moe-dense-tp-size`, the TP width of the dense (non-MoE) MLP layers; 0 = SGLang's
+  default (None: TP over the whole tp group, tokens gathered). 1 = each rank runs the dense MLP on its
+  own tokens with the full weights (no dense-layer collective, more weight memory; LMSYS's large-scale
+  EP deployments). SGLang accepts only None, 1 or tp (tuner/space/sglang_rules.py rejects the rest).
 - a2a: `--moe-a2a-backend` (none | deepep | mooncake | …).
 - deepep_mode: `--deepep-mode` (auto | normal | low_latency).
 - tbo: `--enable-two-batch-overlap`.
@@ -47,6 +51,7 @@ class ServePlan:
     dp: int = 1
     attn_dp: int = 1
     ep: int = 1
+    moe_dense_tp: int = 0
     a2a: str = "none"
     deepep_mode: str = "auto"
     tbo: bool = False
@@ -65,7 +70,7 @@ class ServePlan:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad.append(f"{f} must be a positive integer")
-        for f in ("eplb_redundant", "chunked_prefill", "max_running"):
+        for f in ("moe_dense_tp", "eplb_redundant", "chunked_prefill", "max_running"):
             if getattr(self, f) < 0:
                 bad.append(f"{f} must be >= 0")
         if self.cuda_graph_max_bs < -1:
@@ -96,6 +101,14 @@ class ServePlan:
         return self.instance_gpus * self.dp
 
     @property
+    def dense_mlp_tp(self) -> int:
+        """GPUs one dense (non-MoE) MLP layer is sharded over: 1 with `--moe-dense-tp-size 1` (every
+        rank holds it whole and runs its own tokens), else the whole tp group (SGLang's default, and
+        moe_dense_tp = tp). sglang models/deepseek_v2.py: `mlp_parallel_group = "replicated" if
+        is_dense_ffn_fully_dp() else "tp"`, is_dense_ffn_fully_dp() = (moe_dense_tp_size == 1)."""
+        return 1 if self.moe_dense_tp == 1 else self.tp
+
+    @property
     def kv_bytes(self) -> float:
         """Bytes of one KV-cache element (the models served are bf16; fp8_e4m3 stores one byte)."""
         return 1.0 if self.kv_cache_dtype == "fp8_e4m3" else 2.0
@@ -123,7 +136,7 @@ class ServePlan:
 _FIELDS = {f.name: f for f in dataclasses.fields(ServePlan)}
 _ALIASES = {"attn-dp": "attn_dp", "dp_attn": "attn_dp", "moe_a2a_backend": "a2a",
             "two_batch_overlap": "tbo", "cuda_graph": "cuda_graph_max_bs", "mem": "mem_frac",
-            "kv_dtype": "kv_cache_dtype"}
+            "kv_dtype": "kv_cache_dtype", "moe_dense_tp_size": "moe_dense_tp", "dense_tp": "moe_dense_tp"}
 
 
 def parse_serve_fields(text: str) -> dict:

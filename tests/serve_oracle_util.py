@@ -33,7 +33,7 @@ def expected(v) -> dict:
     p = e.plan
     return {
         "tp_size": p.tp, "pp_size": p.pp, "dp_size": 1 if src.pd else p.dp, "attn_dp_size": p.attn_dp,
-        "ep_size": p.ep, "moe_a2a_backend": p.a2a, "deepep_mode": p.deepep_mode,
+        "ep_size": p.ep, "moe_dense_tp_size": p.moe_dense_tp or None, "moe_a2a_backend": p.a2a, "deepep_mode": p.deepep_mode,
         "enable_two_batch_overlap": p.tbo, "enable_eplb": p.eplb_redundant > 0,
         "ep_num_redundant_experts": p.eplb_redundant, "chunked_prefill_size": p.chunked_prefill,
         "max_running_requests": p.max_running or None,

@@ -49,8 +49,19 @@ def test_emit_sglang_multinode_and_pd(capsys):
     assert out.count("sglang_router.launch_router --pd-disaggregation") == 1
 
 
+def test_emit_sglang_writes_the_dense_mlp_tp_size(capsys):
+    """moe_dense_tp=1 -> `--moe-dense-tp-size 1` on every node's server; SGLang's default writes none."""
+    ds = ["--model", "deepseek-v3", "--cluster", "h100-sxm", "--gpus", "16", *IO, "--model-path", "/m", "--plan"]
+    assert main(["emit", "sglang", *ds, "tp=16,attn_dp=16,moe_dense_tp=1,a2a=deepep"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("sglang.launch_server") == 2 and out.count("--moe-dense-tp-size 1 ") == 2
+    assert main(["emit", "sglang", *ds, "tp=16,attn_dp=16,a2a=deepep"]) == 0
+    assert "--moe-dense-tp-size" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv", [
     ["--gpus", "8", "--plan", "tp=8,tbo=1"],                      # unrealizable
+    ["--gpus", "8", "--plan", "tp=8,attn_dp=8,moe_dense_tp=4"],   # SGLang takes only None, 1 or tp
     ["--gpus", "8", "--plan", "tp=8,bogus=1"],                    # bad key
     ["--gpus", "8", "--plan", "tp=4,pd=1:1"],                     # pd plan without --pd
     ["--gpus", "16", "--plan", "tp=16,attn_dp=16", "--nnodes", "3"],  # wrong node count

@@ -1,5 +1,5 @@
 """Our serving rules and resolution against SGLang 0.5.23's own resolver (tuner/space/sglang_oracle.py):
-same verdict, and every resolved field the same (specs/serve_resolve.py: ep, per-rank chunk, decode
+same verdict, and every resolved field the same (specs/serve_resolve.py: ep, moe_dense_tp, per-rank chunk, decode
 CUDA graphs and their batch, mem_fraction_static, page_size, nnodes, attention backend, ...) on the
 rule pairs, the rewrite plans and 320 plans sampled (deterministically) from the 8-, 16-, 32- and
 72-GPU serving spaces of H200, H100, B200 and GB200 NVL72; and every command `emit sglang` writes
@@ -26,13 +26,15 @@ pytestmark = [pytest.mark.skipif(not sglang_oracle.available(),
 REWRITE_PLANS = ["tp=8,attn_dp=8,a2a=deepep,deepep_mode=normal", "tp=8,kv_cache_dtype=fp8_e4m3,mem_frac=0.8", "tp=8,ep=2,a2a=deepep",
                  "tp=8,attn_dp=4,chunked_prefill=16384", "tp=4,pp=2", "tp=2,max_running=64",
                  "tp=8,attn_dp=8,a2a=deepep,tbo=1,eplb_redundant=32,page_size=64",
-                 "tp=16,attn_dp=16,a2a=deepep,deepep_mode=low_latency,cuda_graph_max_bs=128"]
-SGLANG_CODES = {"dp-with-attn-dp", "attn-dp-divides-tp", "tbo-needs-a2a-or-attn-dp", "eplb-needs-ep", "chunk-page",
+                 "tp=16,attn_dp=16,a2a=deepep,deepep_mode=low_latency,cuda_graph_max_bs=128",
+                 "tp=8,moe_dense_tp=8", "tp=8,moe_dense_tp=1", "tp=8,attn_dp=4,moe_dense_tp=1,a2a=deepep"]
+SGLANG_CODES = {"dp-with-attn-dp", "moe-dense-tp-values", "attn-dp-divides-tp", "tbo-needs-a2a-or-attn-dp", "eplb-needs-ep", "chunk-page",
                 "multinode-dp", "flashinfer-a2a-runner", "pplx-needs-attn-dp", "pplx-dispatch-tokens"}
 EMITTED = [("qwen3-30b-a3b", 8, "tp=4,dp=2,cuda_graph_max_bs=256", False),
            ("deepseek-v3", 16, "tp=16,attn_dp=16,a2a=deepep,tbo=1,eplb_redundant=32", False),
            ("qwen3-235b-a22b", 16, "tp=8,pp=2,mem_frac=0.85,page_size=64", False),
            ("deepseek-v3", 16, "tp=8,attn_dp=8,a2a=deepep,pd=1:1", True),
+           ("deepseek-v3", 16, "tp=16,attn_dp=16,moe_dense_tp=1,a2a=deepep,deepep_mode=low_latency", False),
            ("gpt-oss-120b", 8, "tp=2,ep=2,cuda_graph_max_bs=-1,pd=1:3", True),
            # a completed plan (tuner/serve_complete): every knob written, fp8 KV cache
            ("deepseek-v3", 16, "tp=16,attn_dp=16,a2a=deepep,mem_frac=0.8,cuda_graph_max_bs=64,chunked_prefill=8192,"
@@ -103,6 +105,7 @@ def test_sampled_plans_agree_with_resolver_field_by_field(resolved):
     assert any("default-mem-frac" in c[2].effective.rewrites and c[2].effective.plan.a2a == "deepep" for c in ok)
     assert any(c[2].effective.nnodes > 1 for c in ok)
     assert any("backend-page-size" in c[2].effective.rewrites for c in ok)
+    assert any(c[2].effective.plan.moe_dense_tp == 1 for c in ok)  # --moe-dense-tp-size 1, resolved alike
 
 
 def test_pinned_plan_resolves_to_the_same_effective_plan(resolved):

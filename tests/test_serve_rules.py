@@ -18,6 +18,8 @@ P = ServePlan.parse
 PAIRS = {
     "dp-with-attn-dp": (QWEN30, "tp=4,dp=2,attn_dp=2", "tp=4,dp=2"),
     "attn-dp-divides-tp": (QWEN30, "tp=8,attn_dp=16", "tp=8,attn_dp=8"),
+    # SGLang accepts None (0), 1 or tp (validation_hook.py:207); 1 does not need attention DP
+    "moe-dense-tp-values": (DSV3, "tp=8,attn_dp=8,moe_dense_tp=2", "tp=8,attn_dp=8,moe_dense_tp=1"),
     "tbo-needs-a2a-or-attn-dp": (QWEN30, "tp=8,tbo=1", "tp=8,attn_dp=8,tbo=1"),
     "eplb-needs-ep": (QWEN30, "tp=8,eplb_redundant=32", "tp=8,ep=8,eplb_redundant=32"),
     "chunk-page": (QWEN30, "tp=8,chunked_prefill=1000,page_size=64", "tp=8,chunked_prefill=1024,page_size=64"),
@@ -74,6 +76,8 @@ def test_space_streams_exact_gpu_counts():
     from tuner.space.sglang_rules import deployment_gpus
     assert all(deployment_gpus(p) == 8 for p in plans)
     assert {p.pd for p in plans} == {"", "1:1", "1:3"}  # 1:2 and 2:1 cannot split 8 GPUs
+    # the dense MLP's own TP width is tried with attention DP (its layout), SGLang's default elsewhere
+    assert {(p.attn_dp > 1, p.moe_dense_tp) for p in plans} == {(False, 0), (True, 0), (True, 1)}
 
 
 def test_summary_counts_and_examples():

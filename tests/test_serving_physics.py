@@ -132,6 +132,38 @@ def test_thin_expert_tp_shards_read_their_weights_slower_than_expert_parallel():
     assert float(tp._experts(T)[0]) > 1.15 * float(ep._experts(T)[0])
 
 
+def test_dense_mlp_data_parallel_trades_weight_reads_for_its_collective():
+    """--moe-dense-tp-size 1 (moe_dense_tp=1): DeepSeek-V3's 3 dense MLP layers run each rank's own
+    tokens with the whole weights: no all-gather / reduce-scatter over the TP group (16 GPUs, two
+    nodes: over IB), tp x the dense weights held and read."""
+    from cost_model.flops import param_counts
+    from cost_model.serving.memory import weight_bytes_per_gpu
+    dsv3, h200_16 = load_model("deepseek-v3"), load_cluster("h200-sxm", 16)
+    tp_, dp_ = (step_model(f"tp=16,attn_dp=16,a2a=deepep{x}", h200_16, dsv3) for x in ("", ",moe_dense_tp=1"))
+    assert (int(tp_.c.dense_tp[0]), int(dp_.c.dense_tp[0])) == (16, 1)
+    # decode at one request per rank: the whole dense weights read per rank cost more than the
+    # sharded ones; the dense layers' collectives are gone
+    (_, p_tp), (_, p_dp) = tp_.decode(1, 1000.0), dp_.decode(1, 1000.0)
+    assert float(p_dp["dense_shared"][0]) > float(p_tp["dense_shared"][0])
+    assert float(p_dp["communication"][0]) < float(p_tp["communication"][0])
+    # the dense layer alone: same FLOPs, so at a prefill chunk it costs about the same; at decode
+    # the full weights are read (>= 5x the TP shard's time)
+    T = np.array([16 * 4096.0])
+    assert float(dp_._dense_mlp(T)[0]) == pytest.approx(float(tp_._dense_mlp(T)[0]), rel=0.5)
+    assert float(dp_._dense_mlp(np.array([16.0]))[0]) > 5 * float(tp_._dense_mlp(np.array([16.0]))[0])
+    assert float(dp_._comm(T)[1][0]) == 0.0 < float(tp_._comm(T)[1][0])  # attention TP 1: nothing left
+    # prefill of a 4096-token chunk per rank: faster without the dense all-gather
+    assert float(dp_.prefill(4096.0, 0.0)[0][0]) < float(tp_.prefill(4096.0, 0.0)[0][0])
+    # memory: the dense layers whole on every GPU, 15/16 of them more than the TP shard
+    pc = param_counts(dsv3)
+    extra = pc["per_layer"]["dense_mlp"] * pc["num_dense_layers"] * (1 - 1 / 16) * 1.0
+    w_tp, w_dp = (float(weight_bytes_per_gpu(dsv3, m.c, 1.0)[0]) for m in (tp_, dp_))
+    assert w_dp - w_tp == pytest.approx(extra, rel=1e-9) and extra > 0
+    # a model without dense layers (Qwen3-30B-A3B: every layer MoE) prices the same either way
+    q_tp, q_dp = (step_model(f"tp=8,attn_dp=8,a2a=deepep{x}") for x in ("", ",moe_dense_tp=1"))
+    assert float(q_dp.decode(8, 1000.0)[0][0]) == float(q_tp.decode(8, 1000.0)[0][0])
+
+
 def test_cli_refuses_a_training_calibration_for_serving(tmp_path):
     import subprocess
     import sys

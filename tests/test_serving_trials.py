@@ -134,6 +134,8 @@ def test_vllm_cpu_rejects_expert_parallel_without_launching(tmp_path):
     assert not (tmp_path / "pids.json").exists()
     assert [c for c, _ in vllm_reasons(ServePlan.parse("tp=4,attn_dp=2"))] == ["vllm-attn-dp"]
     assert [c for c, _ in vllm_reasons(ServePlan.parse("tp=4,ep=2"))] == ["vllm-ep-size"]
+    assert [c for c, _ in vllm_reasons(ServePlan.parse("tp=4,moe_dense_tp=1"))] == ["vllm-moe-dense-tp"]
+    assert vllm_reasons(ServePlan.parse("tp=4,moe_dense_tp=4")) == []  # = SGLang's and vLLM's default
     assert vllm_reasons(ServePlan.parse("tp=4,ep=4,a2a=deepep,deepep_mode=low_latency")) == []
 
 

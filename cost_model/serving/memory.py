@@ -17,14 +17,15 @@ MIB = 1024 ** 2
 
 def weight_bytes_per_gpu(spec, c, wbytes: float) -> np.ndarray:
     """Weight bytes on one GPU: attention sharded over attention-TP (replicated across attention-DP
-    ranks), routed experts over EP (plus EPLB redundant copies) and expert-TP, dense MLPs / shared
-    experts / vocabulary over TP; one pipeline stage's share of the layers."""
+    ranks), routed experts over EP (plus EPLB redundant copies) and expert-TP, dense MLPs over their
+    own TP width (`c.dense_tp`: whole on every rank with --moe-dense-tp-size 1), shared experts /
+    vocabulary over TP; one pipeline stage's share of the layers."""
     pc = param_counts(spec)
     pl = pc["per_layer"]
     L_moe, L_dense = pc["num_moe_layers"], pc["num_dense_layers"]
     E = max(spec.num_experts, 1)
     attn = pl["attention"] * spec.num_layers / c.attn_tp
-    dense = pl["dense_mlp"] * L_dense / c.tp
+    dense = pl["dense_mlp"] * L_dense / c.dense_tp
     experts = pl["moe_expert"] * (E + c.redundant) / c.ep / c.moe_tp * L_moe if spec.num_experts else 0.0
     shared = (pl["shared_expert"] + pl["router"]) * L_moe / c.tp
     vocab = (pc["embedding"] + pc["output_layer"]) / c.tp * 2.0  # embeddings stay bf16

@@ -23,6 +23,7 @@ class ServeCols:
     dp: np.ndarray
     attn_dp: np.ndarray
     ep: np.ndarray
+    dense_tp: np.ndarray  # GPUs a dense (non-MoE) MLP layer is sharded over (ServePlan.dense_mlp_tp: 1 or tp)
     a2a: np.ndarray  # 0 none, 2 deepep-like
     low_latency_decode: np.ndarray  # decode dispatch uses DeepEP low-latency kernels
     low_latency_prefill: np.ndarray  # deepep_mode=low_latency: prefill dispatch too
@@ -70,7 +71,7 @@ def to_cols(effs: list[EffectivePlan]) -> ServeCols:
 
     return ServeCols(
         tp=col(lambda p: p.tp), pp=col(lambda p: p.pp), dp=col(lambda p: p.dp),
-        attn_dp=col(lambda p: p.attn_dp), ep=col(lambda p: p.ep),
+        attn_dp=col(lambda p: p.attn_dp), ep=col(lambda p: p.ep), dense_tp=col(lambda p: p.dense_mlp_tp),
         a2a=col(lambda p: 0 if p.a2a == "none" else 2),
         # auto: normal kernels for prefill, low-latency for decode (SGLang's DeepEP auto mode)
         low_latency_decode=col(lambda p: p.a2a != "none" and p.deepep_mode != "normal", bool),

@@ -142,6 +142,15 @@ class StepModel:
         a2a = c.a2a > 0
         return np.where(a2a, self._gemm(tokens_inst / c.tp, params), self._gemm(tokens_inst, params / c.tp))
 
+    def _dense_mlp(self, tokens_inst):
+        """Seconds of one dense (non-MoE) MLP layer on one GPU for `tokens_inst` tokens of the
+        instance. SGLang's default shards it over the whole TP group, which runs every token of the
+        instance (attention-DP ranks gather theirs first); with --moe-dense-tp-size 1 (`c.dense_tp`
+        = 1) every rank holds it whole and runs only its own tokens (its attention-TP slice of its
+        attention-DP rank's tokens: tokens_inst / tp). Same FLOPs, tp x the weights read."""
+        c, params = self.c, self.pc["per_layer"]["dense_mlp"]
+        return np.where(c.dense_tp == 1, self._gemm(tokens_inst / c.tp, params), self._gemm(tokens_inst, params / c.tp))
+
     def distinct_experts(self, tokens):
         """Expected distinct routed experts that `tokens` tokens activate (each picks top-k of E
         without replacement; the probability that one token picks expert e is k * p_e, capped at 1)."""
@@ -196,6 +205,12 @@ class StepModel:
     def _comm(self, tokens_inst, decode: bool = False):
         """Communication seconds on one GPU per (MoE layer, dense layer).
 
+        A dense layer under SGLang's default TP pays the MoE layer's plain collectives (all-reduces,
+        or attention DP's gather and reduce-scatter over the whole TP group); with
+        --moe-dense-tp-size 1 its MLP runs on each rank's own tokens and only attention's
+        attention-TP collective remains (a reduce-scatter after attention and an all-gather before
+        the next, one all-reduce's bytes; nothing at attention-TP 1).
+
         DeepEP runs two kernel families that are priced apart: normal (prefill; decode with
         deepep_mode=normal) at the table's NVLink/RDMA rates plus its latency, with a host sync
         that keeps it out of CUDA graphs; low latency (decode in auto / low_latency mode, and
@@ -229,7 +244,8 @@ class StepModel:
         d = np.where(ll, ll_d + lat, d)
         cb = np.where(ll, ll_c + lat, cb)
         a2a = ar_attn + d + cb
-        return np.where(c.a2a > 0, a2a, plain), plain
+        dense = np.where(c.dense_tp == 1, ar_attn, plain)
+        return np.where(c.a2a > 0, a2a, plain), dense
 
     def _two_batch(self, whole, half):
         """GPU seconds of a step: (compute, communication) of the whole batch `whole`, and of one half
@@ -282,7 +298,7 @@ class StepModel:
         # one call over the rank's B requests x its heads (the table's bh axis)
         core_f, _ = self.ops.attention(fl, np.maximum(ctx, 16), min(hd, 256), B * heads)
         core = self._floor(np.maximum(kv_read / self.hbm_bw, core_f), "attention_core")
-        dense = self._floor(self._gemm(T, pl["dense_mlp"] / c.tp), "mlp")
+        dense = self._floor(self._dense_mlp(T), "mlp")
         shared = self._floor(self._shared(T), "mlp")
         experts = self._floor(self._experts(T), "experts") if s.num_experts else 0.0
         comm, comm_dense = self._comm(T, decode=True)
@@ -324,7 +340,7 @@ class StepModel:
         fl = 2.0 * heads * C * (prefix + seg / 2.0) * (dqk + dv)
         core, _ = self.ops.attention(fl, prefix + seg, min(dqk, 256), heads * C / seg)
         core = self._floor(core, "attention_core")
-        dense = self._floor(self._gemm(T, pl["dense_mlp"] / c.tp), "mlp")
+        dense = self._floor(self._dense_mlp(T), "mlp")
         shared = self._floor(self._shared(T), "mlp")
         experts = self._floor(self._experts(T), "experts") if s.num_experts else 0.0
         comm, comm_dense = self._comm(T)

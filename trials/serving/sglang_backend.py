@@ -47,6 +47,8 @@ def sglang_flags(plan: ServePlan) -> list[str]:
         a += ["--attn-dp-size", str(p.attn_dp)]
     if p.ep > 1:
         a += ["--ep-size", str(p.ep)]
+    if p.moe_dense_tp:
+        a += ["--moe-dense-tp-size", str(p.moe_dense_tp)]
     if p.a2a != "none":
         a += ["--moe-a2a-backend", p.a2a]
         if p.a2a == "deepep":

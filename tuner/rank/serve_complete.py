@@ -11,7 +11,7 @@ page size, KV cache dtype) are completed:
   Ties keep the earlier value of each list, SGLang's default first, so a knob that does not change
   the price stays at SGLang's value. When no choice is feasible the defaults are kept and the
   completion says why.
-The layout (tp, pp, dp, attn_dp, ep, a2a, deepep mode, TBO, EPLB, pd) is the user's: a ranking of
+The layout (tp, pp, dp, attn_dp, ep, moe_dense_tp, a2a, deepep mode, TBO, EPLB, pd) is the user's: a ranking of
 layouts is `plans --mode serve --rank`.
 """
 from __future__ import annotations

@@ -4,7 +4,10 @@ Layouts use all N GPUs: aggregated plans have dp * tp * pp == N; disaggregated p
 (prefill + decode instances) * tp * pp == N with dp = 1. Widths (tp, attn_dp) are powers of two and
 the whole group. Knob values are the settings people
 actually try (powers of two, SGLang's defaults as 0); nothing is filtered here: realizability is
-tuner/space/sglang_rules.py's job, so `moetune plans --mode serve` can say why plans fail.
+tuner/space/sglang_rules.py's job, so `moetune plans --mode serve` can say why plans fail. The dense
+MLP's TP width (`moe_dense_tp`) is tried with attention DP only: the layout it goes with (dense
+layers data-parallel like attention, LMSYS's large-scale EP); without attention DP it would shard
+each rank's attention-TP slice of tokens, which nobody runs.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from specs.serve_plan import ServePlan
 class ServeSpace:
     gpus: int
     pp: tuple[int, ...] = (1, 2)
+    moe_dense_tp: tuple[int, ...] = (0, 1)  # with attn_dp > 1 (0 = SGLang's default: TP over tp)
     a2a_modes: tuple[tuple[str, str], ...] = (("none", "auto"), ("deepep", "auto"), ("deepep", "normal"),
                                               ("deepep", "low_latency"))
     tbo: tuple[bool, ...] = (False, True)
@@ -62,15 +66,20 @@ class ServeSpace:
             k *= len(xs)
         return k
 
+    def dense_tps(self, attn_dp: int) -> tuple[int, ...]:
+        """The moe_dense_tp values tried with this attention-DP size."""
+        return self.moe_dense_tp if attn_dp > 1 else (0,)
+
     def size(self) -> int:
-        return sum(1 for _ in self.layouts()) * self.knob_count()
+        return sum(len(self.dense_tps(layout[3])) for layout in self.layouts()) * self.knob_count()
 
     def __iter__(self) -> Iterator[ServePlan]:
         for tp, pp, dp, attn_dp, ep, pd in self.layouts():
-            for (a2a, mode), tbo, r, chunk, run, bs, mf, page in self.knob_product():
-                yield ServePlan(tp=tp, pp=pp, dp=dp, attn_dp=attn_dp, ep=ep, a2a=a2a, deepep_mode=mode, tbo=tbo,
-                                eplb_redundant=r, chunked_prefill=chunk, max_running=run, cuda_graph_max_bs=bs,
-                                mem_frac=mf, page_size=page, pd=pd)
+            for dense_tp in self.dense_tps(attn_dp):
+                for (a2a, mode), tbo, r, chunk, run, bs, mf, page in self.knob_product():
+                    yield ServePlan(tp=tp, pp=pp, dp=dp, attn_dp=attn_dp, ep=ep, moe_dense_tp=dense_tp, a2a=a2a,
+                                    deepep_mode=mode, tbo=tbo, eplb_redundant=r, chunked_prefill=chunk,
+                                    max_running=run, cuda_graph_max_bs=bs, mem_frac=mf, page_size=page, pd=pd)
 
 
 def _pow2_upto(n: int) -> list[int]:

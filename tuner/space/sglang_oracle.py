@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 # the resolved fields the cross-check reads
-KEYS = ("tp_size", "pp_size", "dp_size", "attn_dp_size", "ep_size", "moe_a2a_backend", "deepep_mode",
+KEYS = ("tp_size", "pp_size", "dp_size", "attn_dp_size", "ep_size", "moe_dense_tp_size", "moe_a2a_backend", "deepep_mode",
         "enable_two_batch_overlap", "enable_eplb", "ep_num_redundant_experts", "chunked_prefill_size",
         "max_running_requests", "schedule_conservativeness", "disable_overlap_schedule",
         "mem_fraction_static", "page_size", "nnodes", "disaggregation_mode", "kv_cache_dtype",

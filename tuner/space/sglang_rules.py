@@ -24,6 +24,8 @@ from specs.serve_resolve import EffectivePlan, resolve, server_nodes
 RULES: dict[str, tuple[str, str]] = {
     "dp-with-attn-dp": ("sglang", "--dp-size replicas cannot be combined with --attn-dp-size (SG/arg_groups/parallel_hook.py:286)"),
     "attn-dp-divides-tp": ("sglang", "attn_dp must divide tp (SG/arg_groups/parallel_hook.py:326)"),
+    "moe-dense-tp-values": ("sglang", "moe_dense_tp (--moe-dense-tp-size) must be SGLang's default, 1 or tp "
+                            "(SG/arg_groups/validation_hook.py:207)"),
     "tbo-needs-a2a-or-attn-dp": ("sglang", "two-batch overlap needs an a2a backend or attention DP (SG/arg_groups/validation_hook.py:756)"),
     "eplb-needs-ep": ("sglang", "EPLB needs the resolved ep > 1 (SG/arg_groups/parallel_hook.py:791)"),
     "chunk-page": ("sglang", "the per-rank chunked-prefill size must be a multiple of page_size (SG/arg_groups/validation_hook.py:241)"),
@@ -105,6 +107,8 @@ def realize(plan: ServePlan, model, cluster, *, gpus: int | None = None) -> Serv
         rs.append(_r("dp-with-attn-dp", f"dp={p.dp} with attn_dp={p.attn_dp}"))
     if p.tp % p.attn_dp:
         rs.append(_r("attn-dp-divides-tp", f"tp={p.tp}, attn_dp={p.attn_dp}"))
+    if p.moe_dense_tp not in (0, 1, p.tp):
+        rs.append(_r("moe-dense-tp-values", f"moe_dense_tp={p.moe_dense_tp}, tp={p.tp}"))
     if p.tbo and p.a2a == "none" and p.attn_dp == 1:
         rs.append(_r("tbo-needs-a2a-or-attn-dp", "tbo=1 with a2a=none and attn_dp=1"))
     if p.eplb_redundant > 0 and ep == 1:
