@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cost_model.ops import SPLIT_CLASSES
 from specs.errors import InputError
 from specs.inputs import read_text
 
@@ -86,6 +87,9 @@ COMPONENT_CLASS = {
     # it: the router's launches at elementwise's x1.9-2.1; pp=2 mbs=1 predicted 40-46% slow, issue 27)
     "cpu_launch_core_attention": "stack_floor@attention", "cpu_launch_experts": "stack_floor@grouped_gemm",
     "cpu_launch_router": "stack_floor@elementwise", "cpu_stack_floor": "stack_floor@host_launch",
+    # ... or, where the profile measured how a trial's split sees the floor, by that split
+    # (cost_model.ops.SPLIT_CLASSES; trials/profile/stack_floor.py)
+    **{f"cpu_floor_in_{c}": f"stack_floor@{c}" for c in SPLIT_CLASSES},
     "elementwise": "elementwise", "router_permutation": "elementwise", "fp8_quantize": "elementwise",
     "embedding": "elementwise", "optimizer_step": "elementwise",
     # a pipeline rank waiting for its peer is time between ops, which a profiled CPU step records as

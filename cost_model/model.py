@@ -705,6 +705,12 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         floor_s = m * np.maximum(0.0, stage_time[rows, slow] - stage_compute[rows, slow])
         if ops.async_launch:
             bd["cpu_launch_floor"] = floor_s
+        elif ops.floor_split:
+            # CPU, where the profile measured it: the floor where a trial's split sees it (the
+            # modules' hooks, the ops' own dispatch, the Python between ops: host_launch), as the
+            # profile's stack-floor trials split it (trials/profile/stack_floor.py)
+            for c, share in ops.floor_split.items():
+                bd[f"cpu_floor_in_{c}"] = floor_s * share
         else:
             # CPU: one thread dispatches and runs each op, so an op's dispatch is part of its
             # module's time (what a trial's module hooks measure, trials/megatron/components.py):

@@ -7,6 +7,12 @@ import numpy as np
 from cost_model.constants import ATTN_BWD_FLOPS_FACTOR, FLEX_PER_TOKEN_S, FLEX_REF_TOKEN_BYTES, FP8_QUANT_HBM_FRACTION
 from specs.ranks import members_per_node, nodes_spanned
 
+# dispatch_gap rows "stack@<class>": the part of the CPU stack's per-kernel gap a trial's split
+# measures in <class> (trials/profile/stack_floor.py)
+FLOOR_SPLIT_MODE = "stack@"
+# the classes a CPU trial's split measures (trials/megatron/components.py)
+SPLIT_CLASSES = ("gemm", "grouped_gemm", "attention", "ep_comm", "other_comm", "host_launch", "elementwise")
+
 
 class TableOps:
     """Table queries of one evaluation: GEMM / grouped GEMM / attention seconds, collective and EP
@@ -30,6 +36,13 @@ class TableOps:
         # per layer and step (outside the microbatch loop: optimizer over the layer's tensors,
         # grad buffers) of the CPU trial stack, when measured; GPUs: in the optimizer bytes term
         self.step_gap = float(gaps.lookup("stack_step")) * 1e-6 if (mode == "stack" and gaps.has("stack_step")) else 0.0
+        # where a trial's split measures that floor, {class: share} (empty: not measured; the model
+        # then places it by the kernels each timed module issues)
+        split = {k[0][len(FLOOR_SPLIT_MODE):]: float(gaps.lookup(k[0])) for k in gaps.row_keys()
+                 if mode == "stack" and k[0].startswith(FLOOR_SPLIT_MODE)
+                 and k[0][len(FLOOR_SPLIT_MODE):] in SPLIT_CLASSES}
+        total = sum(split.values())
+        self.floor_split = {c: v / total for c, v in sorted(split.items())} if total > 0 else {}
         self.up = max(1, int(cluster.scaleup_size))
         self.first = self.inv = None
 

@@ -113,6 +113,10 @@ class GridTable:
     def has(self, *key) -> bool:
         return tuple(key) in self.grids
 
+    def row_keys(self) -> list[tuple]:
+        """The row keys the table has."""
+        return list(self.grids)
+
     def lookup(self, key, value: str | None = None, **axes) -> np.ndarray:
         """Interpolated value(s) at the given axis arrays (broadcast together)."""
         key = tuple([key] if isinstance(key, str) else key)

@@ -391,3 +391,35 @@ def test_the_in_situ_floor_keeps_its_own_factor_near_one():
     cal, _ = fit_calibration(bare, classes=TRAIN_CLASSES)
     assert cal.factor("elementwise") == pytest.approx(1.5, rel=0.1)  # an uninformed class: the common scale
     assert cal.factor("stack_floor") == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_measured_floor_split_places_the_cpu_floor_where_trials_measure_it(tmp_path):
+    """With the profile's "stack@<class>" rows, a CPU prediction's floor is in the keys
+    stack_floor@<class> in the measured shares, and the total is the same as without them."""
+    import shutil
+
+    from cost_model.calibration import TRAIN_CLASSES
+    from cost_model.ops import SPLIT_CLASSES
+    from cost_model.tables import TABLE_ROOT, load_tables
+    assert set(SPLIT_CLASSES) <= set(TRAIN_CLASSES)
+    w = Workload(load_model("tiny-moe"), load_cluster("cpu-local", 2), 32, 128)
+    plans = [Plan.parse("pp=2,mbs=1"), Plan.parse("ep=2,mbs=4")]
+
+    def tables(extra):
+        d = tmp_path / f"t{len(extra)}"
+        shutil.copytree(TABLE_ROOT / "cpu-local", d)
+        with open(d / "dispatch_gap.csv", "a") as f:
+            f.write("stack,50,measured\nstack_step,1000,measured\n" + "".join(f"{m},{g},measured\n" for m, g in extra))
+        return load_tables(d)
+
+    by_kernels = cost_model.raw_class_parts(w, plans, tables=tables([]))
+    measured = cost_model.raw_class_parts(w, plans, tables=tables([("stack@host_launch", 30), ("stack@attention", 15),
+                                                                   ("stack@gemm", 5), ("stack@nowhere", 9)]))
+    for a, b in zip(by_kernels, measured):
+        assert sum(b.values()) == pytest.approx(sum(a.values()), rel=1e-9)
+        floor = sum(v for k, v in a.items() if k.startswith("stack_floor@"))
+        assert floor > 0
+        assert {k for k in b if k.startswith("stack_floor@")} == {"stack_floor@host_launch", "stack_floor@attention",
+                                                                   "stack_floor@gemm"}  # an unknown class ignored
+        assert b["stack_floor@host_launch"] == pytest.approx(0.6 * floor)
+        assert b["stack_floor@gemm"] == pytest.approx(0.1 * floor)

@@ -41,3 +41,19 @@ def test_points_interleave_rounds_with_unique_ids():
     assert len(pts) == sf.ROUNDS * len(sf.GRID)
     assert len({p["id"] for p in pts}) == len(pts)
     assert [(p["layers"], p["microbatches"]) for p in pts[:len(sf.GRID)]] == list(sf.GRID)
+
+
+def test_the_floor_split_is_where_a_trials_split_sees_the_grids_difference():
+    T = {(n, m): (5 + n * 1 + m * 2 + n * m * 4) / 1e3 for n, m in sf.GRID}
+    splits = {(1, 1): {"host_launch": 0.002, "attention": 0.002, "gemm": 0.004, "ep_comm": 0.0005},
+              (3, 4): {"host_launch": 0.032, "attention": 0.012, "gemm": 0.004, "ep_comm": 0.0001},
+              (3, 1): {"host_launch": 1.0}, (1, 4): {"attention": 1.0}}  # only (3,4) - (1,1) is read
+    assert sf.floor_split(splits) == pytest.approx({"host_launch": 0.75, "attention": 0.25})  # gemm 0, ep_comm < 0
+    rows = sf.rows_from(T, splits)
+    gaps = {r["mode"]: r["gap_us"] for _, r in rows}
+    assert gaps["stack@host_launch"] == pytest.approx(0.75 * gaps["stack"])
+    assert gaps["stack@attention"] == pytest.approx(0.25 * gaps["stack"])
+    assert "stack@gemm" not in gaps and "stack@ep_comm" not in gaps
+    # no split recorded (an older profile, or a trial that recorded none): the rows as before
+    assert [r["mode"] for _, r in sf.rows_from(T)] == [r["mode"] for _, r in sf.rows_from(T, {(1, 1): {}})] \
+        == ["stack", "stack_step"]

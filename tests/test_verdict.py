@@ -13,7 +13,7 @@ from specs.workload import Workload
 from tuner.study import prereg as prereg
 from tuner.study import storage as study_mod
 from tuner.study import verdict as V
-from tuner.study.loop import REMEASURED
+from tuner.study.storage import REMEASURED
 
 
 def P(text):
@@ -251,3 +251,27 @@ def test_trial_loop_remeasure_runs_the_protocol_and_resumes(tmp_path, workload):
     from tuner.study.report import adjudicate
     v = adjudicate(study_mod.trial_rows(st), doc, done)
     assert v["best"]["plan"] == TRUE and v["verdict"] == "PASS"
+
+
+def test_the_calibration_reads_a_plan_at_the_median_of_all_its_runs(tmp_path, workload):
+    """A study's calibration rows (`tuner.study.calibrate.load_study`) take each plan at the median of
+    its trial and its adjudication re-measurements (each run once), the split scaled to it; a plan
+    never re-measured, and a failed re-measurement, change nothing."""
+    from tuner.study.calibrate import load_study
+    _doc(tmp_path, workload)
+    st = study_mod.open_study("adj", study_mod.open_storage(None, tmp_path))
+    for plan, tps, parts in ((BASE, 50.0, {"attention": 1.5, "host_launch": 0.5}), (WIN, 150.0, None)):
+        t = study_mod.claim(st, plan, {"roles": "baseline" if plan == BASE else "searched"})
+        if parts:
+            t.set_user_attr("measured_parts_s", parts)
+        # the baseline's trial: 2.0 s (a slow moment)
+        study_mod.record(st, t, {"ok": True, "step_time_s": 100.0 / tps, "tokens_per_s_per_gpu": tps})
+    again = [_m(0, "baseline", [1.0, 1.1, 1.2]), _m(1, "baseline", [1.3, 1.2, 1.25]),
+             {"round": 2, "role": "baseline", "plan": BASE, "ok": False, "kind": "crash"}]
+    st.set_user_attr(REMEASURED, again)
+    rows = {r["plan"]: r for r in load_study("adj", None, tmp_path)}
+    base, win = rows[BASE], rows[WIN]
+    assert base["measured_step_time_s"] == pytest.approx(1.25)  # median of 2.0, 1.1, 1.25
+    assert base["measured_runs"] == 3 and base["measured_first_s"] == pytest.approx(2.0)
+    assert base["measured_parts_s"] == pytest.approx({"attention": 0.9375, "host_launch": 0.3125})
+    assert win["measured_step_time_s"] == pytest.approx(100.0 / 150.0) and "measured_runs" not in win

@@ -360,10 +360,10 @@ def run_profile(kind: str, out: str | Path, budget_s: float, *, ray_address: str
                 break
             try:
                 # on every profiled core at once, as a cpu-local trial's ranks run (stack_floor.py)
-                sec = _sf.measure_layers(p["layers"], p["microbatches"], world=devices,
-                                         **({"iters": 3, "warmup": 1} if sweep == "tiny" else {}))
+                sec, split = _sf.measure_layers(p["layers"], p["microbatches"], world=devices,
+                                                **({"iters": 3, "warmup": 1} if sweep == "tiny" else {}))
                 record("stack_floor", p["id"], [("stack_sample", dict(
-                    layers=p["layers"], microbatches=p["microbatches"], seconds=sec,
+                    layers=p["layers"], microbatches=p["microbatches"], seconds=sec, split=split,
                     source="measured:stack-floor"))], None)
             except Exception as e:  # noqa: BLE001
                 record("stack_floor", p["id"], [], f"{type(e).__name__}: {e}")
@@ -676,11 +676,13 @@ def build_family_rows(kind: str, rows: dict[str, list[dict]]) -> tuple[dict[str,
     if rows.get("stack_sample"):
         from trials.profile.stack_floor import rows_from
         times: dict = {}
+        splits: dict = {}
         for r in rows["stack_sample"]:  # several rounds per grid point: keep each point's fastest
             key = (int(r["layers"]), int(r.get("microbatches", 1)))
-            times[key] = min(times.get(key, float("inf")), float(r["seconds"]))
+            if float(r["seconds"]) < times.get(key, float("inf")):
+                times[key], splits[key] = float(r["seconds"]), r.get("split") or {}
         if len(times) >= 4:
-            for _fam, r in rows_from(times):
+            for _fam, r in rows_from(times, splits):
                 fam.setdefault("dispatch_gap", []).append(r)
                 notes.append(f"dispatch_gap stack: {r['source']}")
     if rows.get("membw_sample"):

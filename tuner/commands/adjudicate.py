@@ -60,7 +60,7 @@ def run(args) -> int:
         study = study_mod.load_study(args.study, storage)
     except KeyError:
         raise UsageError(f"no study {args.study!r} in {study_mod.redact_url(args.storage or study_mod.default_storage_url(d))}") from None
-    from tuner.study.loop import REMEASURED
+    from tuner.study.storage import REMEASURED
     from tuner.study.verdict import ProtocolError
     recorded = study.user_attrs.get("preregistration_sha256")
     if recorded is not None and recorded != doc["sha256"]:

@@ -28,7 +28,7 @@ from tuner.study import storage as study_mod
 
 logger = logging.getLogger(__name__)
 
-REMEASURED = "adjudication_measurements"  # study user attribute: the protocol's re-measurements
+REMEASURED = study_mod.REMEASURED
 MAX_CLAIMS_PER_ROUND = 50  # claims lost in a row before waiting for a running trial instead
 WAIT_S = 10.0  # longest wait for a trial result before re-checking timeouts and stale trials
 

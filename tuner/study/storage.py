@@ -63,6 +63,7 @@ STUDIES_DIR = Path("studies")
 DEFAULT_HEARTBEAT_S = 10
 GRACE_FACTOR = 3  # grace period = GRACE_FACTOR x heartbeat interval
 INTERRUPTED = "interrupted"
+REMEASURED = "adjudication_measurements"  # study user attribute: the adjudication protocol's re-measurements
 # Which tuner ran a trial, for people reading the study (liveness is the heartbeat's business).
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
 
