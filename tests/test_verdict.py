@@ -253,10 +253,10 @@ def test_trial_loop_remeasure_runs_the_protocol_and_resumes(tmp_path, workload):
     assert v["best"]["plan"] == TRUE and v["verdict"] == "PASS"
 
 
-def test_the_calibration_reads_a_plan_at_the_median_of_all_its_runs(tmp_path, workload):
-    """A study's calibration rows (`tuner.study.calibrate.load_study`) take each plan at the median of
-    its trial and its adjudication re-measurements (each run once), the split scaled to it; a plan
-    never re-measured, and a failed re-measurement, change nothing."""
+def test_the_calibration_reads_a_plan_at_the_fastest_of_all_its_runs(tmp_path, workload):
+    """A study's calibration rows (`tuner.study.calibrate.load_study`) take each plan at the fastest
+    of its trial and its adjudication re-measurements, the split scaled to it; a plan never
+    re-measured, and a failed re-measurement, change nothing."""
     from tuner.study.calibrate import load_study
     _doc(tmp_path, workload)
     st = study_mod.open_study("adj", study_mod.open_storage(None, tmp_path))
@@ -271,7 +271,7 @@ def test_the_calibration_reads_a_plan_at_the_median_of_all_its_runs(tmp_path, wo
     st.set_user_attr(REMEASURED, again)
     rows = {r["plan"]: r for r in load_study("adj", None, tmp_path)}
     base, win = rows[BASE], rows[WIN]
-    assert base["measured_step_time_s"] == pytest.approx(1.25)  # median of 2.0, 1.1, 1.25
+    assert base["measured_step_time_s"] == pytest.approx(1.1)  # the fastest of 2.0, 1.1, 1.25
     assert base["measured_runs"] == 3 and base["measured_first_s"] == pytest.approx(2.0)
-    assert base["measured_parts_s"] == pytest.approx({"attention": 0.9375, "host_launch": 0.3125})
+    assert base["measured_parts_s"] == pytest.approx({"attention": 0.825, "host_launch": 0.275})
     assert win["measured_step_time_s"] == pytest.approx(100.0 / 150.0) and "measured_runs" not in win

@@ -128,15 +128,16 @@ def remeasured_steps(study) -> dict[str, list[float]]:
 
 
 def with_remeasurements(row: dict, again: list[float]) -> dict:
-    """The row with its plan's step time as the median of every run of it: the trial's own and the
-    adjudication's re-measurements (each run once). A single run on a shared host is off by its
-    moment's load: the quickstart's first trial (the baseline) ran x1.17-1.34 slower than its three
-    to four re-measurements in each of three held-out CPU runs (issue 27), and the fit read it as
-    slow EP communication. The measured split keeps its shares, scaled to the median."""
+    """The row with its plan's step time as the fastest of every run of it: the trial's own and the
+    adjudication's re-measurements. On a shared host the load only ever slows a run (the profile
+    keeps each point's fastest sample for the same reason), and a single run is off by its
+    moment's load: the quickstart's first trial (the baseline) ran x1.09-1.32 slower than the
+    median of its four re-measurements in three held-out CPU runs (issue 27), and the fit read
+    that as slow EP communication. The measured split keeps its shares, scaled to that time."""
     if not again:
         return row
     t0 = float(row["measured_step_time_s"])
-    t = float(np.median([t0, *again]))
+    t = min(t0, *again)
     parts = row.get("measured_parts_s")
     return dict(row, measured_step_time_s=t, measured_runs=1 + len(again), measured_first_s=t0,
                 measured_parts_s={c: v * t / t0 for c, v in parts.items()} if parts and t0 > 0 else parts)
