@@ -151,6 +151,9 @@ def test_profile_then_calibrate_end_to_end(home, tmp_path, capsys):
     # would price Megatron's per-layer Python with the bare eager gap
     gaps = {r["mode"]: r for r in csv.DictReader(open(out / "dispatch_gap.csv"))}
     assert {"stack", "stack_step"} <= set(gaps) and gaps["stack"]["source"].startswith("measured:stack-floor")
+    # ... with where a trial's split sees it: its parts by class add up to the gap
+    split = {m: float(r["gap_us"]) for m, r in gaps.items() if m.startswith("stack@")}
+    assert "stack@host_launch" in split and sum(split.values()) == pytest.approx(float(gaps["stack"]["gap_us"]), rel=1e-4)
     # the per-runner point counts add up to the totals the CLI printed
     pts = t.meta["profile"]["points_by_runner"]
     assert sum(n for _, n in pts.values()) == t.meta["profile"]["points_total"]
