@@ -82,6 +82,14 @@ def test_sliding_window_attention_cuts_core_attention():
     assert b == pytest.approx(a * f, rel=1e-9)
 
 
+def test_windowed_attention_cost_never_falls_with_seq():
+    # the tile count is kept continuous in seq: a sequence one token longer (across a tile
+    # boundary too) never prices less attention (causal FLOPs ~ seq^2 x the window share)
+    spec = load_model("gpt-oss-120b")
+    cost = [s * s * window_fraction(spec, s) for s in range(64, 9000)]
+    assert all(b >= a for a, b in zip(cost, cost[1:]))
+
+
 def test_window_tiles_follow_cudnn_sliding_window_timings():
     # cuDNN SDPA backward, S4096 H16 D64 (cudnn-frontend PR 505, the cuDNN column): causal 558.2 us,
     # window 511 (512 keys) 171.0 us, window 1023 276.6 us; the tile share is within 8%, the FLOP
