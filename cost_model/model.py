@@ -108,6 +108,7 @@ from cost_model.nongemm import (
     latency,
     layer_kernels,
     layer_weights,
+    lm_head_wgrad_main_grad,
     qk_norm,
     wgrad_main_grad,
 )
@@ -542,6 +543,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         terms.add("wgrad_main_grad", "dense", wd)
         if spec.is_moe:
             terms.add("wgrad_main_grad", "moe", wm)
+        terms.add("wgrad_main_grad", "loss", lm_head_wgrad_main_grad(x))
     if spec.is_moe:  # on every device: the CPU stack floor was measured without EP (no such exchanges)
         pre_f, pre_b = dispatcher_preprocess(x)
         terms.add("dispatcher_preprocess", "moe", pre_f, pre_f)

@@ -294,8 +294,22 @@ def wgrad_main_grad(x, weights: LayerWeights):
     """Backward seconds per layer and microbatch (attention, dense MLP, MoE) of the weight-gradient
     GEMMs accumulating into the main grads: read + write of the main grad in place of the GEMM's
     own output write (`constants` WGRAD_OUTPUT_BYTES), memory-bound."""
-    extra = (2.0 * x.grad_bytes - WGRAD_OUTPUT_BYTES) / x.bw_elementwise
+    extra = main_grad_seconds_per_weight(x)
     return weights.attn * extra, weights.dense * extra, weights.moe * extra
+
+
+def lm_head_wgrad_main_grad(x):
+    """Backward seconds per microbatch of the LM head's weight gradient accumulating into its main
+    grad, as `wgrad_main_grad` prices a layer's: megatron-core's output_layer is a
+    ColumnParallelLinear built with gradient_accumulation_fusion (models/gpt/gpt_model.py), its
+    vocab x hidden / tp weights per GPU (the last stage)."""
+    return x.spec.vocab_size * x.hidden / x.tp * main_grad_seconds_per_weight(x)
+
+
+def main_grad_seconds_per_weight(x):
+    """HBM seconds per weight element a fused wgrad accumulation adds per microbatch beyond the
+    GEMM's own output write."""
+    return (2.0 * x.grad_bytes - WGRAD_OUTPUT_BYTES) / x.bw_elementwise
 
 
 def comm_hbm_share(payload_bytes, comm_s, hbm_bytes_per_s):

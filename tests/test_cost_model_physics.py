@@ -176,6 +176,22 @@ def test_expert_fc2_bias_launches_per_local_expert():
     assert b - a == pytest.approx(16 * 9 * 3 * 33 * KERNEL_LATENCY_S, rel=1e-6)
 
 
+def test_lm_head_wgrad_accumulates_into_the_main_grad():
+    # megatron-core's output_layer (ColumnParallelLinear, gradient_accumulation_fusion) reads and
+    # writes its main grad per microbatch like a layer's wgrad: on the last stage, per vocab row
+    import numpy as np
+
+    from cost_model import resolve_tables
+    from cost_model.ops import TableOps
+    plan = [Plan(pp=4, ep=8, mbs=1)]
+    small, big = (_w("gpt-oss-120b", gpus=64, gbs=256, vocab_size=v) for v in (100_000, 201_088))
+    a, b = (_bd(w, plan, grad_reduce_in_fp32=False)["breakdown_s"]["wgrad_main_grad"][0] for w in (small, big))
+    bw = TableOps(resolve_tables(big, None), big.cluster, np.array([True])).bw["elementwise"]
+    # 16 microbatches on the loss stage (the slowest: it holds the LM head); bf16 main grads:
+    # read 2 + write 2 in place of the GEMM's 2-byte output
+    assert b - a == pytest.approx(16 * (201_088 - 100_000) * 2880 * (2 * 2.0 - 2.0) / bw, rel=1e-6)
+
+
 def test_host_sync_for_dropless_dispatchers_only():
     w = _w()
     s = _bd(w, [Plan(ep=16), Plan(ep=16, dispatcher="allgather"),
