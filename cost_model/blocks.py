@@ -8,12 +8,14 @@ pinned its predictions: floating-point sums are written in the same order on pur
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from cost_model.constants import (
     ADAM_STEP_BYTES_PER_PARAM,
+    ATTENTION_TILE,
     CE_BWD_BYTES_PER_LOGIT,
     CE_FWD_BYTES_PER_LOGIT,
     COMM_SMS,
@@ -43,8 +45,10 @@ from cost_model.constants import (
     NCCL_COMM_SMS,
     P2P_CHANNELS_PER_PEER,
     P2P_PEERS,
+    ROPE_EAGER_BWD_BYTES_PER_ELEMENT,
+    ROPE_EAGER_FWD_BYTES_PER_ELEMENT,
 )
-from cost_model.nongemm import comm_hbm_share, hbm_contention
+from cost_model.nongemm import comm_hbm_share, hbm_contention, rope_eager
 from cost_model.ops import TableOps
 from cost_model.plans import GRAPH_BIT, MODULE_BIT, WHOLE_LAYER_GRAPH, PlanArrays
 from specs.ranks import group_size_stride
@@ -137,6 +141,7 @@ class Attention:
     norm_f: np.ndarray  # the two norms alone (selective recompute of "layernorm")
     mla_up_f: np.ndarray  # MLA up projections (selective recompute of "mla_up_proj")
     kv_bytes: np.ndarray  # K/V bytes one CP ring step exchanges
+    rope_eager: FwdBwd  # eager RoPE beyond the fused kernel elem_f charges (YaRN mscale; 0 otherwise)
 
 
 def attention(x: Inputs) -> Attention:
@@ -175,19 +180,47 @@ def attention(x: Inputs) -> Attention:
     # norms (2 per layer), residual adds (2), rope on q/k: read+write
     elem_f = (2 * 2 * 2.0 * Tsp * h + 2 * 3 * 2.0 * Tsp * h + 4.0 * T * nh * dq / tp) / BWe
     norm_f = 2 * 2 * 2.0 * Tsp * h / BWe
-    return Attention(proj_f, proj_b, core_f, core_b, elem_f, norm_f, mla_up_f, kv_bytes)
+    return Attention(proj_f, proj_b, core_f, core_b, elem_f, norm_f, mla_up_f, kv_bytes,
+                     eager_rope(x, dq, 0 if spec.mla else spec.query_groups))
+
+
+def eager_rope(x: Inputs, dq, kv_heads) -> FwdBwd:
+    """Seconds RoPE takes beyond the fused kernel `attention` charges (q read and written, backward
+    2x) where megatron-core runs it in eager PyTorch on q and k (`nongemm.rope_eager`: YaRN with a
+    concentration factor; `constants`, "RoPE outside TE's fused kernel"); 0 elsewhere."""
+    if not rope_eager(x.spec):
+        return FwdBwd(x.zero, x.zero)
+    nh, tp, T, BWe = x.spec.num_attention_heads, x.tp, x.tokens, x.bw_elementwise
+    q_elems = T * nh * dq / tp
+    elems = q_elems + T * kv_heads * dq / tp
+    return FwdBwd((ROPE_EAGER_FWD_BYTES_PER_ELEMENT * elems - 4.0 * q_elems) / BWe,
+                  (ROPE_EAGER_BWD_BYTES_PER_ELEMENT * elems - 2 * 4.0 * q_elems) / BWe)
 
 
 def window_fraction(spec, seq) -> float:
-    """Mean share of the causal attention FLOPs a layer does under sliding-window attention
-    (`constants`, "sliding-window attention"): 1 without a window."""
+    """Mean share of a causal layer's attention cost a layer does under sliding-window attention,
+    in the fused kernel's (query block x key block) tiles (`constants`, "sliding-window attention"):
+    1 without a window."""
     w = int(getattr(spec, "window_size", 0) or 0)
     if w <= 0 or w >= seq:
         return 1.0
-    windowed = (w - w * w / (2.0 * seq)) / (seq / 2.0)
+    windowed = window_tiles(seq, w) / window_tiles(seq, seq)
     n = int(getattr(spec, "window_attn_skip_freq", 0) or 0)
     full_share = 1.0 / n if n > 0 else 0.0
     return full_share + (1.0 - full_share) * windowed
+
+
+def window_tiles(seq, w, tile=ATTENTION_TILE) -> float:
+    """ATTENTION_TILE x ATTENTION_TILE tiles a causal kernel visits when each query sees its last `w`
+    tokens (itself included; w >= seq: plain causal, n (n + 1) / 2 over n = seq / tile query
+    blocks): query block i reads key blocks i - ceil((w - 1) / tile) .. i, so past the first k =
+    ceil((w - 1) / tile) + 1 blocks each visits k. n is kept fractional so that the count grows
+    smoothly with seq (a longer sequence never visits fewer tiles per token)."""
+    n = seq / tile
+    k = math.ceil((w - 1) / tile) + 1
+    if w >= seq or n <= k:
+        return n * (n + 1) / 2
+    return k * n - k * (k - 1) / 2
 
 
 def cp_comm(x: Inputs, attn: Attention) -> FwdBwd:

@@ -73,6 +73,12 @@ GLU_CLAMP_BWD_BYTES_PER_ELEMENT = 6 + 4
 # mul's two reductions, grad*p and grad*b each written, read back and the grad read (2 x 6) = 12 B.
 EXPERT_FC2_BIAS_FWD_BYTES_PER_ELEMENT = 2 + 6 + 4
 EXPERT_FC2_BIAS_BWD_BYTES_PER_ELEMENT = 2 * 6
+# Its kernels: `t + b * p` per local expert is two launches (the broadcast product, the add), then
+# one torch.cat of the experts' outputs (experts.py:613-626, a Python loop over the local experts,
+# each launch a PyTorch op the host issues); the backward (autograd of the same ops: each product's
+# two gradients and their reductions) launches twice as many, as KERNEL_PASSES counts.
+KERNELS_EXPERT_BIAS_PER_EXPERT = 2
+KERNELS_EXPERT_BIAS_CAT = 1
 
 # ---- CPU launch floor: structural kernel counts ---------------------------------------------------
 # Forward kernels per layer and microbatch that the CPU launch floor charges (backward = 2x, see
@@ -171,10 +177,51 @@ FP8_QUANT_HBM_FRACTION = 0.39
 
 # ---- sliding-window attention ----------------------------------------------------------------------
 # Megatron-core `window_attn_skip_freq` (transformer_config.py): with an int N, every N-th layer
-# (layer_number % N == 0) keeps full causal attention and the others use `window_size`. A causal
-# query at position i attends min(i, w) keys, so over a sequence s > w the windowed layer does
-# (w - w^2 / (2 s)) / (s / 2) of the causal FLOPs. Sinks (GPT-OSS) add one learned logit per head
-# to the softmax denominator: no GEMM work, not charged.
+# (layer_number % N == 0) keeps full causal attention and the others use `window_size` (the tokens
+# a query sees, itself included: megatron-bridge gpt_oss_bridge.py sets window_size =
+# (sliding_window - 1, 0) and TE passes left bound + 1 to cuDNN, fused_attn_f16_arbitrary_seqlen.cu
+# set_diagonal_band_left_bound(window_size_left + 1)). The fused kernel skips the key blocks wholly
+# outside the band and computes every block it touches in full (masking inside it), so a windowed
+# layer costs the (query block x key block) tiles it visits, not its unmasked FLOPs: a causal query
+# block i of ATTENTION_TILE rows visits blocks floor((i B - w + 1) / B) .. i (`blocks.window_fraction`).
+# ATTENTION_TILE = 128: the 128 x 128 tiles of the FlashAttention-2 / cuDNN SDPA kernels.
+# Check on cuDNN's own timings (cudnn-frontend PR 505, cuDNN SDPA backward, S4096 H16 D64, us):
+# causal 558.2, window 511 171.0 (0.306 of causal; tiles 150/528 = 0.284; FLOPs 0.234), window 1023
+# 276.6 (0.496; tiles 252/528 = 0.477; FLOPs 0.437). That cuDNN skips out-of-window blocks:
+# cudnn-frontend PR 866 (its own SM80 engine without the skip ran the gpt_oss W=128 d=64 backward
+# 5-75x slower than the cuDNN backend). At w = 128 and 4096 tokens a windowed layer visits 63 of a
+# causal layer's 528 tiles (0.119), twice its FLOP share (0.0615). On GB200 (cudnn-frontend
+# benchmark/sdpa_benchmark_training/results/gpt_oss, cuDNN 9.22) the W=128 kernel runs at 161/182
+# TFLOPS fwd/bwd of its unmasked FLOPs against 574/617 at W=1024 (cuDNN 9.19): a fixed cost per query
+# block the tile count leaves out, not charged here (no Hopper measurement at W=128; the H200 row at
+# W=1024 is tests/test_cost_model_physics.py's check).
+# Sinks (GPT-OSS softmax_type "learnable"): TE keeps them on FusedAttention (cuDNN >= 9.13.1;
+# pytorch/attention/dot_product_attention/utils.py get_attention_backend disables only
+# FlashAttention for softmax_type != vanilla, fused_attn.cpp nvte_get_fused_attn_backend), where
+# cuDNN adds the sink logit to the softmax denominator (sdpa set_sink_token) and its gradient is one
+# reduction over the rows (cudnn-frontend scaled_dot_product_flash_attention.h, dSink = reduce(exp(sink
+# - stats) * sum(dO * O))): per-row work, not charged.
+ATTENTION_TILE = 128
+
+# ---- RoPE outside TE's fused kernel (YaRN with a concentration factor) ------------------------------
+# megatron-core 0.16.1 SelfAttention passes mscale = _yarn_get_concentration_factor_from_config(config)
+# to apply_rotary_pos_emb (transformer/attention.py:1096-1116); the concentration factor is
+# yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim), yarn_get_mscale(s, m) =
+# 0.1 m ln(s) + 1 (models/common/embeddings/yarn_rotary_pos_embedding.py:252-271; 1.3466 for GPT-OSS,
+# YaRN factor 32 with neither mscale set: megatron-bridge gpt_oss_bridge.py). With mscale != 1
+# rope_utils.apply_rotary_pos_emb (:279-284) warns "mscale=... is not supported by TE's fused RoPE.
+# Using unfused implementation." even under apply_rope_fusion, and runs _apply_rotary_pos_emb_bshd
+# (:92-127) in eager PyTorch on q and on k. Bytes per element of the rotated tensor (bf16, 2 B),
+# counted from that function (design choice: each op one pass, no fusion):
+#   forward: t * cos (read 2, write 2), -x2 on the half (1 + 1), rotate_half's cat (2 + 2), * sin
+#     (2 + 2), the add (4 + 2), the cat with the empty pass-through part (2 + 2) = 24
+#   backward (autograd of the same ops): grad * sin (4), the neg (2), the chunk's cat (4), grad * cos
+#     (4), the two gradients of t summed (6), the rot_dim slice's backward (zeros 2 + copy 4) = 26
+# Forward kernels per rotated tensor: those 6 passes + cos, sin, their mscale products and bf16 casts
+# on the [s, 1, 1, d] frequencies (6) = 12.
+ROPE_EAGER_FWD_BYTES_PER_ELEMENT = 4 + 2 + 4 + 4 + 6 + 4
+ROPE_EAGER_BWD_BYTES_PER_ELEMENT = 4 + 2 + 4 + 4 + 6 + 6
+KERNELS_ROPE_EAGER = 12
 
 # ---- MoE host synchronisation -----------------------------------------------------------------------
 # Dropless token dispatchers copy the per-expert token counts to the host before the expert GEMMs
@@ -248,7 +295,7 @@ KERNEL_LATENCY_S = 3e-6
 # twice as many, KERNEL_PASSES); design choice, counted from the module structure, each op in its
 # own function of `cost_model.nongemm` (which cites the modules):
 KERNELS_NORM = 1              # TE RMSNorm / LayerNorm (fused into LayerNormLinear or standalone)
-KERNELS_ROPE = 2              # TE fused RoPE, one kernel per rotated tensor (q, k)
+KERNELS_ROPE = 2              # TE fused RoPE, one kernel per rotated tensor (q, k); eager: KERNELS_ROPE_EAGER each
 KERNELS_RESIDUAL = 1          # bias-dropout-add after the attention / MLP block
 KERNELS_ROUTER_SCORE = 5      # fp32 input cast, softmax/sigmoid, top-k, routing-map scatter, prob gather/normalise
 KERNELS_ROUTER_GROUP = 3      # group-limited routing (DeepSeek): group scores, group top-k, mask

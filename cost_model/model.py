@@ -108,6 +108,7 @@ from cost_model.nongemm import (
     latency,
     layer_kernels,
     layer_weights,
+    lm_head_wgrad_main_grad,
     qk_norm,
     wgrad_main_grad,
 )
@@ -463,14 +464,14 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         shared = shared_experts(x, tp)
         # the nodes of Megatron's merged forward-backward (model_chunk_schedule_plan.py): "attn" =
         # the attention block, norms, router and dispatch preprocess; "mlp" = experts + shared expert
-        attn_node = FwdBwd(attn.proj_f + attn.core_f + attn.elem_f + router.f,
-                           attn.proj_b + attn.core_b + 2 * attn.elem_f + router.b)
+        attn_node = FwdBwd(attn.proj_f + attn.core_f + attn.elem_f + router.f + attn.rope_eager.f,
+                           attn.proj_b + attn.core_b + 2 * attn.elem_f + router.b + attn.rope_eager.b)
         mlp_node = FwdBwd(experts.f + shared.f, experts.b + shared.b)
         # the memory-bound kernels of each node lose HBM bandwidth to the communication beside them
         # (GPUs; issue 22 item 1): norms, residuals, RoPE, router and permute; the expert activation
         # (the shared expert's activation: the same bytes as `blocks.shared_experts` charges)
         sh_act = shared_expert_activation(x)
-        mb_attn = FwdBwd(attn.elem_f + router.f, 2 * attn.elem_f + router.b)
+        mb_attn = FwdBwd(attn.elem_f + router.f + attn.rope_eager.f, 2 * attn.elem_f + router.b + attn.rope_eager.b)
         mb_mlp = FwdBwd(experts.act_f + sh_act, 2 * (experts.act_f + sh_act))
         mb_shared = FwdBwd(sh_act, 2 * sh_act)
         membound = (mb_attn, mb_mlp, mb_shared) if ops.async_launch else None
@@ -506,6 +507,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     terms.add("core_attention", "layer", attn.core_f, attn.core_f)
     terms.add("core_attention", "layer", attn.core_b)
     terms.add("elementwise", "layer", 3 * attn.elem_f, attn.elem_f)  # bwd = 2x fwd
+    terms.add("elementwise", "layer", attn.rope_eager.f + attn.rope_eager.b, attn.rope_eager.f)  # 0 unless eager RoPE
     terms.add("tp_comm", "layer", 2 * tp.block, tp.block)  # attention block; bwd mirrors fwd
     terms.add("cp_comm", "layer", cp.f, cp.f)
     terms.add("cp_comm", "layer", cp.b)
@@ -541,6 +543,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         terms.add("wgrad_main_grad", "dense", wd)
         if spec.is_moe:
             terms.add("wgrad_main_grad", "moe", wm)
+        terms.add("wgrad_main_grad", "loss", lm_head_wgrad_main_grad(x))
     if spec.is_moe:  # on every device: the CPU stack floor was measured without EP (no such exchanges)
         pre_f, pre_b = dispatcher_preprocess(x)
         terms.add("dispatcher_preprocess", "moe", pre_f, pre_f)

@@ -12,6 +12,7 @@ here are also the host's launch counts on GPUs (`cost_model.model`, the host tim
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,8 @@ from cost_model.constants import (
     KERNELS_CORE_ATTENTION,
     KERNELS_CP_PER_STEP,
     KERNELS_EP_COMM,
+    KERNELS_EXPERT_BIAS_CAT,
+    KERNELS_EXPERT_BIAS_PER_EXPERT,
     KERNELS_FP8_PER_OPERAND,
     KERNELS_GEMM_ATTENTION,
     KERNELS_GEMM_ATTENTION_MLA,
@@ -34,6 +37,7 @@ from cost_model.constants import (
     KERNELS_PREPROCESS,
     KERNELS_RESIDUAL,
     KERNELS_ROPE,
+    KERNELS_ROPE_EAGER,
     KERNELS_ROUTER_GROUP,
     KERNELS_ROUTER_SCORE,
     KERNELS_TP_ATTENTION,
@@ -74,8 +78,27 @@ def qk_norm(x):
 
 
 def rope_kernels(spec):
-    """TE fused RoPE on q and k (megatron-core rope_utils apply_rotary_pos_emb, fused)."""
-    return KERNELS_ROPE
+    """RoPE on q and k (megatron-core rope_utils apply_rotary_pos_emb): TE's fused kernel, or the
+    eager ops where the YaRN concentration factor keeps it out of TE (`rope_eager`)."""
+    return 2 * KERNELS_ROPE_EAGER if rope_eager(spec) else KERNELS_ROPE
+
+
+def yarn_concentration(spec) -> float:
+    """The YaRN concentration factor ("mscale") megatron-core multiplies cos and sin by:
+    yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim), with
+    yarn_get_mscale(s, m) = 0.1 m ln(s) + 1 (1 for s <= 1); 1 without YaRN
+    (models/common/embeddings/yarn_rotary_pos_embedding.py:252-271)."""
+    s = float(getattr(spec, "rope_scaling_factor", 1.0) or 1.0)
+    if not getattr(spec, "yarn_original_max_position", 0) or s <= 1.0:
+        return 1.0
+    return (0.1 * spec.yarn_mscale * math.log(s) + 1.0) / (0.1 * spec.yarn_mscale_all_dim * math.log(s) + 1.0)
+
+
+def rope_eager(spec) -> bool:
+    """Whether megatron-core 0.16.1 applies RoPE in eager PyTorch although apply_rope_fusion is set:
+    a concentration factor other than 1 (`constants`, "RoPE outside TE's fused kernel"). MLA
+    applies its RoPE in its own fused kernels and is left out."""
+    return not spec.mla and abs(yarn_concentration(spec) - 1.0) > 1e-9
 
 
 def residual_kernels():
@@ -86,6 +109,14 @@ def residual_kernels():
 def activation_kernels(calls):
     """Fused (Sw)iGLU, once per activation call (one per grouped GEMM, else one per expert)."""
     return KERNELS_ACTIVATION * np.asarray(calls, float)
+
+
+def expert_bias_kernels(spec, local_experts):
+    """The routed experts' fc2 bias (moe_expert_bias), added per local expert in Python after the
+    grouped fc2 (`constants` KERNELS_EXPERT_BIAS_PER_EXPERT); 0 without expert biases."""
+    if not getattr(spec, "moe_expert_bias", False):
+        return 0.0
+    return KERNELS_EXPERT_BIAS_PER_EXPERT * np.asarray(local_experts, float) + KERNELS_EXPERT_BIAS_CAT
 
 
 def router_kernels(spec):
@@ -173,7 +204,8 @@ def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, 
     router = (norm_kernels() + router_kernels(spec)) * one
     pre = preprocess_kernels(dispatch) * one
     moe_ng = (router + pre + permute_kernels(dispatch) + activation_kernels(act_calls) + residual_kernels()
-              + (activation_kernels(1) + residual_kernels() if shared else 0.0))
+              + (activation_kernels(1) + residual_kernels() if shared else 0.0)
+              + expert_bias_kernels(spec, local_experts))
     # fp8: fc1 and fc2 inputs of every expert GEMM kernel (each local expert has its own quantizer in
     # TE GroupedLinear), and the shared expert's two
     moe_fp8 = fp8_kernels(precision, 2 * launches + (2 if shared else 0))
@@ -262,8 +294,22 @@ def wgrad_main_grad(x, weights: LayerWeights):
     """Backward seconds per layer and microbatch (attention, dense MLP, MoE) of the weight-gradient
     GEMMs accumulating into the main grads: read + write of the main grad in place of the GEMM's
     own output write (`constants` WGRAD_OUTPUT_BYTES), memory-bound."""
-    extra = (2.0 * x.grad_bytes - WGRAD_OUTPUT_BYTES) / x.bw_elementwise
+    extra = main_grad_seconds_per_weight(x)
     return weights.attn * extra, weights.dense * extra, weights.moe * extra
+
+
+def lm_head_wgrad_main_grad(x):
+    """Backward seconds per microbatch of the LM head's weight gradient accumulating into its main
+    grad, as `wgrad_main_grad` prices a layer's: megatron-core's output_layer is a
+    ColumnParallelLinear built with gradient_accumulation_fusion (models/gpt/gpt_model.py), its
+    vocab x hidden / tp weights per GPU (the last stage)."""
+    return x.spec.vocab_size * x.hidden / x.tp * main_grad_seconds_per_weight(x)
+
+
+def main_grad_seconds_per_weight(x):
+    """HBM seconds per weight element a fused wgrad accumulation adds per microbatch beyond the
+    GEMM's own output write."""
+    return (2.0 * x.grad_bytes - WGRAD_OUTPUT_BYTES) / x.bw_elementwise
 
 
 def comm_hbm_share(payload_bytes, comm_s, hbm_bytes_per_s):

@@ -4,14 +4,21 @@ memory. Each test compares two predictions that differ in one input."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 from clusters import load_cluster
 from cost_model import predict, predict_arrays
-from cost_model.blocks import window_fraction
+from cost_model.blocks import window_fraction, window_tiles
 from cost_model.calibration import IDENTITY
-from cost_model.constants import FP8_QUANT_BYTES_PER_ELEMENT, KERNELS_FP8_PER_OPERAND
+from cost_model.constants import (
+    FP8_QUANT_BYTES_PER_ELEMENT,
+    KERNELS_FP8_PER_OPERAND,
+    ROPE_EAGER_BWD_BYTES_PER_ELEMENT,
+    ROPE_EAGER_FWD_BYTES_PER_ELEMENT,
+)
+from cost_model.nongemm import rope_eager, yarn_concentration
 from specs.models import load_model
 from specs.plan import PRECISIONS, Plan
 from specs.workload import Workload
@@ -62,13 +69,127 @@ def test_sliding_window_attention_cuts_core_attention():
     assert window_fraction(spec, 4096) == 1.0
     swa = dataclasses.replace(spec, window_size=128, window_attn_skip_freq=2)
     f = window_fraction(swa, 4096)
-    assert f == pytest.approx(0.5 + 0.5 * (128 - 128 * 128 / 8192) / 2048)
+    # the kernel's 128 x 128 tiles: a windowed layer visits 63 of the causal layer's 528, twice its
+    # FLOP share (128 - 128^2 / 8192) / 2048 = 0.0615
+    assert (window_tiles(4096, 128), window_tiles(4096, 4096)) == (63, 528)
+    assert f == pytest.approx(0.5 + 0.5 * 63 / 528)
+    assert f > 0.5 + 0.5 * (128 - 128 * 128 / 8192) / 2048 + 0.02
     plan = [Plan(pp=4, ep=8)]
     a = _bd(_w("gpt-oss-120b", gpus=64, gbs=256, window_size=0, window_attn_skip_freq=0),
             plan)["breakdown_s"]["core_attention"][0]
     b = _bd(_w("gpt-oss-120b", gpus=64, gbs=256, window_size=128, window_attn_skip_freq=2),
             plan)["breakdown_s"]["core_attention"][0]
     assert b == pytest.approx(a * f, rel=1e-9)
+
+
+def test_windowed_attention_cost_never_falls_with_seq():
+    # the tile count is kept continuous in seq: a sequence one token longer (across a tile
+    # boundary too) never prices less attention (causal FLOPs ~ seq^2 x the window share)
+    spec = load_model("gpt-oss-120b")
+    cost = [s * s * window_fraction(spec, s) for s in range(64, 9000)]
+    assert all(b >= a for a, b in zip(cost, cost[1:]))
+
+
+def test_window_tiles_follow_cudnn_sliding_window_timings():
+    # cuDNN SDPA backward, S4096 H16 D64 (cudnn-frontend PR 505, the cuDNN column): causal 558.2 us,
+    # window 511 (512 keys) 171.0 us, window 1023 276.6 us; the tile share is within 8%, the FLOP
+    # share 15-24% low
+    causal = window_tiles(4096, 4096)
+    for w, us in ((512, 171.0), (1024, 276.6)):
+        assert window_tiles(4096, w) / causal == pytest.approx(us / 558.2, rel=0.08)
+        assert (w - w * w / 8192) / 2048 < 0.9 * us / 558.2
+
+
+def _window_rows():
+    import csv
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "attention_window_cudnn.csv"
+    return list(csv.DictReader(path.open()))
+
+
+def test_windowed_attention_matches_cudnn_on_gpt_oss_heads():
+    """cuDNN's own timing of GPT-OSS's heads (64 q / 8 kv, head_dim 64) under a causal window on
+    H200 (cost_model/data/attention_window_cudnn.csv): the table's causal rate times the tiles the
+    window visits gives the kernel's forward and backward within 10% (the FLOP share: 16% / 10% low)."""
+    import numpy as np
+
+    from cost_model import resolve_tables
+    from cost_model.ops import TableOps
+    rows = [r for r in _window_rows() if r["gpu"] == "h200"]
+    assert rows
+    for r in rows:
+        b, s, nh, d, win = (int(r[k]) for k in ("batch", "seq", "num_q_heads", "head_dim", "window"))
+        w = _w("gpt-oss-120b", "h200-sxm", 8, 8, seq=s, window_size=win, window_attn_skip_freq=0)
+        ops = TableOps(resolve_tables(w, None), w.cluster, np.array([False]))
+        causal_flops = b * s * s * nh * 2 * d  # the model's causal count: T x seq x heads x (dq + dv)
+        f, bw = ops.attention(causal_flops * window_fraction(w.model, s), s, d, np.array([b * nh]))
+        assert f[0] * 1e3 == pytest.approx(float(r["fwd_ms"]), rel=0.10), r
+        assert bw[0] * 1e3 == pytest.approx(float(r["bwd_ms"]), rel=0.10), r
+
+
+def test_yarn_concentration_keeps_rope_out_of_te():
+    # GPT-OSS: YaRN factor 32, neither mscale set -> 0.1 ln 32 + 1; DeepSeek-V3: mscale = mscale_all_dim
+    # = 1 -> 1 (fused); Qwen3: no YaRN
+    assert yarn_concentration(load_model("gpt-oss-120b")) == pytest.approx(0.1 * math.log(32) + 1)
+    assert rope_eager(load_model("gpt-oss-120b"))
+    assert yarn_concentration(load_model("deepseek-v3")) == 1.0 and not rope_eager(load_model("deepseek-v3"))
+    assert not rope_eager(load_model("qwen3-30b-a3b"))
+
+
+def test_eager_rope_prices_its_passes_on_q_and_k():
+    import numpy as np
+
+    from cost_model import resolve_tables
+    from cost_model.ops import TableOps
+    plan = [Plan(pp=4, ep=8, mbs=1)]
+    yarn = _w("gpt-oss-120b", gpus=64, gbs=256)
+    plain = _w("gpt-oss-120b", gpus=64, gbs=256, rope_scaling_factor=1.0, yarn_original_max_position=0)
+    a, b = (_bd(w, plan)["breakdown_s"] for w in (plain, yarn))
+    spec = yarn.model
+    T, nh, ng, d = 4096, spec.num_attention_heads, spec.query_groups, spec.head_dim
+    bw = TableOps(resolve_tables(yarn, None), yarn.cluster, np.array([True])).bw["elementwise"]
+    # eager q and k passes (fwd + bwd) less the fused kernel's charge already in the model (q read
+    # and written, backward twice the forward)
+    extra = ((ROPE_EAGER_FWD_BYTES_PER_ELEMENT + ROPE_EAGER_BWD_BYTES_PER_ELEMENT) * T * (nh + ng) * d
+             - 3 * 4.0 * T * nh * d) / bw
+    # the breakdown: the slowest stage's 9 layers over 256 / 16 (DP) = 16 microbatches
+    assert b["elementwise"][0] - a["elementwise"][0] == pytest.approx(16 * 9 * extra, rel=1e-6)
+    assert b["kernel_latency"][0] > a["kernel_latency"][0]  # 24 eager kernels instead of 2 fused
+    ds = _w("deepseek-v3", "b200", 256, 4096)
+    ds_plain = _w("deepseek-v3", "b200", 256, 4096, rope_scaling_factor=1.0, yarn_original_max_position=0)
+    p = [Plan(pp=8, ep=32, precision="mxfp8", dispatcher="flex", flex_backend="deepep")]
+    assert _bd(ds, p)["breakdown_s"]["elementwise"][0] == _bd(ds_plain, p)["breakdown_s"]["elementwise"][0]
+
+
+def test_expert_fc2_bias_launches_per_local_expert():
+    # megatron-core TEGroupedMLP._apply_bias: t + b * p per local expert (2 launches) and a cat;
+    # GPT-OSS EP8: 128 / 8 = 16 local experts -> 33 forward kernels, backward twice that
+    from cost_model.constants import KERNEL_LATENCY_S
+    from cost_model.nongemm import expert_bias_kernels
+    spec = load_model("gpt-oss-120b")
+    assert expert_bias_kernels(spec, 16) == 33
+    assert expert_bias_kernels(load_model("qwen3-30b-a3b"), 16) == 0.0
+    plan = [Plan(pp=4, ep=8, mbs=1)]
+    a, b = (_bd(_w("gpt-oss-120b", gpus=64, gbs=256, moe_expert_bias=bias), plan)["breakdown_s"]["kernel_latency"][0]
+            for bias in (False, True))
+    # the slowest stage's 9 layers over 16 microbatches, each kernel's fixed slot fwd + 2x bwd
+    assert b - a == pytest.approx(16 * 9 * 3 * 33 * KERNEL_LATENCY_S, rel=1e-6)
+
+
+def test_lm_head_wgrad_accumulates_into_the_main_grad():
+    # megatron-core's output_layer (ColumnParallelLinear, gradient_accumulation_fusion) reads and
+    # writes its main grad per microbatch like a layer's wgrad: on the last stage, per vocab row
+    import numpy as np
+
+    from cost_model import resolve_tables
+    from cost_model.ops import TableOps
+    plan = [Plan(pp=4, ep=8, mbs=1)]
+    small, big = (_w("gpt-oss-120b", gpus=64, gbs=256, vocab_size=v) for v in (100_000, 201_088))
+    a, b = (_bd(w, plan, grad_reduce_in_fp32=False)["breakdown_s"]["wgrad_main_grad"][0] for w in (small, big))
+    bw = TableOps(resolve_tables(big, None), big.cluster, np.array([True])).bw["elementwise"]
+    # 16 microbatches on the loss stage (the slowest: it holds the LM head); bf16 main grads:
+    # read 2 + write 2 in place of the GEMM's 2-byte output
+    assert b - a == pytest.approx(16 * (201_088 - 100_000) * 2880 * (2 * 2.0 - 2.0) / bw, rel=1e-6)
 
 
 def test_host_sync_for_dropless_dispatchers_only():
