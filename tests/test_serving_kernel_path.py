@@ -69,15 +69,18 @@ def test_prefill_prices_the_triton_fused_moe_below_deepgemm():
 
 def test_topk_sum_is_priced_only_without_an_all_to_all():
     """The Triton fused_moe runner sums each token's top-k expert outputs in a kernel of its own
-    (read [tokens, topk, hidden], write [tokens, hidden], bf16); DeepEP's combine does that sum."""
+    (read [tokens, topk, hidden], write [tokens, hidden], bf16) and casts each routed row to fp8;
+    DeepEP's low-latency kernels receive the rows cast and their combine does that sum."""
     from dataclasses import replace
     c = to_cols(effective_plans([ServePlan.parse("tp=8")], DSV3, H200))
     sm = StepModel(DSV3, H200, load_tables(tables_dir_for(H200.kind)), c, fp8=True)
     T = np.array([8192.0])
     with_sum = float(sm._experts(T)[0])
-    sm.c = replace(c, a2a=np.array([2]))  # the same experts and kernels, only the all-to-all flag differs
+    # the same experts and kernels, only the all-to-all flag (low-latency kernels) differs
+    sm.c = replace(c, a2a=np.array([2]), low_latency_prefill=np.array([True]))
     without = float(sm._experts(T)[0])
-    want = 8192 * (DSV3.moe_router_topk + 1) * DSV3.hidden_size * 2.0 / sm.hbm_bw
+    rows = 8192.0 * DSV3.moe_router_topk
+    want = 8192 * (DSV3.moe_router_topk + 1) * DSV3.hidden_size * 2.0 / sm.hbm_bw + float(sm.ops.fp8_cast(rows * DSV3.hidden_size)[0])
     assert with_sum - without == pytest.approx(want, rel=1e-6)
 
 

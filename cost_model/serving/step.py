@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from clusters import is_blackwell
-from cost_model.blocks import ep_wire_seconds
+from cost_model.blocks import distinct_ranks, ep_wire_seconds
+from cost_model.constants import DEEPEP_SMS
 from cost_model.flops import param_counts
 from cost_model.ops import TableOps
 from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNEL_MIN_S, KERNELS_PER_LAYER, PRICED_KERNELS, SCHED_OVERHEAD_S, SMALL_KERNELS_PER_LAYER
 from cost_model.serving.fused_moe import expert_bandwidth_efficiency
-from cost_model.serving.kernel_path import step_efficiencies
+from cost_model.serving.kernel_path import dense_path, moe_path, step_efficiencies
 from cost_model.serving.memory import kv_bytes_per_token
 from specs.errors import InputError
 
@@ -75,6 +76,17 @@ class StepModel:
         # the GEMM kernels SGLang runs (DeepGEMM, CUTLASS, Triton fused_moe, ...) next to the
         # tables' kernel: dense linears, and routed experts per plan (`kernel_path`)
         self.dense_eff, self.moe_eff = step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit)
+        # compute-bound kernels of a TBO prefill MoE layer run on the SMs DeepEP's kernels leave
+        # (`_tbo_prefill`): time x sm_count / (sm_count - DeepEP's SMs) for DeepGEMM (SGLang's
+        # setting) and, beside an all-to-all, for every other compute-bound kernel too
+        n_sm = float(getattr(cluster, "sm_count", 0) or 0)
+        cap = n_sm / (n_sm - DEEPEP_SMS) if (cluster.is_gpu and n_sm > DEEPEP_SMS) else 1.0
+        a2a = np.asarray(c.a2a) > 0
+        dg_dense = dense_path(cluster, fp8, deepgemm_jit) == "deep_gemm"
+        dg_moe = np.array([moe_path(cluster, fp8, bool(a), deepgemm_jit) == "deep_gemm" for a in a2a])
+        self.tbo_dense_cap = np.where(a2a | dg_dense, cap, 1.0)  # attention projections, shared expert
+        self.tbo_moe_cap = np.where(a2a | dg_moe, cap, 1.0)  # routed experts' grouped GEMMs
+        self.tbo_core_cap = np.where(a2a, cap, 1.0)  # attention core (FlashAttention: all SMs it finds)
         # a GPU kernel's minimum duration (constants.KERNEL_MIN_S); on CPU only the launch gap
         self.kmin = KERNEL_MIN_S if cluster.is_gpu else GPU_KERNEL_GAP_S
         self.imb = imbalance
@@ -176,11 +188,17 @@ class StepModel:
         f_loc = s.moe_ffn_hidden_size / c.moe_tp
         return self.active_local_experts(tokens_inst) * 3 * s.hidden_size * f_loc * self.wbytes
 
-    def _experts(self, tokens_inst):
+    def _experts(self, tokens_inst, decode: bool = False):
         """Routed-expert seconds per MoE layer on one GPU for `tokens_inst` tokens of the instance."""
+        gemms, other = self._expert_parts(tokens_inst, decode)
+        return gemms + other
+
+    def _expert_parts(self, tokens_inst, decode: bool = False):
+        """(grouped GEMMs, memory-bound kernels beside them) of the routed experts, seconds per MoE
+        layer on one GPU for `tokens_inst` tokens of the instance."""
         s, c = self.s, self.c
         if not s.num_experts:
-            return 0.0
+            return 0.0, 0.0
         k, h = s.moe_router_topk, s.hidden_size
         f_loc = s.moe_ffn_hidden_size / c.moe_tp
         rows = tokens_inst * k / c.ep * self.imb  # routed rows landing on this GPU
@@ -190,17 +208,37 @@ class StepModel:
         down, _ = self.ops.grouped(active, m, h, f_loc, True)
         up, down = up / self.moe_eff, down / self.moe_eff  # the kernel SGLang runs (`kernel_path`)
         g = np.maximum(active, 1.0)  # as `grouped` clamps it
-        up = up + self.ops.fp8_cast(g * m * h)  # w8a8: each expert GEMM's input cast
-        down = down + self.ops.fp8_cast(g * m * f_loc)
+        R = g * m  # rows the grouped GEMMs run
+        a2a = c.a2a > 0
+        normal = a2a & ~np.asarray(c.low_latency_decode if decode else c.low_latency_prefill, bool)
+        # the up GEMM's input: without an all-to-all fused_moe casts each routed row (w8a8); DeepEP
+        # sends the tokens already cast, and its normal kernels' receive buffer (one copy per token
+        # and rank) is copied into the per-expert contiguous layout (sglang ep_moe/kernels.py
+        # ep_scatter: reads each received token, writes each routed row) while the low-latency
+        # kernels write the masked layout themselves
+        recv = tokens_inst / c.tp * distinct_ranks(s, s.num_experts, k, c.ep) * self.imb  # tokens received
+        tok_b = h + h / 128 * 4 if self.fp8 else 2.0 * h  # fp8 row and its per-128 scales, or bf16
+        scatter = (recv + R) * tok_b / self.hbm_bw
+        up = up + np.where(a2a, 0.0, self.ops.fp8_cast(R * h))
+        down = down + self.ops.fp8_cast(R * f_loc)
         # decode: the weights the batch activates, read at the bandwidth the fused-MoE kernel
         # reaches at this shard width (thin expert-TP shards far below the HBM peak; `fused_moe`)
         gemms = np.maximum(up + down, self.expert_weight_bytes(tokens_inst) / self.expert_bw)
-        # without an all-to-all the fused_moe runner writes every routed copy's output
-        # ([tokens, topk, hidden] bf16) and a separate kernel sums the top-k copies of each token
-        # (sglang fused_moe.py moe_sum_reduce_triton: reads them, writes [tokens, hidden]); under
-        # DeepEP the combine does that sum (priced in `_comm`)
+        # the activation between the GEMMs, a kernel of its own on every path (silu_and_mul: reads
+        # the gate and up halves, writes one, bf16: 6 B per row and expert column). The LMSYS
+        # authors' unit test of one 8,192-token EP32 micro-batch on H100: 0.30 ms beside 5.25 ms of
+        # DeepGEMM (`bench/serving_prefill_components.py`); 65,536 rows x 2048 x 6 B at H100's HBM
+        # is 0.30 ms
+        act = R * f_loc * 6.0 / self.hbm_bw
+        # the top-k sum of each token's routed copies: without an all-to-all the fused_moe runner
+        # writes every routed copy's output ([tokens, topk, hidden] bf16) and a separate kernel sums
+        # them (sglang fused_moe.py moe_sum_reduce_triton: reads them, writes [tokens, hidden]);
+        # DeepEP's normal path sums the copies bound for each rank before the combine (ep_gather:
+        # reads each routed row's output, writes one row per received token); the low-latency
+        # combine sums them itself (priced in `_comm`)
         topk_sum = tokens_inst * (k + 1) * h * 2.0 / self.hbm_bw
-        return gemms + np.where(c.a2a > 0, 0.0, topk_sum)
+        gather = (R + recv) * h * 2.0 / self.hbm_bw
+        return gemms, act + np.where(normal, scatter + gather, np.where(a2a, 0.0, topk_sum))
 
     def _comm(self, tokens_inst, decode: bool = False):
         """Communication seconds on one GPU per (MoE layer, dense layer).
@@ -215,16 +253,25 @@ class StepModel:
         deepep_mode=normal) at the table's NVLink/RDMA rates plus its latency, with a host sync
         that keeps it out of CUDA graphs; low latency (decode in auto / low_latency mode, and
         prefill in low_latency mode) at the DeepEP README low-latency rates, graph-capturable."""
-        global _LL
         s, c, o = self.s, self.c, self.ops
-        h = s.hidden_size
-        act = tokens_inst * h * 2.0  # bf16 hidden states of the instance
+        act = tokens_inst * s.hidden_size * 2.0  # bf16 hidden states of the instance
         # no all-to-all: attention-TP all-reduce, or with attention-DP a gather before the MoE and a
         # reduce-scatter after it over the whole TP group
         ar_attn = self.all_reduce(act / c.attn_dp, c.attn_tp)
         gather = o.collective("all_gather", act, c.tp, 1) + o.collective("reduce_scatter", act, c.tp, 1)
         ar_moe = self.all_reduce(act, c.tp)
         plain = np.where(c.attn_dp > 1, ar_attn + gather, 2 * ar_moe)
+        d, cb = self._ep_legs(tokens_inst, decode)
+        a2a = ar_attn + d + cb
+        dense = np.where(c.dense_tp == 1, ar_attn, plain)
+        return np.where(c.a2a > 0, a2a, plain), dense
+
+    def _ep_legs(self, tokens_inst, decode: bool = False):
+        """(dispatch, combine) seconds of the all-to-all backend on one GPU per MoE layer for
+        `tokens_inst` tokens of the instance (normal or low-latency kernels, as `_comm` says)."""
+        global _LL
+        s, c, o = self.s, self.c, self.ops
+        h = s.hidden_size
         # DeepEP: tokens of this GPU go to top-k experts (fp8 dispatch, bf16 combine)
         mine = tokens_inst / c.tp * s.moe_router_topk * self.imb
         bd, bc = mine * h * 1.0, mine * h * 2.0
@@ -241,16 +288,12 @@ class StepModel:
         ll_c = bc / (np.interp(lep, np.log(eps), cg) * 1e9)
         lat = np.asarray(o.ep_dispatch(np.full(len(c), 2), 0.0 * bd, 0.0 * bc, c.ep, 1)[0])  # the table's latency
         ll = (c.low_latency_decode if decode else c.low_latency_prefill)
-        d = np.where(ll, ll_d + lat, d)
-        cb = np.where(ll, ll_c + lat, cb)
-        a2a = ar_attn + d + cb
-        dense = np.where(c.dense_tp == 1, ar_attn, plain)
-        return np.where(c.a2a > 0, a2a, plain), dense
+        return np.where(ll, ll_d + lat, d), np.where(ll, ll_c + lat, cb)
 
     def _two_batch(self, whole, half):
-        """GPU seconds of a step: (compute, communication) of the whole batch `whole`, and of one half
-        batch `half` for two-batch-overlap plans. TBO runs the step as two half-batch sub-steps, each
-        with all of its kernels (each half re-reads the expert weights it activates, and launches
+        """GPU seconds of a decode step: (compute, communication) of the whole batch `whole`, and of one
+        half batch `half` for two-batch-overlap plans (prefill: `_tbo_prefill`). TBO runs the step as
+        two half-batch sub-steps, each with all of its kernels (each half re-reads the expert weights it activates, and launches
         its own kernels); layer by layer one half's communication runs while the other half
         computes, so communication hides only behind the other half's compute:
             TBO = 2 max(comp_h, comm_h)        otherwise comp + comm.
@@ -300,7 +343,7 @@ class StepModel:
         core = self._floor(np.maximum(kv_read / self.hbm_bw, core_f), "attention_core")
         dense = self._floor(self._dense_mlp(T), "mlp")
         shared = self._floor(self._shared(T), "mlp")
-        experts = self._floor(self._experts(T), "experts") if s.num_experts else 0.0
+        experts = self._floor(self._experts(T, decode=True), "experts") if s.num_experts else 0.0
         comm, comm_dense = self._comm(T, decode=True)
         head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp) / c.pp
         comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts) + head
@@ -322,10 +365,13 @@ class StepModel:
         t = stage * c.pp  # the batch passes every stage once per token
         return t, {**parts, "cuda_graphs": graphs}
 
-    def _prefill_gpu(self, C, prefix, seg, ranks):
-        """(compute, communication, parts) seconds of one prefill step of `C` tokens per rank, made
-        of segments of `seg` new tokens (one per request), each after `prefix` tokens of its own,
-        on `ranks` attention-DP ranks at once (the MoE layers see their tokens together)."""
+    def _prefill_pieces(self, C, prefix, seg, ranks) -> dict:
+        """Seconds per layer on one GPU of a prefill step of `C` tokens per rank, made of segments of
+        `seg` new tokens (one per request), each after `prefix` tokens of its own, on `ranks`
+        attention-DP ranks at once (the MoE layers see their tokens together), one piece per
+        operation: attention projections and core, dense MLP, shared expert, routed experts (and
+        their grouped GEMMs apart), all-to-all dispatch and combine, and the collectives of a MoE
+        layer (`moe_comm`: the all-to-all's, or the plain gather/all-reduces) and of a dense layer."""
         s, c, pl = self.s, self.c, self.pc["per_layer"]
         T = C * ranks
         proj = self._floor(self._gemm(C, pl["attention"] / c.attn_tp), "attention_proj")
@@ -340,33 +386,109 @@ class StepModel:
         fl = 2.0 * heads * C * (prefix + seg / 2.0) * (dqk + dv)
         core, _ = self.ops.attention(fl, prefix + seg, min(dqk, 256), heads * C / seg)
         core = self._floor(core, "attention_core")
-        dense = self._floor(self._dense_mlp(T), "mlp")
-        shared = self._floor(self._shared(T), "mlp")
-        experts = self._floor(self._experts(T), "experts") if s.num_experts else 0.0
-        comm, comm_dense = self._comm(T)
-        comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts)
-        comm_t = self.L_moe * comm + self.L_dense * comm_dense
-        parts = {"attention": self.layers * (proj + core) * c.pp, "experts": self.L_moe * experts * c.pp,
+        egemm, eother = self._expert_parts(T) if s.num_experts else (0.0, 0.0)
+        experts = self._floor(egemm + eother, "experts") if s.num_experts else 0.0
+        moe_comm, comm_dense = self._comm(T)
+        disp, comb = self._ep_legs(T)
+        return {"attn_proj": proj, "attn_core": core, "dense": self._floor(self._dense_mlp(T), "mlp"),
+                "shared": self._floor(self._shared(T), "mlp"), "experts": experts, "experts_gemm": egemm,
+                "dispatch": np.where(c.a2a > 0, disp, 0.0), "combine": np.where(c.a2a > 0, comb, 0.0),
+                "moe_comm": moe_comm, "dense_comm": comm_dense}
+
+    def _prefill_gpu(self, C, prefix, seg, ranks):
+        """(compute, communication, parts) seconds of one prefill step run whole (no TBO): every
+        layer's compute and its collectives one after another (`_prefill_pieces`)."""
+        c = self.c
+        p = self._prefill_pieces(C, prefix, seg, ranks)
+        attn = p["attn_proj"] + p["attn_core"]
+        comp = self.layers * attn + self.L_dense * p["dense"] + self.L_moe * (p["shared"] + p["experts"])
+        comm_t = self.L_moe * p["moe_comm"] + self.L_dense * p["dense_comm"]
+        parts = {"attention": self.layers * attn * c.pp, "experts": self.L_moe * p["experts"] * c.pp,
                  "communication": comm_t * c.pp}
         return comp, comm_t, parts
+
+    def _tbo_prefill(self, C, prefix, seg, ranks):
+        """GPU seconds of a two-batch-overlap prefill step as SGLang runs it (models/deepseek_v2.py:
+        the first dense layers run on the whole batch, the MoE layers in two micro-batches with
+        `_compute_moe_deepseek_blog_prefill`'s operation order, tbo_delta_stages 0):
+        - per micro-batch and MoE layer: attention block and gate (A), then dispatch; experts (E),
+          then combine; shared expert (S); its attention-TP collective on the compute stream;
+          without an all-to-all its MoE collectives too (nothing to overlap);
+        - the two micro-batches interleave those stages on one compute stream while dispatch and
+          combine run on the communication stream (`tbo_prefill_layer_seconds`);
+        - compute-bound kernels run on sm_count - DeepEP's SMs in those layers: DeepGEMM because
+          SGLang sets `deep_gemm_num_sms = total_num_sms - DeepEPConfig.num_sms` (DeepEP's default
+          Buffer.num_sms, 20); under an all-to-all the others (attention core, CUTLASS/Triton
+          GEMMs) too, since in this order each runs beside a dispatch or combine whose kernels
+          hold their SMs while they run (DeepSeek profile-data README: prefill's all-to-all
+          occupies SMs, decode's does not): time x sm_count / (sm_count - 20). Memory-bound
+          kernels keep their time (fewer SMs still saturate HBM).
+        Micro-batches: whole requests when several are packed, else one request's two halves (the
+        second half's attention also reads the first's tokens)."""
+        c = self.c
+        w = self._prefill_pieces(C, prefix, seg, ranks)
+        seg_h = np.minimum(seg, np.maximum(C / 2.0, 1.0))
+        h = self._prefill_pieces(np.maximum(C / 2.0, 1.0), prefix + (seg - seg_h) / 2.0, seg_h, ranks)
+        a2a = c.a2a > 0
+        dense_layers = self.L_dense * (w["attn_proj"] + w["attn_core"] + w["dense"] + w["dense_comm"])
+        cap_d, cap_m = self.tbo_dense_cap, self.tbo_moe_cap
+        A = (cap_d * h["attn_proj"] + self.tbo_core_cap * h["attn_core"]
+             + np.where(a2a, h["moe_comm"] - h["dispatch"] - h["combine"], h["moe_comm"]))
+        E = h["experts"] + (cap_m - 1.0) * h["experts_gemm"]
+        S = cap_d * h["shared"]
+        moe_layer = tbo_prefill_layer_seconds(A, E, S, h["dispatch"], h["combine"])
+        return dense_layers + self.L_moe * moe_layer
 
     def prefill(self, chunk_rank, prefix, seg=None, ranks=None):
         """Seconds of one prefill (extend) step of `chunk_rank` new tokens per attention-DP rank:
         requests' segments of `seg` new tokens each (default the whole chunk: one request) whose
-        requests already hold `prefix` tokens of context (chunked prefill). TBO splits the chunk
-        in two halves: whole requests when several are packed, else one request's two halves (the
-        second half's attention also reads the first's tokens). `ranks`: attention-DP ranks that
-        extend in this step (default all; the others wait for it at the MoE layers)."""
+        requests already hold `prefix` tokens of context (chunked prefill); TBO plans as SGLang
+        overlaps two micro-batches (`_tbo_prefill`). `ranks`: attention-DP ranks that extend in
+        this step (default all; the others wait for it at the MoE layers)."""
         c = self.c
         C = np.maximum(np.asarray(chunk_rank, float), 1.0)
         seg = C if seg is None else np.clip(np.asarray(seg, float), 1.0, C)
         ranks = c.attn_dp if ranks is None else np.clip(np.asarray(ranks, float), 1.0, c.attn_dp)
         comp, comm_t, parts = self._prefill_gpu(C, prefix, seg, ranks)
-        seg_h = np.minimum(seg, np.maximum(C / 2.0, 1.0))
-        comp_h, comm_h, _ = self._prefill_gpu(np.maximum(C / 2.0, 1.0), prefix + (seg - seg_h) / 2.0, seg_h, ranks)
-        gpu = self._two_batch((comp, comm_t), (comp_h, comm_h))
+        gpu = comp + comm_t
+        if np.any(c.tbo):
+            gpu = np.where(c.tbo, self._tbo_prefill(C, prefix, seg, ranks), gpu)
         stage = self._launch(gpu, np.zeros(len(c), bool))
         return stage * c.pp, parts
+
+
+def tbo_prefill_layer_seconds(A, E, S, D, Cm, layers: int = 6):
+    """Seconds per MoE layer, in steady state, of SGLang's two-batch-overlap prefill: micro-batches
+    0 and 1, each with attention block A, experts E, shared expert S (compute stream) and dispatch D,
+    combine Cm (communication stream, in issue order). Stages split at the yield points (attention
+    and dispatch launch | dispatch wait, experts, combine launch | shared expert, combine wait,
+    output) and run micro-batch 0 then 1 per stage, so with the next layer's first stage merged
+    into the last one the streams run
+        compute: E0  E1  S0 [wait C0] A0'  S1 [wait C1] A1' [wait D0'] E0' ...
+        comm:    C0 after E0, C1 after E1, D0' after A0', D1' after A1'
+    Communication hides only behind the compute the order puts beside it (combine 0 behind E1 and
+    S0, dispatch 1 behind E0, ...): the layer takes max(compute, communication) when they pair
+    evenly and more when they do not. Simulated for a few layers from a cold start."""
+    z = np.zeros_like(np.asarray(A + E + S + D + Cm, float))
+    # cold start: both micro-batches' attention and dispatch of the first layer
+    a0e = z + A
+    d0e = a0e + D
+    a1e = a0e + A
+    d1e = np.maximum(a1e, d0e) + D
+    tc, starts = a1e, []
+    for _ in range(layers):
+        e0s = np.maximum(tc, d0e)
+        starts.append(e0s)
+        e0e = e0s + E
+        e1e = np.maximum(e0e, d1e) + E
+        c0e = np.maximum(e0e, d1e) + Cm
+        c1e = np.maximum(e1e, c0e) + Cm
+        a0e = np.maximum(e1e + S, c0e) + A
+        a1e = np.maximum(a0e + S, c1e) + A
+        d0e = np.maximum(a0e, c1e) + D
+        d1e = np.maximum(a1e, d0e) + D
+        tc = a1e
+    return (starts[-1] - starts[-3]) / 2.0  # a max-plus recurrence: average two periods
 
 
 def context_split(chunk, ctx):
