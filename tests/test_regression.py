@@ -76,6 +76,11 @@ REGENERATIONS = [
      "Tables 7 and 9 (qwen3-235b on GB200: +0.3%..+6.0% on 9 of 10 plans); HybridEP's 32 SMs (no pinned plan uses "
      "it). Same plans and scripts",
      "e5ab4a2a2c1972a074753685995f16a47bcf8aec647139a324ab429640c47317"),
+    ("issue 22 (2026-12-05, session 4)", "GPT-OSS row physics (sliding-window attention at cuDNN's tile granularity, "
+     "eager RoPE under YaRN, per-expert bias launches) and the LM head's main-grad accumulation; GPU calibration "
+     "refit 1.2746 -> 1.2614 (mixtral, deepseek-v3, qwen3-30b, qwen3-235b: every step x0.990..x0.995; gpt-oss-120b "
+     "x1.008..x1.69, the x1.6 plans its EP1 plans, host-bound on 257 bias launches per layer). Same plans and scripts",
+     "0489a6fe8571864a768eb70e3f547c331f4f2b3ed37426d1572a22a7f02331a4"),
 ]
 
 
