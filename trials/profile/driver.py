@@ -665,7 +665,7 @@ def build_family_rows(kind: str, rows: dict[str, list[dict]]) -> tuple[dict[str,
             else:
                 slope, lat = float(t[0] / sent[0]), 0.0
             slope = max(float(slope), 1e-15)
-            lat = max(float(lat), 0.0)
+            lat = max(float(lat), 1e-9)  # the table loader takes latency_us > 0 only; a noisy fit can give <= 0
             bw = 1.0 / slope / 1e9
             for scope in ("scaleup", "scaleout"):
                 out.append(dict(backend="alltoall", scope=scope, ep=ep, dispatch_gbps=bw, combine_gbps=bw,
