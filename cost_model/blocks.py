@@ -178,23 +178,23 @@ def attention(x: Inputs) -> Attention:
     core_f, core_b = ops.attention(core_flops, x.seq / x.cp, head_dim_key, np.asarray(x.pa.mbs, float) * (nh / tp))
     BWe = x.bw_elementwise
     # norms (2 per layer), residual adds (2), rope on q/k: read+write
-    elem_f = (2 * 2 * 2.0 * Tsp * h + 2 * 3 * 2.0 * Tsp * h + 4.0 * T * nh * dq / tp) / BWe
+    rope_fused = 4.0 * T * nh * dq / tp  # TE's fused RoPE: q read and written, bf16
+    elem_f = (2 * 2 * 2.0 * Tsp * h + 2 * 3 * 2.0 * Tsp * h + rope_fused) / BWe
     norm_f = 2 * 2 * 2.0 * Tsp * h / BWe
     return Attention(proj_f, proj_b, core_f, core_b, elem_f, norm_f, mla_up_f, kv_bytes,
-                     eager_rope(x, dq, 0 if spec.mla else spec.query_groups))
+                     eager_rope(x, dq, 0 if spec.mla else spec.query_groups, rope_fused))
 
 
-def eager_rope(x: Inputs, dq, kv_heads) -> FwdBwd:
-    """Seconds RoPE takes beyond the fused kernel `attention` charges (q read and written, backward
-    2x) where megatron-core runs it in eager PyTorch on q and k (`nongemm.rope_eager`: YaRN with a
-    concentration factor; `constants`, "RoPE outside TE's fused kernel"); 0 elsewhere."""
+def eager_rope(x: Inputs, dq, kv_heads, fused_bytes) -> FwdBwd:
+    """Seconds RoPE takes beyond the fused kernel `attention` charges (`fused_bytes` forward,
+    backward 2x) where megatron-core runs it in eager PyTorch on q and k (`nongemm.rope_eager`: YaRN
+    with a concentration factor; `constants`, "RoPE outside TE's fused kernel"); 0 elsewhere."""
     if not rope_eager(x.spec):
         return FwdBwd(x.zero, x.zero)
     nh, tp, T, BWe = x.spec.num_attention_heads, x.tp, x.tokens, x.bw_elementwise
-    q_elems = T * nh * dq / tp
-    elems = q_elems + T * kv_heads * dq / tp
-    return FwdBwd((ROPE_EAGER_FWD_BYTES_PER_ELEMENT * elems - 4.0 * q_elems) / BWe,
-                  (ROPE_EAGER_BWD_BYTES_PER_ELEMENT * elems - 2 * 4.0 * q_elems) / BWe)
+    elems = T * (nh + kv_heads) * dq / tp
+    return FwdBwd((ROPE_EAGER_FWD_BYTES_PER_ELEMENT * elems - fused_bytes) / BWe,
+                  (ROPE_EAGER_BWD_BYTES_PER_ELEMENT * elems - 2 * fused_bytes) / BWe)
 
 
 def window_fraction(spec, seq) -> float:

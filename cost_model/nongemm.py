@@ -88,8 +88,8 @@ def yarn_concentration(spec) -> float:
     yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim), with
     yarn_get_mscale(s, m) = 0.1 m ln(s) + 1 (1 for s <= 1); 1 without YaRN
     (models/common/embeddings/yarn_rotary_pos_embedding.py:252-271)."""
-    s = float(getattr(spec, "rope_scaling_factor", 1.0) or 1.0)
-    if not getattr(spec, "yarn_original_max_position", 0) or s <= 1.0:
+    s = spec.rope_scaling_factor
+    if not spec.yarn_original_max_position or s <= 1.0:
         return 1.0
     return (0.1 * spec.yarn_mscale * math.log(s) + 1.0) / (0.1 * spec.yarn_mscale_all_dim * math.log(s) + 1.0)
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_model.calibration import SPLIT_CLASSES
 from cost_model.constants import ATTN_BWD_FLOPS_FACTOR, FLEX_PER_TOKEN_S, FLEX_REF_TOKEN_BYTES, FP8_QUANT_HBM_FRACTION
 from specs.ranks import members_per_node, nodes_spanned
 
 # dispatch_gap rows "stack@<class>": the part of the CPU stack's per-kernel gap a trial's split
 # measures in <class> (trials/profile/stack_floor.py)
 FLOOR_SPLIT_MODE = "stack@"
-# the classes a CPU trial's split measures (trials/megatron/components.py)
-SPLIT_CLASSES = ("gemm", "grouped_gemm", "attention", "ep_comm", "other_comm", "host_launch", "elementwise")
 
 
 class TableOps:
@@ -38,9 +37,11 @@ class TableOps:
         self.step_gap = float(gaps.lookup("stack_step")) * 1e-6 if (mode == "stack" and gaps.has("stack_step")) else 0.0
         # where a trial's split measures that floor, {class: share} (empty: not measured; the model
         # then places it by the kernels each timed module issues)
-        split = {k[0][len(FLOOR_SPLIT_MODE):]: float(gaps.lookup(k[0])) for k in gaps.row_keys()
-                 if mode == "stack" and k[0].startswith(FLOOR_SPLIT_MODE)
-                 and k[0][len(FLOOR_SPLIT_MODE):] in SPLIT_CLASSES}
+        split = {}
+        for (row,) in (gaps.row_keys() if mode == "stack" else ()):
+            cls = row.removeprefix(FLOOR_SPLIT_MODE)
+            if cls != row and cls in SPLIT_CLASSES:
+                split[cls] = float(gaps.lookup(row))
         total = sum(split.values())
         self.floor_split = {c: v / total for c, v in sorted(split.items())} if total > 0 else {}
         self.up = max(1, int(cluster.scaleup_size))

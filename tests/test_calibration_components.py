@@ -398,8 +398,7 @@ def test_a_measured_floor_split_places_the_cpu_floor_where_trials_measure_it(tmp
     stack_floor@<class> in the measured shares, and the total is the same as without them."""
     import shutil
 
-    from cost_model.calibration import TRAIN_CLASSES
-    from cost_model.ops import SPLIT_CLASSES
+    from cost_model.calibration import SPLIT_CLASSES, TRAIN_CLASSES
     from cost_model.tables import TABLE_ROOT, load_tables
     assert set(SPLIT_CLASSES) <= set(TRAIN_CLASSES)
     w = Workload(load_model("tiny-moe"), load_cluster("cpu-local", 2), 32, 128)

@@ -83,7 +83,7 @@ class StepModel:
         cap = n_sm / (n_sm - DEEPEP_SMS) if (cluster.is_gpu and n_sm > DEEPEP_SMS) else 1.0
         a2a = np.asarray(c.a2a) > 0
         dg_dense = dense_path(cluster, fp8, deepgemm_jit) == "deep_gemm"
-        dg_moe = np.array([moe_path(cluster, fp8, bool(a), deepgemm_jit) == "deep_gemm" for a in a2a])
+        dg_moe = np.array([moe_path(cluster, fp8, x, deepgemm_jit) == "deep_gemm" for x in (False, True)])[a2a.astype(int)]
         self.tbo_dense_cap = np.where(a2a | dg_dense, cap, 1.0)  # attention projections, shared expert
         self.tbo_moe_cap = np.where(a2a | dg_moe, cap, 1.0)  # routed experts' grouped GEMMs
         self.tbo_core_cap = np.where(a2a, cap, 1.0)  # attention core (FlashAttention: all SMs it finds)
@@ -240,7 +240,7 @@ class StepModel:
         gather = (R + recv) * h * 2.0 / self.hbm_bw
         return gemms, act + np.where(normal, scatter + gather, np.where(a2a, 0.0, topk_sum))
 
-    def _comm(self, tokens_inst, decode: bool = False):
+    def _comm(self, tokens_inst, decode: bool = False, legs=None):
         """Communication seconds on one GPU per (MoE layer, dense layer).
 
         A dense layer under SGLang's default TP pays the MoE layer's plain collectives (all-reduces,
@@ -261,7 +261,7 @@ class StepModel:
         gather = o.collective("all_gather", act, c.tp, 1) + o.collective("reduce_scatter", act, c.tp, 1)
         ar_moe = self.all_reduce(act, c.tp)
         plain = np.where(c.attn_dp > 1, ar_attn + gather, 2 * ar_moe)
-        d, cb = self._ep_legs(tokens_inst, decode)
+        d, cb = self._ep_legs(tokens_inst, decode) if legs is None else legs  # `_ep_legs` of the same tokens
         a2a = ar_attn + d + cb
         dense = np.where(c.dense_tp == 1, ar_attn, plain)
         return np.where(c.a2a > 0, a2a, plain), dense
@@ -388,18 +388,19 @@ class StepModel:
         core = self._floor(core, "attention_core")
         egemm, eother = self._expert_parts(T) if s.num_experts else (0.0, 0.0)
         experts = self._floor(egemm + eother, "experts") if s.num_experts else 0.0
-        moe_comm, comm_dense = self._comm(T)
         disp, comb = self._ep_legs(T)
+        moe_comm, comm_dense = self._comm(T, legs=(disp, comb))
         return {"attn_proj": proj, "attn_core": core, "dense": self._floor(self._dense_mlp(T), "mlp"),
                 "shared": self._floor(self._shared(T), "mlp"), "experts": experts, "experts_gemm": egemm,
                 "dispatch": np.where(c.a2a > 0, disp, 0.0), "combine": np.where(c.a2a > 0, comb, 0.0),
                 "moe_comm": moe_comm, "dense_comm": comm_dense}
 
-    def _prefill_gpu(self, C, prefix, seg, ranks):
+    def _prefill_gpu(self, C, prefix, seg, ranks, pieces=None):
         """(compute, communication, parts) seconds of one prefill step run whole (no TBO): every
-        layer's compute and its collectives one after another (`_prefill_pieces`)."""
+        layer's compute and its collectives one after another (`_prefill_pieces`, or `pieces` of
+        the same arguments)."""
         c = self.c
-        p = self._prefill_pieces(C, prefix, seg, ranks)
+        p = self._prefill_pieces(C, prefix, seg, ranks) if pieces is None else pieces
         attn = p["attn_proj"] + p["attn_core"]
         comp = self.layers * attn + self.L_dense * p["dense"] + self.L_moe * (p["shared"] + p["experts"])
         comm_t = self.L_moe * p["moe_comm"] + self.L_dense * p["dense_comm"]
@@ -407,7 +408,7 @@ class StepModel:
                  "communication": comm_t * c.pp}
         return comp, comm_t, parts
 
-    def _tbo_prefill(self, C, prefix, seg, ranks):
+    def _tbo_prefill(self, C, prefix, seg, ranks, whole=None):
         """GPU seconds of a two-batch-overlap prefill step as SGLang runs it (models/deepseek_v2.py:
         the first dense layers run on the whole batch, the MoE layers in two micro-batches with
         `_compute_moe_deepseek_blog_prefill`'s operation order, tbo_delta_stages 0):
@@ -424,16 +425,15 @@ class StepModel:
           occupies SMs, decode's does not): time x sm_count / (sm_count - 20). Memory-bound
           kernels keep their time (fewer SMs still saturate HBM).
         Micro-batches: whole requests when several are packed, else one request's two halves (the
-        second half's attention also reads the first's tokens)."""
-        c = self.c
-        w = self._prefill_pieces(C, prefix, seg, ranks)
+        second half's attention also reads the first's tokens). `whole`: the step's
+        `_prefill_pieces` when the caller has them."""
+        w = self._prefill_pieces(C, prefix, seg, ranks) if whole is None else whole
         seg_h = np.minimum(seg, np.maximum(C / 2.0, 1.0))
         h = self._prefill_pieces(np.maximum(C / 2.0, 1.0), prefix + (seg - seg_h) / 2.0, seg_h, ranks)
-        a2a = c.a2a > 0
         dense_layers = self.L_dense * (w["attn_proj"] + w["attn_core"] + w["dense"] + w["dense_comm"])
         cap_d, cap_m = self.tbo_dense_cap, self.tbo_moe_cap
         A = (cap_d * h["attn_proj"] + self.tbo_core_cap * h["attn_core"]
-             + np.where(a2a, h["moe_comm"] - h["dispatch"] - h["combine"], h["moe_comm"]))
+             + h["moe_comm"] - h["dispatch"] - h["combine"])  # the collectives beside the a2a legs
         E = h["experts"] + (cap_m - 1.0) * h["experts_gemm"]
         S = cap_d * h["shared"]
         moe_layer = tbo_prefill_layer_seconds(A, E, S, h["dispatch"], h["combine"])
@@ -449,10 +449,11 @@ class StepModel:
         C = np.maximum(np.asarray(chunk_rank, float), 1.0)
         seg = C if seg is None else np.clip(np.asarray(seg, float), 1.0, C)
         ranks = c.attn_dp if ranks is None else np.clip(np.asarray(ranks, float), 1.0, c.attn_dp)
-        comp, comm_t, parts = self._prefill_gpu(C, prefix, seg, ranks)
+        whole = self._prefill_pieces(C, prefix, seg, ranks)
+        comp, comm_t, parts = self._prefill_gpu(C, prefix, seg, ranks, pieces=whole)
         gpu = comp + comm_t
         if np.any(c.tbo):
-            gpu = np.where(c.tbo, self._tbo_prefill(C, prefix, seg, ranks), gpu)
+            gpu = np.where(c.tbo, self._tbo_prefill(C, prefix, seg, ranks, whole=whole), gpu)
         stage = self._launch(gpu, np.zeros(len(c), bool))
         return stage * c.pp, parts
 

@@ -28,7 +28,6 @@ from tuner.study import storage as study_mod
 
 logger = logging.getLogger(__name__)
 
-REMEASURED = study_mod.REMEASURED
 MAX_CLAIMS_PER_ROUND = 50  # claims lost in a row before waiting for a running trial instead
 WAIT_S = 10.0  # longest wait for a trial result before re-checking timeouts and stale trials
 
@@ -315,13 +314,13 @@ class TrialLoop:
         if not proto or base is None or best is None:
             return []
         cands = verdict_mod.candidates(proto, rows)
-        done = list(self.study.user_attrs.get(REMEASURED, []))
+        done = list(self.study.user_attrs.get(study_mod.REMEASURED, []))
         try:
             verdict_mod.verify_measurements(proto, done, base["plan"], cands)
         except verdict_mod.ProtocolError as e:  # e.g. a later trial of another tuner changed the winner
             raise UsageError(f"adjudication: the study's re-measurements break its protocol: {e}") from None
         return verdict_mod.run(proto, base["plan"], cands, done, self.measure_once,
-                               lambda ms: self.study.set_user_attr(REMEASURED, ms))
+                               lambda ms: self.study.set_user_attr(study_mod.REMEASURED, ms))
 
     def measure_once(self, plan: str) -> dict:
         """One trial run of `plan` outside the study's trials (a re-measurement): its result dict."""
