@@ -96,18 +96,27 @@ def test_attention_dp_ranks_pay_each_others_prefills():
 
 
 def test_simulated_attention_dp_rank_waits_out_its_neighbours_extends():
-    """The one-rank simulation of a closed loop: each extend of its own is followed by the others'
-    (prefill_stall of them), which delay its decodes but not its own first tokens."""
+    """The one-rank simulation of a closed loop: an extend of its own with nothing else queued is
+    followed by the others' (prefill_stall of them), which delay its decodes but not its own first
+    tokens; a rank with a queue extends with the others in one step (priced by prefill_aligned_t)
+    and waits for nobody."""
     from cost_model.serving.sim import simulate
 
-    def run(stall):
-        return simulate(lambda t, x: 0.1, lambda b, x: 0.01, [(0.0, 1000, 50)], chunk=4096, max_batch=8,
-                        kv_tokens=1e9, closed_loop=8, total=32, prefill_stall=stall)
-    r0, r3 = run(0.0), run(3.0)
-    n_pre = r0["steps"] - 32 * 49 // 8  # prefill steps of the plain run
-    assert n_pre > 0
-    assert r3["makespan_s"] > r0["makespan_s"] + 0.9 * 3 * 0.1 * n_pre
+    def run(stall, stagger=0.0, dec=0.01, aligned=None):
+        return simulate(lambda t, x: 0.1, lambda b, x: dec, [(0.0, 1000, 50)], chunk=4096, max_batch=8,
+                        kv_tokens=1e9, closed_loop=8, total=32, stagger_s=stagger, prefill_stall=stall,
+                        prefill_aligned_t=aligned)
+    # arrivals spread over a request's life (as predict_serve staggers them): extends mostly alone
+    r0, r3 = run(0.0, stagger=5.0, dec=0.1), run(3.0, stagger=5.0, dec=0.1)
+    assert r3["makespan_s"] > r0["makespan_s"] + 0.6 * 3 * 0.1 * 32
+    assert r3["makespan_s"] <= r0["makespan_s"] + 3 * 0.1 * 32 + 1e-9
     assert r3["ttft"][0] == pytest.approx(r0["ttft"][0])  # the first extend: no wait before it
+    # all eight at t=0, four prompts per step: the first step of each wave leaves four queued
+    # (every rank has a queue: they extend together), only the second waits out the others
+    b0, b3 = run(0.0), run(3.0)
+    assert b3["makespan_s"] == pytest.approx(b0["makespan_s"] + 4 * 3 * 0.1)  # 4 waves, 1 stalled step each
+    ba = run(3.0, aligned=lambda t, x: 0.2)
+    assert ba["ttft"][0] == pytest.approx(0.2)  # the queued rank's step at the all-rank price
 
 
 def test_closed_loop_attention_dp_prices_lock_step_in_the_simulation_too():

@@ -245,6 +245,9 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     # (tokens, mean context a new token attends to), as the simulator tracks a step
     pre = _grid_fn(lambda t, x: s_pre * sm.prefill(t, *context_split(t, x), ranks=r_ext)[0], cs,
                    np.linspace(0, max(isl_max, 1), 5))
+    # every rank extending in the same step (a queued rank's, `simulate`)
+    pre_all = (_grid_fn(lambda t, x: s_pre * sm.prefill(t, *context_split(t, x))[0], cs, np.linspace(0, max(isl_max, 1), 5))
+               if stall > 0 else None)
     if burst:
         if requests is None:
             n = max(n_requests // (replicas * a), 1)
@@ -261,7 +264,7 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
                 + (osl - 1) * dec(min(K, max_b), w.isl + osl / 2)) if osl > 1 else pre(first, first / 2.0)
         r = simulate(pre, dec, [(0.0, w.isl, osl)], chunk=chunk, max_batch=max_b,
                      kv_tokens=est["kv_pool_tokens"][0], closed_loop=K, total=total, stagger_s=float(life),
-                     prefill_stall=stall)
+                     prefill_stall=stall, prefill_aligned_t=pre_all)
         # throughput: tokens made between the first completion (warm-up over) and the last time a
         # request was issued (the loop still at full concurrency)
         tr, done = r["trace"], np.sort(r["done_t"])
