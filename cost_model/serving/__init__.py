@@ -69,15 +69,25 @@ def _setup(model, cluster, plans, precision, tables, imbalance, routing_skew, de
     return c, sm, fp8
 
 
-def extends(attn_dp, batch_rank, osl):
-    """(requests per extend step, attention-DP ranks extending in it) in a closed loop's steady
-    state: a decode step completes attn_dp x B / osl requests of the instance, whose replacements
-    are extended together in the next step (at least one request); with fewer requests than ranks
-    only their ranks extend, and the others wait for that step at the MoE layers (SGLang's
-    DP-attention ranks run each forward in lock step)."""
+def extend_share(attn_dp, batch_rank, isl, osl, chunk):
+    """Closed-loop steady state of attention-DP ranks in lock step. SGLang runs every rank's own
+    batch in each forward (a rank with requests waiting extends them, the others decode theirs;
+    managers/scheduler_components/dp_attn.py gathers the ranks' batches, an idle batch only for a
+    rank with none) and the MoE layers take all ranks' tokens, so a step holding an extend lasts
+    the extend while the decoding ranks still make their token. A rank completes g = B / osl
+    requests per decode step; their prompts are extended after it, packed up to the chunk
+    (C = min(chunk, isl max(1, g)) tokens per extend step), e = g isl / C extend steps per decode
+    step, i.e. the rank extends in a share q = e / (1 + e) of the steps. Ranks extend
+    independently: a step holds an extend with probability p = 1 - (1 - q)^attn_dp, with
+    r = attn_dp q / p ranks extending in it. Returns (q, p, r, C), arrays."""
     a = np.asarray(attn_dp, float)
-    n = np.maximum(a * np.asarray(batch_rank, float) / max(float(osl), 1.0), 1.0)
-    return n, np.minimum(n, a)
+    g = np.asarray(batch_rank, float) / max(float(osl), 1.0)
+    C = np.minimum(np.asarray(chunk, float), float(isl) * np.maximum(1.0, g))
+    e = g * float(isl) / C
+    q = e / (1.0 + e)
+    p = 1.0 - (1.0 - q) ** a
+    r = np.maximum(a * q / np.maximum(p, 1e-300), 1.0)
+    return q, p, r, C
 
 
 def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=None, calibration=None,
@@ -126,18 +136,15 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
             B = np.minimum(K, cap["max_batch_rank"])
             B = np.maximum(B, 1.0)
             t_dec = s_dec * sm.decode(B, isl + osl / 2)[0]
-            # steady state of the closed loop: each decode step completes attn_dp B / osl requests
-            # of the instance and their replacements are extended together in the next step (at
-            # least one per extend step); with fewer than attn_dp of them only their ranks extend
-            # while every other rank waits for that step at the MoE layers (SGLang's DP-attention
-            # ranks run each forward in lock step): a rank pays its neighbours' prefills too
-            n_ext, r_ext = extends(c.attn_dp, B, osl)
-            C_ss = np.minimum(c.chunk, n_ext / r_ext * isl).astype(float)
+            # steady state of the closed loop (`extend_share`): a rank extends in a share q of the
+            # steps and decodes in the rest; a step holding any rank's extend (probability p, r
+            # ranks extending) lasts that extend for every rank (the MoE layers in lock step), so
+            # a rank pays its neighbours' prefills too, while still making its decode tokens
+            q, p_ext, r_ext, C_ss = extend_share(c.attn_dp, B, isl, osl, c.chunk)
             t_ext = s_pre * sm.prefill(C_ss, (np.ceil(isl / C_ss) - 1) * C_ss / 2, np.minimum(C_ss, isl), r_ext)[0]
-            per_in_ss = t_ext / C_ss * c.attn_dp / r_ext  # a rank's seconds per prompt token
-            per_out = t_dec / B + isl / osl * per_in_ss
-            out_rank = 1.0 / per_out
-            tpot = t_dec + B / osl * isl * per_in_ss
+            step = (1.0 - p_ext) * t_dec + p_ext * np.maximum(t_ext, t_dec)
+            out_rank = B * (1.0 - q) / step
+            tpot = step / (1.0 - q)
             req_rate = out_rank / osl
             ttft = request_ttft(np.ceil(isl / C_ss) * t_ext + np.maximum(K - B, 0) / req_rate)
             res = {"output_tokens_per_s_per_gpu": out_rank * c.attn_dp / gpus_inst,
@@ -234,14 +241,16 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     cs = np.unique(np.geomspace(1, max(chunk, 2), 16).round())
     replicas = int(est["replicas"][0])
     osl = 1 if w.phase == "prefill" else w.osl
-    # a burst starts every rank with a queue (their extends coincide); a closed loop's steady
-    # extends involve only the ranks whose requests completed (`extends`), and this rank also
-    # waits out the extends of the others: attn_dp / r_ext - 1 of them per extend of its own
+    # a burst starts every rank with a queue (their extends coincide); in a closed loop's steady
+    # state (`extend_share`) this rank's extend shares its step with 1 + (attn_dp - 1) q ranks'
+    # on average, and (p - q) / q steps of its neighbours' extends follow each of its own, in
+    # which it decodes at their length
     r_ext, stall = float(a), 0.0
     if not burst and w.phase == "both":
         K_ss = max(int(round(max(w.concurrency, 1) / (replicas * a))), 1)
-        r_ext = float(extends(a, min(K_ss, max_b), osl)[1])
-        stall = a / r_ext - 1.0
+        q, p_ext, _, _ = (float(v) for v in extend_share(a, min(K_ss, max_b), w.isl, osl, chunk))
+        r_ext = 1.0 + (a - 1.0) * q
+        stall = (p_ext - q) / max(q, 1e-12)
     # (tokens, mean context a new token attends to), as the simulator tracks a step
     pre = _grid_fn(lambda t, x: s_pre * sm.prefill(t, *context_split(t, x), ranks=r_ext)[0], cs,
                    np.linspace(0, max(isl_max, 1), 5))

@@ -47,15 +47,16 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
         stagger_s: closed loop only: the first K requests arrive spread evenly over this span
             rather than all at t=0, so that fixed lengths do not lock the loop into waves of
             simultaneous completions (real length spreads break such waves).
-        prefill_stall: after each prefill step this rank also waits that many times its duration
-            (the extends of other attention-DP ranks, which hold every rank at the MoE layers),
-            unless the rank has a queue: a request not yet started still waits after the step.
-            The ranks are alike, so then the others have queues too and extend in the same step
-            (as a burst's do): that step is priced by `prefill_aligned_t` (every rank's tokens
-            through the MoE layers; default `prefill_t`) and nobody waits. Without this a closed
-            loop's fill (K arrivals spread over one request's life) ran every extend one rank at a
-            time, and its queue outlived the simulated window (TTFT p90 104 s for DeepSeek-V3
-            attention-DP 8 on 16 H200 at concurrency 384, where the aligned price gives seconds).
+        prefill_stall: the extend steps of other attention-DP ranks that follow each prefill
+            step of this one (`serving.extend_share`): the MoE layers hold every rank, so that
+            many of this rank's next decode steps last as long as this extend (it still makes
+            its tokens in them). Not when the rank has a queue (a request not yet started still
+            waits after the step): the ranks are alike, so the others have queues too and extend
+            in the same step (as a burst's do), priced by `prefill_aligned_t` (every rank's
+            tokens through the MoE layers; default `prefill_t`), and none follow. Without this a
+            closed loop's fill (K arrivals spread over one request's life) ran every extend one
+            rank at a time, and its queue outlived the simulated window (TTFT p90 104 s for
+            DeepSeek-V3 attention-DP 8 on 16 H200 at concurrency 384).
 
     Returns dict: ttft (array, s), tpot (array, s), makespan_s, in_tokens, out_tokens, steps,
     window (s, the span the throughputs are measured over), in_tps, out_tps (per rank).
@@ -77,6 +78,7 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
     done_t = []
     trace = []  # (time, input tokens so far, output tokens so far) after every step
     last_issue = 0.0
+    owed, owed_dt = 0.0, 0.0  # neighbours' extend steps still to hold this rank's decodes, their length
     while pending or waiting or run_ctx:
         while pending and pending[0][0] <= t:
             a, i_, o_ = pending.popleft()
@@ -116,14 +118,19 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
                     tpot.append(0.0)
                 else:
                     run_ctx.append([r[1] + 1, r[2] - 1, t, r[0], r[1] + r[2], r[2] - 1])
-            # the other ranks' extends come after this one's first tokens (they delay its decodes;
-            # on average a request's own extend overlaps none of them); with a queue they coincide
-            if not queued:
-                t += dt * prefill_stall
+            # the other ranks' extends come after this one's first tokens: its next decode steps
+            # run at their length (on average a request's own extend overlaps none of them); with
+            # a queue they coincide with this one
+            if not queued and prefill_stall > 0:
+                owed, owed_dt = owed + prefill_stall, max(owed_dt, dt) if owed > 0 else dt
             continue
         if run_ctx:
             ctx = np.array([r[0] for r in run_ctx], float)
             dt = _step_seconds(decode_t(len(run_ctx), float(ctx.mean())), "decode")
+            if owed > 0:  # a neighbour's extend holds this step (a fraction of one: its share)
+                share = min(owed, 1.0)
+                dt += share * max(owed_dt - dt, 0.0)
+                owed -= share
             t += dt
             steps += 1
             out_tok += len(run_ctx)
