@@ -90,6 +90,13 @@ def extend_share(attn_dp, batch_rank, isl, osl, chunk):
     return q, p, r, C
 
 
+def own_extend(attn_dp: float, q: float, p: float) -> tuple[float, float]:
+    """One rank's view of `extend_share`'s steady state (the one-rank simulator's): (ranks its own
+    extend shares the step with on average, 1 + (attn_dp - 1) q; steps of its neighbours' extends
+    that follow each of its own, (p - q) / q, in which it decodes at their length)."""
+    return 1.0 + (attn_dp - 1.0) * q, (p - q) / max(q, 1e-12)
+
+
 def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=None, calibration=None,
                 imbalance=1.0, routing_skew=0.0, deepgemm_jit: bool = True) -> dict:
     """Analytic steady state of every plan (arrays). Closed loop at `workload.concurrency`
@@ -241,22 +248,21 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     cs = np.unique(np.geomspace(1, max(chunk, 2), 16).round())
     replicas = int(est["replicas"][0])
     osl = 1 if w.phase == "prefill" else w.osl
-    # a burst starts every rank with a queue (their extends coincide); in a closed loop's steady
-    # state (`extend_share`) this rank's extend shares its step with 1 + (attn_dp - 1) q ranks'
-    # on average, and (p - q) / q steps of its neighbours' extends follow each of its own, in
-    # which it decodes at their length
-    r_ext, stall = float(a), 0.0
+    # a burst starts every rank with a queue (their extends coincide); a closed loop's steady
+    # state as one rank sees it (`own_extend`)
+    r_ext, stall = None, 0.0
     if not burst and w.phase == "both":
         K_ss = max(int(round(max(w.concurrency, 1) / (replicas * a))), 1)
         q, p_ext, _, _ = (float(v) for v in extend_share(a, min(K_ss, max_b), w.isl, osl, chunk))
-        r_ext = 1.0 + (a - 1.0) * q
-        stall = (p_ext - q) / max(q, 1e-12)
-    # (tokens, mean context a new token attends to), as the simulator tracks a step
-    pre = _grid_fn(lambda t, x: s_pre * sm.prefill(t, *context_split(t, x), ranks=r_ext)[0], cs,
-                   np.linspace(0, max(isl_max, 1), 5))
-    # every rank extending in the same step (a queued rank's, `simulate`)
-    pre_all = (_grid_fn(lambda t, x: s_pre * sm.prefill(t, *context_split(t, x))[0], cs, np.linspace(0, max(isl_max, 1), 5))
-               if stall > 0 else None)
+        r_ext, stall = own_extend(a, q, p_ext)
+
+    def prefill_grid(ranks):
+        """A prefill step of (tokens, mean context a new token attends to), as the simulator
+        tracks it, with `ranks` attention-DP ranks extending (None: all)."""
+        return _grid_fn(lambda t, x: s_pre * sm.prefill(t, *context_split(t, x), ranks=ranks)[0], cs,
+                        np.linspace(0, max(isl_max, 1), 5))
+    pre = prefill_grid(r_ext)
+    pre_all = prefill_grid(None) if stall > 0 else None  # a queued rank's step: every rank extends (`simulate`)
     if burst:
         if requests is None:
             n = max(n_requests // (replicas * a), 1)

@@ -122,7 +122,8 @@ def simulate(prefill_t, decode_t, requests, *, chunk: int, max_batch: int, kv_to
             # run at their length (on average a request's own extend overlaps none of them); with
             # a queue they coincide with this one
             if not queued and prefill_stall > 0:
-                owed, owed_dt = owed + prefill_stall, max(owed_dt, dt) if owed > 0 else dt
+                owed_dt = max(owed_dt, dt) if owed > 0 else dt  # the longest extend still owed
+                owed += prefill_stall
             continue
         if run_ctx:
             ctx = np.array([r[0] for r in run_ctx], float)
