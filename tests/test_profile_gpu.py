@@ -44,6 +44,27 @@ def test_merge_keeps_the_shipped_grid_and_scales_it_to_the_measured_level():
     assert any(n.startswith("gemm fp8: not measured here") for n in notes)
 
 
+def test_merge_scales_each_unmeasured_cell_by_the_measurements_around_it_not_one_median():
+    """Issue 27: the CPU runs its tiny GEMMs far below the shipped grid's shape and its wide ones
+    above it; one median ratio over the points a budget reached set the level of the cells the
+    model reads (the quickstart's 2048x256x256 GEMMs 0.4-1.0x apart over nine profiles). Each
+    unmeasured cell now takes the ratio interpolated from the measured points around it."""
+    shipped = _grid("bf16", 1.0, ms=(16, 64, 256, 1024, 4096), nks=(64, 256, 1024))
+    # measured: ratio 0.25 at m 16 and 64 (three points, the median), 2.0 at m 4096 (two points)
+    measured = ([dict(dtype="bf16", m=m, n=64, k=64, tflops=0.25 * m, source="measured:gemm") for m in (16, 64)]
+                + [dict(dtype="bf16", m=64, n=1024, k=64, tflops=0.25 * 64, source="measured:gemm")]
+                + [dict(dtype="bf16", m=4096, n=n, k=64, tflops=2.0 * 4096, source="measured:gemm") for n in (64, 1024)])
+    rows, notes = merge_with_shipped("gemm", measured, shipped)
+    bf = {(r["m"], r["n"], r["k"]): r for r in rows}
+    # next to the wide measurements the cell takes their ratio, next to the narrow ones theirs
+    assert bf[(4096, 256, 256)]["tflops"] == pytest.approx(2.0 * 4096)
+    assert bf[(16, 256, 1024)]["tflops"] == pytest.approx(0.25 * 16)
+    # between them, the log-space interpolation of the two (m 1024 is 2/3 of the way, in log m, from 64 to 4096)
+    assert bf[(1024, 256, 256)]["tflops"] == pytest.approx(1024 * 0.25 * 8.0 ** (2 / 3), rel=1e-6)
+    assert bf[(1024, 256, 256)]["source"].startswith("default x1")
+    assert any("scaled x0.25..2" in n for n in notes)
+
+
 def test_gpu_profile_without_fp8_keeps_shipped_fp8_rows_so_fp8_plans_keep_fp8_speed(tmp_path):
     """A GPU profile measuring bf16 only must not drop the shipped fp8 rows (the cost model then
     silently predicts fp8 plans at bf16 speed: `_Ops.any_fp8` needs gemm fp8 rows)."""

@@ -10,7 +10,8 @@ point; a rerun measures only what is missing (partial/<runner>.csv in the output
 A family with no measured row at all keeps the shipped default rows (source "default: ...").
 GEMM, grouped GEMM and attention are merged into the shipped grid per key (dtype, direction):
 a measured key replaces the shipped rows at the points it measured and keeps the rest of the
-shipped grid scaled by the median measured/shipped ratio, so a measurement never narrows the
+shipped grid scaled by the measured/shipped ratio interpolated from the measured points around
+each cell (`_ratio_field`), so a measurement never narrows the
 range the cost model can look up; a key with no measured row (e.g. fp8 where this machine cannot
 run fp8) keeps its shipped rows, and the notes say so.
 
@@ -547,8 +548,10 @@ def merge_with_shipped(family: str, measured: list[dict], shipped: list[dict]) -
 
     family: gemm | grouped_gemm | attention; measured: one row per measured point; shipped: the
     shipped default rows of this kind. Per key: measured rows are kept as they are; shipped
-    points the profile did not measure are kept, scaled by the median measured/shipped ratio
-    at the measured points (so the measured level carries over without seams, and the grid the
+    points the profile did not measure are kept, scaled by the measured/shipped ratio
+    interpolated from the measured points around them (`_ratio_field`: the measured level carries
+    over without seams, and a cell far from every measurement does not take the level of the few
+    points a budget reached elsewhere in the grid; the grid the
     cost model can look up is never narrower than the shipped one); a key with no measured row
     keeps its shipped rows unchanged (source "default: ..."). Returns (rows, notes).
 
@@ -590,29 +593,50 @@ def merge_with_shipped(family: str, measured: list[dict], shipped: list[dict]) -
             fixed = dict(zip(sl_axes, sv))
             pts = np.array([at(r, plain) for r in rs])
             ref = grid.lookup(key, values[0], **{a: pts[:, i] for i, a in enumerate(plain)}, **fixed)
-            ratio = float(np.median(np.array([float(r[values[0]]) for r in rs]) / ref))
-            ratios.append(ratio)
+            ratio = _ratio_field(family, key, rs, np.array([float(r[values[0]]) for r in rs]) / ref)
             have = {tuple(p) for p in pts.tolist()}
+            cell_ratios = []
             for r in s_rows:
                 c = at(r, plain)
                 if c in have:
                     continue
                 have.add(c)  # one row per cell and slice, whatever optional values the shipped rows hold
                 exact = at(r, sl_axes) == sv  # the shipped row itself; else the shipped grid there
-                vals = {v: (float(r[v]) if exact else float(grid.lookup(key, v, **dict(zip(plain, c)), **fixed))) * ratio
+                x = float(ratio.lookup(key, values[0], **dict(zip(plain, c)), **fixed))
+                cell_ratios.append(x)
+                vals = {v: (float(r[v]) if exact else float(grid.lookup(key, v, **dict(zip(plain, c)), **fixed))) * x
                         for v in values}
-                out.append(dict(r, **{a: rs[0][a] for a in sl_axes}, **vals, source=f"default x{ratio:.3g}: {r['source']}"))
+                out.append(dict(r, **{a: rs[0][a] for a in sl_axes}, **vals, source=f"default x{x:.3g}: {r['source']}"))
                 kept += 1
+            ratios.append((min(cell_ratios), max(cell_ratios)) if cell_ratios else (1.0, 1.0))
         pts = np.array([at(r, axes) for r in m_rows])
         lo = {a: float(pts[:, i].min()) for i, a in enumerate(axes)}
         hi = {a: float(pts[:, i].max()) for i, a in enumerate(axes)}
-        scaled = (f"x{ratios[0]:.3g}" if len(ratios) == 1 else
-                  "per " + "/".join(sl_axes) + " " + ", ".join(f"x{x:.3g} at {'/'.join(f'{v:g}' for v in sv)}"
+        span = lambda x: f"x{x[0]:.3g}" if f"{x[0]:.3g}" == f"{x[1]:.3g}" else f"x{x[0]:.3g}..{x[1]:.3g}"  # noqa: E731
+        scaled = (span(ratios[0]) if len(ratios) == 1 else
+                  "per " + "/".join(sl_axes) + " " + ", ".join(f"{span(x)} at {'/'.join(f'{v:g}' for v in sv)}"
                                                                for x, sv in zip(ratios, sorted(slices))))
         notes.append(f"{name}: {len(m_rows)} measured points ("
                      + ", ".join(f"{a} {lo[a]:g}..{hi[a]:g}" for a in axes)
-                     + f"); {kept} shipped points kept, scaled {scaled} (median measured/shipped)")
+                     + f"); {kept} shipped points kept, scaled {scaled} (the measured/shipped ratio "
+                       "interpolated from the measured points nearest each)")
     return out, notes
+
+
+def _ratio_field(family: str, key: tuple, rows: list[dict], ratio: np.ndarray):
+    """The measured/shipped ratio over the measured points of one key (and optional-axis slice),
+    as a table of the family's own layout: a shipped cell the profile did not measure takes the
+    ratio interpolated (log space, clamped at the measured range's edges) from the measured points
+    around it, so the shipped grid's shape survives only between measurements. One median ratio
+    for the whole grid (what this was) let the points a budget happened to reach set the level of
+    every other cell: the CPU's tiny GEMMs run at 0.3-0.6x of the shipped H800-shaped grid and its
+    64-4096-wide ones at 1.5-2x, so a profile cut before the mid widths scaled the model's own
+    2048x256x256 GEMMs by 0.60 and one that reached them by 1.48 (issue 27: nine CPU profiles
+    put the quickstart model's GEMMs 0.4-1.0x apart, and the calibration's gemm factor 0.45-1.2
+    chased it)."""
+    from cost_model.tables import FAMILIES, GridTable
+    _keys, _axes, values = FAMILIES[family]
+    return GridTable(family, [dict(r, **{v: float(x) for v in values}) for r, x in zip(rows, ratio)])
 
 
 def build_family_rows(kind: str, rows: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], list[str]]:
