@@ -283,6 +283,27 @@ def test_a_function_class_is_not_counted_as_hook_timed():
     assert shares.get("gemm", 0) > 0 and "gemm" not in scoped
 
 
+def test_the_ranks_waits_inside_moe_collectives_are_the_late_ranks_compute_not_ep_comm():
+    """Issue 27: a rank's time in the MoE layers' collectives holds its wait for the last peer (the
+    others' extra compute). The split takes ep_comm at its least rank and gives the rest of the
+    mean to the compute and host classes by their time; pipeline waits (other_comm) stay; the
+    split still sums to the step."""
+    from trials.megatron.components import component_times
+    # rank 0 waited 0.2 of its step inside the all-to-alls for rank 1, whose experts ran longer
+    r0 = {"ep_comm": 0.3, "grouped_gemm": 0.2, "attention": 0.3, "other_comm": 0.1, "host_launch": 0.1}
+    r1 = {"ep_comm": 0.1, "grouped_gemm": 0.4, "attention": 0.3, "other_comm": 0.1, "host_launch": 0.1}
+    t = component_times([r0, r1], 2.0)
+    assert t["ep_comm"] == pytest.approx(0.2)  # the least rank's 0.1 of the step
+    assert t["other_comm"] == pytest.approx(0.2)  # as measured (the ranks' mean)
+    assert sum(t.values()) == pytest.approx(2.0)
+    # the mean's extra 0.2 s of ep_comm goes to the work classes in proportion (0.6, 0.6, 0.2 s)
+    assert t["grouped_gemm"] == pytest.approx(0.6 + 0.2 * 0.6 / 1.4)
+    assert t["host_launch"] == pytest.approx(0.2 + 0.2 * 0.2 / 1.4)
+    # one rank (nothing to compare) or ranks that agree: the mean, unchanged
+    assert component_times([r0], 2.0)["ep_comm"] == pytest.approx(0.6)
+    assert component_times([r1, r1], 2.0) == pytest.approx({c: 2.0 * v for c, v in r1.items()})
+
+
 @pytest.mark.slow
 def test_cpu_megatron_trial_records_its_step_by_class():
     """A real 2-rank CPU Megatron trial with EP 2: its measurement splits the median step by class

@@ -593,7 +593,7 @@ def merge_with_shipped(family: str, measured: list[dict], shipped: list[dict]) -
             fixed = dict(zip(sl_axes, sv))
             pts = np.array([at(r, plain) for r in rs])
             ref = grid.lookup(key, values[0], **{a: pts[:, i] for i, a in enumerate(plain)}, **fixed)
-            ratio = _ratio_field(family, key, rs, np.array([float(r[values[0]]) for r in rs]) / ref)
+            ratio = _ratio_field(family, rs, np.array([float(r[values[0]]) for r in rs]) / ref)
             have = {tuple(p) for p in pts.tolist()}
             cell_ratios = []
             for r in s_rows:
@@ -623,17 +623,17 @@ def merge_with_shipped(family: str, measured: list[dict], shipped: list[dict]) -
     return out, notes
 
 
-def _ratio_field(family: str, key: tuple, rows: list[dict], ratio: np.ndarray):
+def _ratio_field(family: str, rows: list[dict], ratio: np.ndarray):
     """The measured/shipped ratio over the measured points of one key (and optional-axis slice),
     as a table of the family's own layout: a shipped cell the profile did not measure takes the
     ratio interpolated (log space, clamped at the measured range's edges) from the measured points
     around it, so the shipped grid's shape survives only between measurements. One median ratio
     for the whole grid (what this was) let the points a budget happened to reach set the level of
     every other cell: the CPU's tiny GEMMs run at 0.3-0.6x of the shipped H800-shaped grid and its
-    64-4096-wide ones at 1.5-2x, so a profile cut before the mid widths scaled the model's own
-    2048x256x256 GEMMs by 0.60 and one that reached them by 1.48 (issue 27: nine CPU profiles
-    put the quickstart model's GEMMs 0.4-1.0x apart, and the calibration's gemm factor 0.45-1.2
-    chased it)."""
+    64-4096-wide ones at 1.5-2x, so a profile cut before the mid widths scaled the quickstart
+    model's 2048x64x64 GEMMs by 0.60 and one that reached them by 1.48 (issue 27: nine CPU
+    profiles read them at 0.024-0.060 TFLOPS, and the calibration's gemm factor 0.45-1.2 chased
+    it; rebuilt with the ratio field from the same measurements, 0.072-0.078)."""
     from cost_model.tables import FAMILIES, GridTable
     _keys, _axes, values = FAMILIES[family]
     return GridTable(family, [dict(r, **{v: float(x) for v in values}) for r, x in zip(rows, ratio)])
