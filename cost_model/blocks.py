@@ -400,10 +400,13 @@ def ep_dispatch_combine(x: Inputs, experts: RoutedExperts) -> FwdBwd:
     ep_c = np.where(disp == 1, rs, ep_c)
     # expert tensor parallelism: gather/scatter the routed rows over ETP
     R = experts.rows
-    d = ep_d + ops.collective("all_gather", 2.0 * R * h, x.etp, 1)
-    c = ep_c + ops.collective("reduce_scatter", 2.0 * R * h, x.etp, 1)
+    etp_ag = ops.collective("all_gather", 2.0 * R * h, x.etp, 1)
+    etp_rs = ops.collective("reduce_scatter", 2.0 * R * h, x.etp, 1)
+    d, c = ep_d + etp_ag, ep_c + etp_rs
     total = d + c
-    return EPComm(total, total.copy(), d, c, d_bytes, c_bytes)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        etp_share = np.where(total > 0, (etp_ag + etp_rs) / total, 0.0)
+    return EPComm(total, total.copy(), d, c, d_bytes, c_bytes, etp_share)
 
 
 @dataclass
@@ -415,6 +418,9 @@ class EPComm(FwdBwd):
     combine: np.ndarray = None
     dispatch_bytes: np.ndarray = None  # per-GPU payload of one dispatch / combine (all copies)
     combine_bytes: np.ndarray = None
+    # share of the total that is expert-TP's gather / scatter of the routed rows (a collective
+    # of its own kind, all-gather / reduce-scatter over ETP, priced apart in the breakdown)
+    etp_share: np.ndarray = None
 
 
 @dataclass

@@ -49,11 +49,12 @@ STEP = "step"  # the one class of a one-scale calibration
 
 # The breakdown classes of the training model, and which class each `breakdown_s` component of
 # cost_model.model belongs to (a component not listed here raises: a new component must be placed).
-TRAIN_CLASSES = ("gemm", "grouped_gemm", "attention", "ep_comm", "other_comm", "host_launch", "elementwise",
-                 "pipeline_bubble", "stack_floor")
+TRAIN_CLASSES = ("gemm", "grouped_gemm", "attention", "ep_comm", "etp_comm", "other_comm", "host_launch",
+                 "elementwise", "pipeline_bubble", "stack_floor")
 # the classes a CPU trial's split measures (trials/megatron/components.py): the bubble is measured
-# inside host_launch, and stack_floor is a factor only (its time is measured in the others)
-SPLIT_CLASSES = tuple(c for c in TRAIN_CLASSES if c not in ("pipeline_bubble", "stack_floor"))
+# inside host_launch, expert TP's collectives inside ep_comm (both run in the MoE layer), and
+# stack_floor is a factor only (its time is measured in the others)
+SPLIT_CLASSES = tuple(c for c in TRAIN_CLASSES if c not in ("pipeline_bubble", "stack_floor", "etp_comm"))
 SERVE_CLASSES = ("prefill", "decode")
 COMPONENT_CLASS = {
     "attention_proj": "gemm", "dense_mlp": "gemm", "shared_expert": "gemm", "lm_head_ce": "gemm", "mtp": "gemm",
@@ -64,6 +65,12 @@ COMPONENT_CLASS = {
     "expert_gemm": "grouped_gemm",
     "core_attention": "attention",
     "ep_dispatch_combine": "ep_comm",  # what the model leaves exposed (after any a2a overlap)
+    # expert TP's all-gather / reduce-scatter of the routed rows: another collective than the
+    # dispatcher's exchange, with a factor of its own, measured where the split sees it (inside
+    # the MoE layer, ep_comm). Sharing ep_comm's factor, the CPU studies' etp=2 plans (their
+    # gather / scatter measured at 2-2.8x its price) set the factor of every EP plan's all-to-all
+    # (measured at 1.2-1.3x): issue 27
+    "etp_gather_scatter": "etp_comm@ep_comm",
     # a2a overlap as it runs: the communication a paired compute node cannot hide, and the compute
     # slowed by the SMs the communication kernels hold: both are the EP communication's cost
     "ep_overlap_beyond": "ep_comm", "ep_overlap_sm_share": "ep_comm",

@@ -237,6 +237,7 @@ def _recompute_fraction(pa: PlanArrays, vpp: np.ndarray, nlay: np.ndarray) -> np
 # ---- the step as one list of terms ---------------------------------------------------------------
 # Breakdown components, in the order `breakdown_s` lists them.
 COMPONENTS = ("attention_proj", "core_attention", "dense_mlp", "router_permutation", "ep_dispatch_combine",
+              "etp_gather_scatter",
               "ep_overlap_beyond", "ep_overlap_sm_share", "ep_overlap_hbm_share", "dispatcher_preprocess",
               "expert_gemm", "shared_expert", "elementwise", "kernel_latency", "wgrad_main_grad",
               "fp8_quantize", "moe_host_sync", "tp_comm", "cp_comm", "embedding", "lm_head_ce", "mtp",
@@ -514,7 +515,13 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     terms.add("dense_mlp", "dense", dense.f, dense.f)
     terms.add("dense_mlp", "dense", dense.b)
     terms.add("tp_comm", "dense", 2 * tp.block, tp.block)  # MLP block
-    for name, blk in (("router_permutation", router), ("ep_dispatch_combine", epx.serial),
+    # the serial exchange apart: the dispatcher's tokens and expert TP's gather / scatter of the
+    # routed rows (a different collective; the calibration gives it a class of its own)
+    etp_s = ep_total.etp_share if (spec.is_moe and ep_total.etp_share is not None) else z
+    serial_ep = FwdBwd(epx.serial.f * (1.0 - etp_s), epx.serial.b * (1.0 - etp_s))
+    serial_etp = FwdBwd(epx.serial.f * etp_s, epx.serial.b * etp_s)
+    for name, blk in (("router_permutation", router), ("ep_dispatch_combine", serial_ep),
+                      ("etp_gather_scatter", serial_etp),
                       ("ep_overlap_beyond", epx.beyond), ("ep_overlap_sm_share", epx.sm_share),
                       ("expert_gemm", expert_t), ("shared_expert", shared)):
         terms.add(name, "moe", blk.f, blk.f)

@@ -81,6 +81,10 @@ REGENERATIONS = [
      "refit 1.2746 -> 1.2614 (mixtral, deepseek-v3, qwen3-30b, qwen3-235b: every step x0.990..x0.995; gpt-oss-120b "
      "x1.008..x1.69, the x1.6 plans its EP1 plans, host-bound on 257 bias launches per layer). Same plans and scripts",
      "0489a6fe8571864a768eb70e3f547c331f4f2b3ed37426d1572a22a7f02331a4"),
+    ("issue 27 (2026-12-06)", "breakdown gains etp_gather_scatter: expert TP's gather / scatter of the routed rows "
+     "taken out of ep_dispatch_combine (their own calibration class, etp_comm); `--keep-plans`: same plans, step "
+     "times, scripts and counts (two mixtral terms move in the 17th digit)",
+     "7b5f34078d9d4f4b330479f2560c20775f6e001c87f4dca651c41a27253fe93a"),
 ]
 
 
