@@ -1,12 +1,14 @@
 """Per-component raw breakdown of the issue-22 workload, Qwen3-30B-A3B on 16 H100 (gbs 1024, seq
 4096, tp1 pp1 ep16 mbs1, flex/HybridEP as the 26.04 recipe runs it), bf16 and fp8 (current scaling),
-without and with EP a2a overlap; then the overlap A/B (step ratio) and fp8 / bf16.
+without and with EP a2a overlap; then the overlap A/B (step ratio) per dispatcher and fp8 / bf16.
 
     PYTHONPATH=$PWD python bench/qwen3_30b_components.py
 
 Raw seconds per step (calibration off). Measured references (not fitted): the overlap A/B on this
 workload, BF16 HybridEP, is -15% step time (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap
-SKILL.md "Measured Evidence"); fp8 vs bf16 equal or slower (../issue 22's sources).
+SKILL.md "Measured Evidence"), BF16 alltoall without CUDA graphs or permute fusion -24% (the same
+file, "Correctness-first alltoall smoke", directional); no public DeepEP pair on this workload; fp8
+vs bf16 equal or slower (issue 22's sources).
 """
 from __future__ import annotations
 
@@ -23,8 +25,12 @@ from specs.plan import Plan  # noqa: E402
 from specs.workload import Workload  # noqa: E402
 
 
+def W():
+    return Workload(load_model("qwen3-30b-a3b"), load_cluster("h100-sxm", 16), 1024, 4096)
+
+
 def cases():
-    w = Workload(load_model("qwen3-30b-a3b"), load_cluster("h100-sxm", 16), 1024, 4096)
+    w = W()
     out = {}
     for prec in ("bf16", "fp8-tensorwise"):
         for a2a in (False, True):
@@ -45,7 +51,14 @@ def main() -> int:
     print(f"{'step (raw)':28s} " + " ".join(f"{res[k].step_time_s:12.3f}" for k in keys))
     for prec in ("bf16", "fp8-tensorwise"):
         r = res[(prec, True)].step_time_s / res[(prec, False)].step_time_s - 1
-        print(f"a2a overlap A/B {prec}: {r:+.1%} step time (measured bf16: -15%)")
+        print(f"a2a overlap A/B {prec} hybridep: {r:+.1%} step time (measured bf16: -15%)")
+    measured = {"alltoall": "-24% (directional)", "deepep": "no public pair"}
+    for disp, backend in (("alltoall", None), ("flex", "deepep")):
+        steps = [predict(W(), Plan(tp=1, pp=1, ep=16, mbs=1, precision="bf16", dispatcher=disp,
+                                   a2a_overlap=a2a, **({"flex_backend": backend} if backend else {})),
+                         calibration=IDENTITY, grad_reduce_in_fp32=False).step_time_s for a2a in (False, True)]
+        print(f"a2a overlap A/B bf16 {backend or disp}: {steps[1] / steps[0] - 1:+.1%} step time "
+              f"(measured: {measured[backend or disp]})")
     for a in (False, True):
         r = res[("fp8-tensorwise", a)].step_time_s / res[("bf16", a)].step_time_s - 1
         print(f"fp8 vs bf16 (a2a={a}): {r:+.1%} step time (public: equal or slower)")

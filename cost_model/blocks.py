@@ -19,6 +19,7 @@ from cost_model.constants import (
     CE_BWD_BYTES_PER_LOGIT,
     CE_FWD_BYTES_PER_LOGIT,
     COMM_SMS,
+    COMM_STARVED,
     D2H_SYNC_S,
     DDP_BUCKET_MIN_PARAMS,
     DDP_BUCKET_PARAMS_PER_DP_RANK,
@@ -47,6 +48,7 @@ from cost_model.constants import (
     P2P_PEERS,
     ROPE_EAGER_BWD_BYTES_PER_ELEMENT,
     ROPE_EAGER_FWD_BYTES_PER_ELEMENT,
+    STARVED_COMM_RATE,
 )
 from cost_model.nongemm import comm_hbm_share, hbm_contention, rope_eager
 from cost_model.ops import TableOps
@@ -451,12 +453,20 @@ def comm_sm_share(x: Inputs) -> np.ndarray:
     return np.clip(sms / n, 0.0, 0.9) if n > 1 else x.zero
 
 
-def paired_exposure(comm, compute, share):
-    """(beyond, sm_share) of `comm` run beside `compute` while comm holds `share` of the SMs:
-    the compute progresses at (1 - share) of its speed while comm runs, so the pair's wall time is
-    max(comm, compute + share x comm); of its excess over `compute`, share x comm is the slowed
-    compute and max(0, comm (1 - share) - compute) the communication left over."""
-    return np.maximum(0.0, comm * (1.0 - share) - compute), share * comm
+def paired_exposure(comm, compute, share, held):
+    """(beyond, sm_share) of `comm` run beside `compute`, by who gets the SMs (`constants`
+    COMM_STARVED). `held` (e.g. a cooperatively launched kernel, all its CTAs resident): comm holds
+    `share` of the SMs at full speed and the compute progresses at (1 - share) of its speed while
+    comm runs, so the pair's wall time is max(comm, compute + share x comm); of its excess over
+    `compute`, share x comm is the slowed compute and max(0, comm (1 - share) - compute) the
+    communication left over. Not held (starved: plain-launched CTAs waiting for the SMs the
+    compute takes): the compute keeps its speed and comm progresses at STARVED_COMM_RATE of its
+    own while the compute runs, then alone at full speed: wall compute + max(0, comm - rate x
+    compute), all of the excess communication."""
+    held = np.asarray(held, dtype=bool)
+    beyond = np.where(held, np.maximum(0.0, comm * (1.0 - share) - compute),
+                      np.maximum(0.0, comm - STARVED_COMM_RATE * compute))
+    return beyond, np.where(held, share * comm, 0.0)
 
 
 def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: FwdBwd, mlp_node: FwdBwd,
@@ -472,24 +482,27 @@ def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: FwdBwd, mlp_nod
     attention block, router and dispatch preprocess; `mlp_node`: the experts and the shared
     expert). `unpaired`: the share of a stage's forward (and backward) chunks that run without a
     partner (the first forwards and last backwards of each virtual stage), whose communication is
-    serial. Communication kernels hold SMs the paired compute would use (`comm_sm_share`) and HBM
-    bandwidth its memory-bound kernels would use: `membound` = (attention node, MLP node, shared
+    serial. Communication kernels hold SMs the paired compute would use (`comm_sm_share`), or, where
+    they are starved (`constants` COMM_STARVED: HybridEP), get the SMs the compute leaves and trickle
+    (`paired_exposure`). Both take HBM bandwidth the paired memory-bound kernels would use (a
+    starved one at its lower rate): `membound` = (attention node, MLP node, shared
     expert) memory-bound FwdBwd seconds (`nongemm.hbm_contention`; None: not charged)."""
     z = x.zero
     s = comm_sm_share(x)
+    held = ~np.asarray(COMM_STARVED)[x.pa.dispatch]
     seo = x.pa.shared_expert_overlap.astype(bool)
     a2o = x.pa.a2a_overlap.astype(bool)
     disp, comb = ep.dispatch, ep.combine
     # a2a overlap: forward-side comm (dispatch_f with mlp_b, combine_f with attn_b), backward-side
     # comm (combine_b with attn_f, dispatch_b with mlp_f); the backward's dispatch moves the
     # forward combine's bytes and vice versa
-    bf1, sf1 = paired_exposure(disp, mlp_node.b, s)
-    bf2, sf2 = paired_exposure(comb, attn_node.b, s)
-    bb1, sb1 = paired_exposure(disp, attn_node.f, s)
-    bb2, sb2 = paired_exposure(comb, mlp_node.f, s)
+    bf1, sf1 = paired_exposure(disp, mlp_node.b, s, held)
+    bf2, sf2 = paired_exposure(comb, attn_node.b, s, held)
+    bb1, sb1 = paired_exposure(disp, attn_node.f, s, held)
+    bb2, sb2 = paired_exposure(comb, mlp_node.f, s, held)
     # shared-expert overlap: the shared expert beside the whole dispatch + combine
-    bsf, ssf = paired_exposure(ep.f, shared.f, s)
-    bsb, ssb = paired_exposure(ep.b, shared.b, s)
+    bsf, ssf = paired_exposure(ep.f, shared.f, s, held)
+    bsb, ssb = paired_exposure(ep.b, shared.b, s, held)
     paired = 1.0 - unpaired
     serial = FwdBwd(np.where(a2o, unpaired * ep.f, np.where(seo, z, ep.f)),
                     np.where(a2o, unpaired * ep.b, np.where(seo, z, ep.b)))
@@ -510,7 +523,10 @@ def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: FwdBwd, mlp_nod
     hb = hbm_contention(mb_attn.f, disp, hc) + hbm_contention(mb_mlp.f, comb, hd)
     hall = comm_hbm_share(ep.dispatch_bytes + ep.combine_bytes, ep.f, hbm)
     hsf, hsb = hbm_contention(mb_shared.f, ep.f, hall), hbm_contention(mb_shared.b, ep.b, hall)
-    hs = FwdBwd(np.where(a2o, paired * hf, np.where(seo, hsf, z)), np.where(a2o, paired * hb, np.where(seo, hsb, z)))
+    # a starved kernel moves its bytes at its lower rate while the compute runs
+    hr = np.where(held, 1.0, STARVED_COMM_RATE)
+    hs = FwdBwd(hr * np.where(a2o, paired * hf, np.where(seo, hsf, z)),
+                hr * np.where(a2o, paired * hb, np.where(seo, hsb, z)))
     return EPExposed(serial, beyond, sm, hs)
 
 

@@ -135,6 +135,36 @@ NCCL_COMM_SMS = 32
 DEEPEP_SMS = 20
 COMM_SMS = (NCCL_COMM_SMS, NCCL_COMM_SMS, DEEPEP_SMS, HYBRIDEP_NUM_SMS)
 
+# ---- who gets the SMs when communication runs beside compute -----------------------------------------
+# Per dispatcher code, whether its EP communication kernels are starved of SMs by the compute beside
+# them (True) or hold their SMs (False; `blocks.paired_exposure`).
+# - DeepEP holds: it launches every kernel cooperatively (cudaLaunchAttributeCooperative,
+#   deepseek-ai/DeepEP csrc/kernels/launch.cuh SETUP_LAUNCH_CONFIG), all its CTAs resident at once,
+#   so it runs on its SMs at full speed and the compute beside it on the SMs left (arXiv 2603.07685
+#   §4.2.3: DeepEP's 20 SMs cost the GEMMs beside it ~20% efficiency).
+# - HybridEP is starved: it launches its dispatch / combine kernels as plain grids (DeepEP branch
+#   hybrid-ep csrc/hybrid_ep/backend/hybrid_ep_backend.cuh `dispatch_kernel_ptr<<<NUM_OF_BLOCKS_TOTAL,
+#   ...>>>`), whose CTAs wait for SMs like any kernel's; Megatron-core 0.16.1 reserves no SMs on its
+#   TE GEMMs, which take them as they free. Measured: see STARVED_COMM_RATE.
+# - NCCL (alltoall / allgather dispatchers; and the DP / PP collectives, priced the same way) holds:
+#   its kernels are ordinary launches too (NVIDIA/nccl src/enqueue.cc ncclLaunchKernel), but one CTA
+#   per channel, and the one public NCCL all-to-all overlap A/B (Megatron-Bridge
+#   skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md, "Correctness-first alltoall smoke": Qwen3-30B-A3B
+#   16 H100, no CUDA graphs, 41.25 -> 31.31 s, -24%, "directional") hides at least what the held
+#   pricing allows (model -31%; starved -13%), so nothing says it starves.
+COMM_STARVED = (False, False, False, True)
+# The rate a starved communication kernel progresses at while GEMM / attention kernels run beside it,
+# as a share of its rate alone, and the compute beside it at full speed. From the component split of
+# one Nsight Systems A/B (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md,
+# "Measured Evidence": Qwen3-30B-A3B, 16 H100, BF16, HybridEP 32 SMs, EP overlap off / on, rank 0):
+# communication kernels 9.079 ms concurrent = 0.11% -> 8.25 s alone (off); 3,959 ms concurrent =
+# 36.55% -> 10.83 s (on). The 6.87 s of the on case not beside GEMM / attention ran at the full
+# rate, so the 3.96 s beside them did the remaining 8.25 - 6.87 = 1.38 s of work: rate 0.35
+# (0.26-0.45 over the rounding of "0.11%"). The compute did not slow: GPU-active union minus the
+# communication alone, 22.82 - 8.25 = 14.57 s off, 21.22 - 6.87 = 14.35 s on. A kernel-level
+# measurement of the mechanism, not the A/B's step times (which the model is checked against).
+STARVED_COMM_RATE = 0.35
+
 # ---- CUDA graphs (megatron-core 0.16.1 --cuda-graph-impl / --cuda-graph-scope) ----------------------
 # A graphed region replaces its kernel launches by one graph replay per pass: TE
 # make_graphed_callables captures a forward and a backward graph per callable, so a region costs

@@ -7,7 +7,7 @@ import pytest
 import cost_model
 from clusters import load_cluster
 from cost_model.blocks import paired_exposure
-from cost_model.constants import DEEPEP_SMS
+from cost_model.constants import DEEPEP_SMS, STARVED_COMM_RATE
 from specs.models import load_model
 from specs.stack import GPU_FULL, HYBRIDEP_NUM_SMS
 from specs.workload import Workload
@@ -19,13 +19,29 @@ EP_PARTS = ("ep_dispatch_combine", "ep_overlap_beyond", "ep_overlap_sm_share")
 def test_paired_exposure_is_the_wall_time_of_a_shared_gpu():
     comm = np.linspace(0.0, 3.0, 31)[:, None]
     compute = np.linspace(0.0, 3.0, 31)[None, :]
-    for share in (0.0, 0.15, 0.5):
-        beyond, sm = paired_exposure(comm, compute, share)
-        wall = compute + beyond + sm
-        np.testing.assert_allclose(wall, np.maximum(comm, compute + share * comm))
-        # more communication or more compute never shortens the pair
-        assert (np.diff(wall, axis=0) >= -1e-15).all() and (np.diff(wall, axis=1) >= -1e-15).all()
-        assert (sm >= 0).all() and (beyond >= 0).all()
+    for held in (True, False):
+        for share in (0.0, 0.15, 0.5):
+            beyond, sm = paired_exposure(comm, compute, share, held)
+            wall = compute + beyond + sm
+            if held:  # comm on its own SMs at full speed, the compute on the rest
+                np.testing.assert_allclose(wall, np.maximum(comm, compute + share * comm))
+            else:  # the compute at full speed, comm trickling beside it, then alone
+                np.testing.assert_allclose(wall, compute + np.maximum(0.0, comm - STARVED_COMM_RATE * compute))
+                assert (sm == 0).all()
+            # more communication or more compute never shortens the pair
+            assert (np.diff(wall, axis=0) >= -1e-15).all() and (np.diff(wall, axis=1) >= -1e-15).all()
+            assert (sm >= 0).all() and (beyond >= 0).all()
+
+
+def test_a_starved_kernel_hides_less_than_one_holding_its_sms():
+    """The same communication beside the same compute: a starved kernel (HybridEP) leaves more
+    exposed than one holding its SMs (DeepEP, NCCL) wherever the compute is long enough to hide the
+    held one (comm (1 - share) <= compute); alone (no compute) both are the whole comm."""
+    comm, compute, share = 1.0, np.array([0.0, 0.5, 1.0, 2.0]), 20 / 132
+    held = sum(paired_exposure(comm, compute, share, True))
+    starved = sum(paired_exposure(comm, compute, share, False))
+    assert held[0] == starved[0] == comm
+    assert (starved[2:] > held[2:]).all()
 
 
 def _w(gbs=1024):
@@ -42,9 +58,14 @@ def test_overlapped_comm_pays_its_sm_share_and_the_unpaired_chunks(backend, sms)
     m = 1024 // 16  # microbatches of the one stage: the first forward and last backward are unpaired
     assert ovl.breakdown_s["ep_dispatch_combine"] == pytest.approx(comm / m, rel=1e-9)
     share = sms / w.cluster.sm_count
-    assert ovl.breakdown_s["ep_overlap_sm_share"] == pytest.approx(share * comm * (1 - 1 / m), rel=1e-9)
     exposed = sum(ovl.breakdown_s[k] for k in EP_PARTS)
-    assert share * comm < exposed < comm
+    if backend == "deepep":  # cooperative: holds its SMs, the paired compute slows by their share
+        assert ovl.breakdown_s["ep_overlap_sm_share"] == pytest.approx(share * comm * (1 - 1 / m), rel=1e-9)
+        assert share * comm < exposed < comm
+    else:  # starved: the compute keeps the SMs, the communication is what is left over
+        assert ovl.breakdown_s["ep_overlap_sm_share"] == 0.0
+        assert ovl.breakdown_s["ep_overlap_beyond"] > share * comm
+        assert exposed < comm
     assert ovl.step_time_s < plain.step_time_s
 
 
