@@ -2,11 +2,13 @@
 all-to-all backend, DeepGEMM JIT) takes, the measured ratios behind them, and that the prefill step
 prices them (Triton fused_moe slower than DeepGEMM's grouped kernel on the same shapes)."""
 import csv
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from clusters import load_cluster
+from cost_model.serving.fused_moe import TUNED_CONFIG_SPEEDUP, TUNED_DATA, ships_tuned_config
 from cost_model.serving.kernel_path import DATA, PREFILL_MIN_M, dense_path, efficiency, moe_path, path_ratios, step_efficiencies
 from cost_model.serving.plans import effective_plans, to_cols
 from cost_model.serving.step import StepModel
@@ -62,7 +64,8 @@ def test_prefill_prices_the_triton_fused_moe_below_deepgemm():
     assert float(off.prefill(8192.0, 0.0)[0][0]) > float(on.prefill(8192.0, 0.0)[0][0])
     # the expert GEMMs of an 8k-token prefill are compute-bound: the path's ratio divides them
     # (the fp8 input casts beside them do not change), so the layer slows by up to 1 / ratio
-    on.moe_eff = np.ones(1)
+    # (both at SGLang's tuned block config for this shape, `fused_moe.ships_tuned_config`)
+    on.moe_eff = np.where(on.tuned_moe, TUNED_CONFIG_SPEEDUP, 1.0)
     slow = float(off._experts(T)[0]) / float(on._experts(T)[0])
     assert 1.5 < slow <= 1 / path_ratios()["triton"] + 1e-9
 
@@ -93,3 +96,37 @@ def test_a_prediction_reports_the_kernels_it_priced():
               for p in ("tp=8", "tp=8,attn_dp=8,a2a=deepep"))
     assert tp == {"dense": "deep_gemm", "experts": "triton_fused_moe"}
     assert ep == {"dense": "deep_gemm", "experts": "deep_gemm"}
+
+
+def test_a_shape_sglang_ships_a_tuned_config_for_runs_faster():
+    """DeepSeek-V3 fp8 TP8 on H200 (E=256 / 257 with the shared expert fused, N=256) has a tuned
+    config in SGLang; the same plan on a GPU whose name carries none (A100) runs the default's
+    efficiency; DeepEP plans run DeepGEMM, not the Triton kernel."""
+    assert ships_tuned_config("h200-sxm", 256, 256, True)[0]
+    assert not ships_tuned_config("h200-sxm", 32, 2048, True)[0]  # EP8's local shape: none shipped
+    assert not ships_tuned_config("no-such-gpu", 256, 256, True)[0]
+    tables = load_tables(tables_dir_for(H200.kind))
+    c = to_cols(effective_plans([ServePlan.parse(p) for p in ("tp=8", "tp=8,ep=8", "tp=8,ep=8,a2a=deepep")], DSV3, H200))
+    sm = StepModel(DSV3, H200, tables, c, fp8=True)
+    assert sm.tuned_moe.tolist() == [True, False, False]
+
+
+def test_the_tuned_config_list_is_the_installed_sglangs():
+    """cost_model/data/sglang_fused_moe_configs.csv is the installed SGLang's own list: every row is
+    a config file of the package, and every NVIDIA config file there is a row (the package is
+    located, not imported: its module chain needs GPU-only packages)."""
+    import importlib.util
+    import re
+    spec = importlib.util.find_spec("sglang")
+    assert spec is not None and spec.submodule_search_locations, "sglang is installed by the test command"
+    root = Path(list(spec.submodule_search_locations)[0]) / "srt/layers/moe/moe_runner/triton_utils/configs"
+    rows = list(csv.DictReader(TUNED_DATA.open()))
+    assert len(rows) > 100
+    for r in rows:
+        f = root / r["source"].split("configs/", 1)[1]
+        assert f.exists(), r
+        assert f.name.startswith(f"E={r['E']},N={r['N']},device_name={r['device_name']}")
+        assert (f",dtype={r['dtype']}" in f.name) == bool(r["dtype"])
+    shipped = {(int(m[1]), int(m[2]), m[3]) for f in root.glob("triton_*/E=*.json") if not f.stem.endswith("_down")
+               for m in [re.match(r"E=(\d+),N=(\d+),device_name=(NVIDIA[^,.]*)", f.name)] if m}
+    assert shipped == {(int(r["E"]), int(r["N"]), r["device_name"]) for r in rows}

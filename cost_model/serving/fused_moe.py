@@ -60,3 +60,82 @@ def expert_bandwidth_efficiency(n_shard, weight_bytes: float):
         _FIT = (np.log([x["row_bytes"] for x in s]), np.array([x["eff"] for x in s]))
     ln, eff = _FIT
     return np.interp(np.log(np.maximum(np.asarray(n_shard, float) * weight_bytes, 1.0)), ln, eff)
+
+
+# ---- SGLang's tuned fused-MoE configs ---------------------------------------------------------------
+# The timings above run the kernel's default block configuration. SGLang ships tuned configurations
+# for the shapes its users run (one JSON per E, N, device, dtype; sglang/srt/layers/moe/moe_runner/
+# triton_utils/fused_moe_triton_config.py get_config_file_name / get_moe_configs, which falls back
+# across its triton_* directories), and where one exists the kernel runs faster than the default
+# at the same shape: TUNED_CONFIG_SPEEDUP. The list of shipped NVIDIA configs is copied into
+# cost_model/data/sglang_fused_moe_configs.csv (`python -m cost_model.serving.fused_moe --refresh
+# SGLANG_PACKAGE_DIR` rewrites it from an installed sglang).
+TUNED_DATA = DATA.with_name("sglang_fused_moe_configs.csv")
+# Tuned / default kernel speed at decode batches, fp8 w8a8, from public kernel-level A/Bs of the same
+# kernel at the same shape: vLLM PR #35457 (H200, E=128 N=96 fp8: 8-11% faster at batch 48-128,
+# 5-6% at 1024-2048), vLLM PR #53819 (L40S, E=256 N=512 fp8: 2.6-7.5% over M = 2..8192, median
+# 6.6%): ~1.08. The one bf16 A/B (vLLM #35457: 20-24% at batch 16-64, 2-12% at 1-8) is higher;
+# the fp8 figure is used for both (conservative for bf16).
+TUNED_CONFIG_SPEEDUP = 1.08
+# SGLang names a config by torch.cuda.get_device_name() with spaces as underscores; per cluster kind
+# (the names its shipped configs carry for these GPUs)
+SGLANG_DEVICE_NAMES = {
+    "a100-sxm-80g": "NVIDIA_A100-SXM4-80GB", "h100-sxm": "NVIDIA_H100_80GB_HBM3", "h200-sxm": "NVIDIA_H200",
+    "h800-sxm": "NVIDIA_H800", "h20": "NVIDIA_H20", "b200": "NVIDIA_B200", "b300": "NVIDIA_B300_SXM6_AC",
+    "gb300-nvl72": "NVIDIA_GB300", "gb200-nvl72": "NVIDIA_GB200", "rtx4090": "NVIDIA_GeForce_RTX_4090",
+}
+_TUNED: set | None = None
+
+
+def _tuned_shapes() -> set:
+    """{(E, N, device_name, dtype)} of the shipped configs; dtype "" for bf16 / fp16 (no dtype in
+    the name), "fp8_w8a8" whatever its block shape or per-channel suffix."""
+    global _TUNED
+    if _TUNED is None:
+        _TUNED = {(int(r["E"]), int(r["N"]), r["device_name"], r["dtype"]) for r in csv.DictReader(TUNED_DATA.open())}
+    return _TUNED
+
+
+def ships_tuned_config(kind: str, local_experts, n_shard, fp8: bool):
+    """Whether SGLang ships a tuned fused-MoE config for `local_experts` experts of shard width
+    `n_shard` (arrays or floats) on cluster `kind`, at fp8 w8a8 (`fp8`) or 16-bit weights. The
+    expert count may carry one more: SGLang fuses the shared expert into the routed kernel as an
+    extra expert on some paths (configs for E=257 sit beside E=256), so either counts."""
+    dev = SGLANG_DEVICE_NAMES.get(kind)
+    e = np.atleast_1d(np.asarray(local_experts, float)).astype(int)
+    n = np.atleast_1d(np.asarray(n_shard, float)).astype(int)
+    e, n = np.broadcast_arrays(e, n)
+    if dev is None:
+        return np.zeros(e.shape, bool)
+    shapes, dt = _tuned_shapes(), ("fp8_w8a8" if fp8 else "")
+    return np.array([(int(a), int(b), dev, dt) in shapes or (int(a) + 1, int(b), dev, dt) in shapes
+                     for a, b in zip(e.ravel(), n.ravel())]).reshape(e.shape)
+
+
+def _refresh(sglang_dir: str) -> int:
+    """Rewrite TUNED_DATA from an installed sglang package directory (NVIDIA configs, the first
+    GEMM's file of each shape: a "_down" file pairs with one), each row with the file it came from."""
+    import re
+    from importlib.metadata import version
+    root = Path(sglang_dir) / "srt" / "layers" / "moe" / "moe_runner" / "triton_utils" / "configs"
+    pat = re.compile(r"^E=(\d+),N=(\d+),device_name=(NVIDIA[^,]*?)(?:,dtype=([a-z0-9_]+))?(?:,block_shape=\[[^]]*\])?"
+                     r"(?:,per_channel_quant=True)?\.json$")
+    rows: dict = {}
+    for f in sorted(root.glob("triton_*/*.json")):
+        m = pat.match(f.name)
+        if m and not f.stem.endswith("_down"):
+            rows.setdefault((int(m[1]), int(m[2]), m[3], m[4] or ""), f"{f.parent.name}/{f.name}")
+    src = f"sglang {version('sglang')} srt/layers/moe/moe_runner/triton_utils/configs/"
+    with TUNED_DATA.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["E", "N", "device_name", "dtype", "source"])
+        w.writerows([*k, src + v] for k, v in sorted(rows.items()))
+    print(f"wrote {TUNED_DATA} ({len(rows)} shapes from {root})")
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description="rewrite the list of SGLang's shipped tuned fused-MoE configs")
+    ap.add_argument("--refresh", metavar="SGLANG_PACKAGE_DIR", required=True)
+    raise SystemExit(_refresh(ap.parse_args().refresh))

@@ -20,7 +20,7 @@ from cost_model.constants import DEEPEP_SMS
 from cost_model.flops import param_counts
 from cost_model.ops import TableOps
 from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNEL_MIN_S, KERNELS_PER_LAYER, PRICED_KERNELS, SCHED_OVERHEAD_S, SMALL_KERNELS_PER_LAYER
-from cost_model.serving.fused_moe import expert_bandwidth_efficiency
+from cost_model.serving.fused_moe import TUNED_CONFIG_SPEEDUP, expert_bandwidth_efficiency, ships_tuned_config
 from cost_model.serving.kernel_path import dense_path, moe_path, step_efficiencies
 from cost_model.serving.memory import kv_bytes_per_token
 from specs.errors import InputError
@@ -96,6 +96,17 @@ class StepModel:
         self.expert_bw = (cluster.hbm_tbps * 1e12 * expert_bandwidth_efficiency(spec.moe_ffn_hidden_size / c.moe_tp,
                                                                                self.wbytes)
                           if cluster.is_gpu and spec.num_experts else self.hbm_bw)
+        # Triton fused_moe runs a tuned block config where SGLang ships one for the shape (`fused_moe`
+        # TUNED_CONFIG_SPEEDUP; the efficiencies above are the default config's)
+        self.tuned_moe = np.zeros(len(c), bool)
+        if cluster.is_gpu and spec.num_experts:
+            triton = np.array([moe_path(cluster, fp8, bool(x), deepgemm_jit) == "triton_fused_moe"
+                               for x in (False, True)])[a2a.astype(int)]
+            self.tuned_moe = triton & ships_tuned_config(cluster.kind, spec.num_experts / np.asarray(c.ep, float),
+                                                         spec.moe_ffn_hidden_size / np.asarray(c.moe_tp, float), fp8)
+            speed = np.where(self.tuned_moe, TUNED_CONFIG_SPEEDUP, 1.0)
+            self.expert_bw = self.expert_bw * speed
+            self.moe_eff = self.moe_eff * speed
         self.kvt = kv_bytes_per_token(spec, c)  # per GPU, per token, one stage
         self.layers = spec.num_layers / c.pp
         self.L_moe = self.pc["num_moe_layers"] / c.pp
