@@ -160,9 +160,11 @@ COMM_STARVED = (False, False, False, True)
 # communication kernels 9.079 ms concurrent = 0.11% -> 8.25 s alone (off); 3,959 ms concurrent =
 # 36.55% -> 10.83 s (on). The 6.87 s of the on case not beside GEMM / attention ran at the full
 # rate, so the 3.96 s beside them did the remaining 8.25 - 6.87 = 1.38 s of work: rate 0.35
-# (0.26-0.45 over the rounding of "0.11%"). The compute did not slow: GPU-active union minus the
-# communication alone, 22.82 - 8.25 = 14.57 s off, 21.22 - 6.87 = 14.35 s on. A kernel-level
-# measurement of the mechanism, not the A/B's step times (which the model is checked against).
+# (0.26-0.45 over the rounding of "0.11%"). The compute did not measurably slow: GPU-active union
+# minus the communication alone, 22.82 - 8.25 = 14.57 s off, 21.22 - 6.87 = 14.35 s on (more only by
+# what communication also overlapped outside GEMM / attention, which the note does not count; the
+# same uncount would make the rate lower still). A kernel-level measurement of the mechanism, not the
+# A/B's step times (which the model is checked against).
 STARVED_COMM_RATE = 0.35
 
 # ---- CUDA graphs (megatron-core 0.16.1 --cuda-graph-impl / --cuda-graph-scope) ----------------------
