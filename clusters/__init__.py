@@ -178,6 +178,25 @@ def is_blackwell(cluster) -> bool:
     return any(tag in cluster.device_name.upper() for tag in ("B200", "B300", "BLACKWELL"))
 
 
+# What `torch.cuda.get_device_name()` reports on each kind, where it differs from the catalog's
+# marketing name (SGLang and this project name per-device kernel tables by it, spaces as
+# underscores): the names SGLang 0.5.23's shipped fused-MoE configs carry for these GPUs
+# (srt/layers/moe/moe_runner/triton_utils/configs/*/E=...,device_name=<name>...json).
+_TORCH_DEVICE_NAMES = {
+    "a100-sxm-80g": "NVIDIA A100-SXM4-80GB", "h100-sxm": "NVIDIA H100 80GB HBM3", "h200-sxm": "NVIDIA H200",
+    "h800-sxm": "NVIDIA H800", "h20": "NVIDIA H20", "b200": "NVIDIA B200", "b300": "NVIDIA B300 SXM6 AC",
+    "gb200-nvl72": "NVIDIA GB200", "gb300-nvl72": "NVIDIA GB300", "rtx4090": "NVIDIA GeForce RTX 4090",
+}
+
+
+def torch_device_name(cluster) -> str:
+    """`torch.cuda.get_device_name()` of a cluster's device with spaces as underscores (the key of
+    SGLang's and our per-device kernel tables); a kind without a known one (a user's cluster file):
+    its catalog name less the parenthesised form-factor note."""
+    name = _TORCH_DEVICE_NAMES.get(cluster.kind) or cluster.device_name.split(" (")[0].strip()
+    return name.replace(" ", "_")
+
+
 def precision_recipe(precision: str, cluster) -> str:
     """Map `--precision` (bf16 | fp8 | a recipe) to one recipe for this hardware."""
     if precision in PRECISIONS:

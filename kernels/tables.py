@@ -34,11 +34,9 @@ BLOCK_M_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2
 
 
 def device_name(kind: str) -> str:
-    """`torch.cuda.get_device_name()` with spaces as underscores, from the catalog's device name
-    (its parenthesised form-factor note dropped: "NVIDIA H100 80GB HBM3 (SXM5)" -> NVIDIA_H100_80GB_HBM3)."""
-    from clusters import load_cluster
-    name = load_cluster(kind).device_name.split(" (")[0].strip()
-    return name.replace(" ", "_")
+    """`torch.cuda.get_device_name()` with spaces as underscores (`clusters.torch_device_name`)."""
+    from clusters import load_cluster, torch_device_name
+    return torch_device_name(load_cluster(kind))
 
 
 def weave_table_name(shape: LayerShape, ep: int, skew: float, device: str) -> str:

@@ -100,11 +100,12 @@ def test_a_prediction_reports_the_kernels_it_priced():
 
 def test_a_shape_sglang_ships_a_tuned_config_for_runs_faster():
     """DeepSeek-V3 fp8 TP8 on H200 (E=256 / 257 with the shared expert fused, N=256) has a tuned
-    config in SGLang; the same plan on a GPU whose name carries none (A100) runs the default's
-    efficiency; DeepEP plans run DeepGEMM, not the Triton kernel."""
-    assert ships_tuned_config("h200-sxm", 256, 256, True)[0]
-    assert not ships_tuned_config("h200-sxm", 32, 2048, True)[0]  # EP8's local shape: none shipped
-    assert not ships_tuned_config("no-such-gpu", 256, 256, True)[0]
+    config in SGLang; the same shape on a GPU SGLang ships none for (H100) runs the default's
+    efficiency; DeepEP plans run DeepGEMM, not the Triton kernel. The device is named as torch
+    reports it (`clusters.torch_device_name`), not by the catalog's marketing name."""
+    assert ships_tuned_config(load_cluster("h200-sxm", 8), 256, 256, True)[0]
+    assert not ships_tuned_config(load_cluster("h200-sxm", 8), 32, 2048, True)[0]  # EP8's local shape: none shipped
+    assert not ships_tuned_config(load_cluster("h100-sxm", 8), 256, 256, True)[0]  # none shipped for H100 at this shape
     tables = load_tables(tables_dir_for(H200.kind))
     c = to_cols(effective_plans([ServePlan.parse(p) for p in ("tp=8", "tp=8,ep=8", "tp=8,ep=8,a2a=deepep")], DSV3, H200))
     sm = StepModel(DSV3, H200, tables, c, fp8=True)
@@ -130,3 +131,17 @@ def test_the_tuned_config_list_is_the_installed_sglangs():
     shipped = {(int(m[1]), int(m[2]), m[3]) for f in root.glob("triton_*/E=*.json") if not f.stem.endswith("_down")
                for m in [re.match(r"E=(\d+),N=(\d+),device_name=(NVIDIA[^,.]*)", f.name)] if m}
     assert shipped == {(int(r["E"]), int(r["N"]), r["device_name"]) for r in rows}
+
+
+def test_every_gpu_kind_is_named_as_sglangs_configs_name_it():
+    """`clusters.torch_device_name` of every GPU kind that SGLang ships fused-MoE configs for is a
+    device name those configs carry (the catalog's marketing names, "NVIDIA H200 141GB HBM3e", are
+    not what torch reports)."""
+    from clusters import kind_names, load_cluster, torch_device_name
+    names = {r["device_name"] for r in csv.DictReader(TUNED_DATA.open())}
+    for kind in ("h100-sxm", "h200-sxm", "h800-sxm", "h20", "b200", "a100-sxm-80g"):
+        assert torch_device_name(load_cluster(kind)) in names, kind
+    for kind in kind_names():
+        cl = load_cluster(kind)
+        assert " " not in torch_device_name(cl)
+        assert cl.is_gpu or torch_device_name(cl) not in names

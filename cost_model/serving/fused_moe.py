@@ -77,13 +77,6 @@ TUNED_DATA = DATA.with_name("sglang_fused_moe_configs.csv")
 # 6.6%): ~1.08. The one bf16 A/B (vLLM #35457: 20-24% at batch 16-64, 2-12% at 1-8) is higher;
 # the fp8 figure is used for both (conservative for bf16).
 TUNED_CONFIG_SPEEDUP = 1.08
-# SGLang names a config by torch.cuda.get_device_name() with spaces as underscores; per cluster kind
-# (the names its shipped configs carry for these GPUs)
-SGLANG_DEVICE_NAMES = {
-    "a100-sxm-80g": "NVIDIA_A100-SXM4-80GB", "h100-sxm": "NVIDIA_H100_80GB_HBM3", "h200-sxm": "NVIDIA_H200",
-    "h800-sxm": "NVIDIA_H800", "h20": "NVIDIA_H20", "b200": "NVIDIA_B200", "b300": "NVIDIA_B300_SXM6_AC",
-    "gb300-nvl72": "NVIDIA_GB300", "gb200-nvl72": "NVIDIA_GB200", "rtx4090": "NVIDIA_GeForce_RTX_4090",
-}
 _TUNED: set | None = None
 
 
@@ -96,17 +89,16 @@ def _tuned_shapes() -> set:
     return _TUNED
 
 
-def ships_tuned_config(kind: str, local_experts, n_shard, fp8: bool):
+def ships_tuned_config(cluster, local_experts, n_shard, fp8: bool):
     """Whether SGLang ships a tuned fused-MoE config for `local_experts` experts of shard width
-    `n_shard` (arrays or floats) on cluster `kind`, at fp8 w8a8 (`fp8`) or 16-bit weights. The
+    `n_shard` (arrays or floats) on `cluster`'s device, at fp8 w8a8 (`fp8`) or 16-bit weights. The
     expert count may carry one more: SGLang fuses the shared expert into the routed kernel as an
     extra expert on some paths (configs for E=257 sit beside E=256), so either counts."""
-    dev = SGLANG_DEVICE_NAMES.get(kind)
+    from clusters import torch_device_name
+    dev = torch_device_name(cluster)  # the name SGLang keys its configs by
     e = np.atleast_1d(np.asarray(local_experts, float)).astype(int)
     n = np.atleast_1d(np.asarray(n_shard, float)).astype(int)
     e, n = np.broadcast_arrays(e, n)
-    if dev is None:
-        return np.zeros(e.shape, bool)
     shapes, dt = _tuned_shapes(), ("fp8_w8a8" if fp8 else "")
     # a ranking prices tens of thousands of plans over a handful of distinct shapes
     pairs, inverse = np.unique(np.stack([e.ravel(), n.ravel()], axis=1), axis=0, return_inverse=True)

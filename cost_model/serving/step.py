@@ -102,7 +102,7 @@ class StepModel:
         if cluster.is_gpu and spec.num_experts:
             triton = np.array([moe_path(cluster, fp8, bool(x), deepgemm_jit) == "triton_fused_moe"
                                for x in (False, True)])[a2a.astype(int)]
-            self.tuned_moe = triton & ships_tuned_config(cluster.kind, spec.num_experts / np.asarray(c.ep, float),
+            self.tuned_moe = triton & ships_tuned_config(cluster, spec.num_experts / np.asarray(c.ep, float),
                                                          spec.moe_ffn_hidden_size / np.asarray(c.moe_tp, float), fp8)
             speed = np.where(self.tuned_moe, TUNED_CONFIG_SPEEDUP, 1.0)
             self.expert_bw = self.expert_bw * speed
