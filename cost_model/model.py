@@ -517,7 +517,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     terms.add("tp_comm", "dense", 2 * tp.block, tp.block)  # MLP block
     # the serial exchange apart: the dispatcher's tokens and expert TP's gather / scatter of the
     # routed rows (a different collective; the calibration gives it a class of its own)
-    etp_s = ep_total.etp_share if (spec.is_moe and ep_total.etp_share is not None) else z
+    etp_s = ep_total.etp_share if spec.is_moe else z
     serial_ep = FwdBwd(epx.serial.f * (1.0 - etp_s), epx.serial.b * (1.0 - etp_s))
     serial_etp = FwdBwd(epx.serial.f * etp_s, epx.serial.b * etp_s)
     for name, blk in (("router_permutation", router), ("ep_dispatch_combine", serial_ep),

@@ -83,7 +83,9 @@ class StepModel:
         cap = n_sm / (n_sm - DEEPEP_SMS) if (cluster.is_gpu and n_sm > DEEPEP_SMS) else 1.0
         a2a = np.asarray(c.a2a) > 0
         dg_dense = dense_path(cluster, fp8, deepgemm_jit) == "deep_gemm"
-        dg_moe = np.array([moe_path(cluster, fp8, x, deepgemm_jit) == "deep_gemm" for x in (False, True)])[a2a.astype(int)]
+        # the routed experts' kernel per plan (it depends on the all-to-all flag only)
+        moe_kernel = np.array([moe_path(cluster, fp8, x, deepgemm_jit) for x in (False, True)])[a2a.astype(int)]
+        dg_moe = moe_kernel == "deep_gemm"
         self.tbo_dense_cap = np.where(a2a | dg_dense, cap, 1.0)  # attention projections, shared expert
         self.tbo_moe_cap = np.where(a2a | dg_moe, cap, 1.0)  # routed experts' grouped GEMMs
         self.tbo_core_cap = np.where(a2a, cap, 1.0)  # attention core (FlashAttention: all SMs it finds)
@@ -100,9 +102,7 @@ class StepModel:
         # TUNED_CONFIG_SPEEDUP; the efficiencies above are the default config's)
         self.tuned_moe = np.zeros(len(c), bool)
         if cluster.is_gpu and spec.num_experts:
-            triton = np.array([moe_path(cluster, fp8, bool(x), deepgemm_jit) == "triton_fused_moe"
-                               for x in (False, True)])[a2a.astype(int)]
-            self.tuned_moe = triton & ships_tuned_config(cluster, spec.num_experts / np.asarray(c.ep, float),
+            self.tuned_moe = (moe_kernel == "triton_fused_moe") & ships_tuned_config(cluster, spec.num_experts / np.asarray(c.ep, float),
                                                          spec.moe_ffn_hidden_size / np.asarray(c.moe_tp, float), fp8)
             speed = np.where(self.tuned_moe, TUNED_CONFIG_SPEEDUP, 1.0)
             self.expert_bw = self.expert_bw * speed
