@@ -75,3 +75,17 @@ def _fsync_dir(directory: Path) -> None:
         pass  # some file systems refuse fsync on a folder; the data itself is already synced
     finally:
         os.close(fd)
+
+
+def write_png(fig, path, *, dpi: int = 110) -> Path:
+    """Save a matplotlib figure as a PNG through `write_atomic` (two writers of one report never
+    interleave bytes; a kill leaves the old plot or the new one) and close it. The one way every
+    plot of moetune is written."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return write_atomic(path, buf.getvalue())

@@ -39,7 +39,7 @@ from cost_model.flops import param_counts
 from cost_model.law import Law, default_law
 from cost_model.plans import PlanArrays
 from specs.errors import UsageError
-from specs.fileio import write_atomic
+from specs.fileio import write_atomic, write_png
 from specs.model_spec import ModelSpec, from_dict
 from specs.plan import Plan
 from specs.stack import profile_for
@@ -591,12 +591,7 @@ def frontier_png(res: DesignResult, path) -> None:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    write_png(fig, path, dpi=120)
 
 
 def write_outputs(res: DesignResult, out_dir) -> dict:

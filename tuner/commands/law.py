@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from specs.errors import UsageError
-from specs.fileio import write_atomic
+from specs.fileio import write_atomic, write_png
 from tuner.commands.common import MAX_COUNT, check_output_file, count, number, positive_int
 
 
@@ -84,12 +84,7 @@ def parity_png(runs, report: dict, path) -> None:
         # per-G fits hold out their own top 10% by n_act, which is the same set within each G
         panel(axes[0][1], runs.loss[ok], runs.g[ok], hold[ok], pg[ok], "per-G law eq. (9)")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    write_png(fig, path, dpi=120)
 
 
 def _summary(rep: dict) -> list[str]:

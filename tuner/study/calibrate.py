@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from specs.errors import InputError
+from specs.fileio import write_png
 from specs.inputs import read_text
 from tuner.study import storage as study_mod
 
@@ -307,10 +308,7 @@ def scatter_png(report: dict, path: str | Path, title: str = "") -> Path:
     ax.set_title(title or f"{report['tables']['kind']}: {m['n']} runs, scale {m['scale']:.3f}", fontsize=9)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return write_png(fig, path, dpi=120)
 
 
 def file_sha256(path: str | Path) -> str:

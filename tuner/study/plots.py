@@ -3,10 +3,9 @@ predicted with the pre-registered and final-calibration predictions, throughput 
 the serving ranking's Pareto frontier. matplotlib's Agg backend; files written atomically."""
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
-from specs.fileio import write_atomic
+from specs.fileio import write_png
 
 # one colour / marker per role, the same in every plot
 BASELINE = {"color": "tab:orange", "marker": "s", "label": "baseline"}
@@ -18,14 +17,6 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
-
-
-def save_png(fig, path: Path) -> None:
-    """Save a figure through write_atomic: two tuners reporting at once never interleave bytes."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    write_atomic(Path(path), buf.getvalue())
-    _plt().close(fig)
 
 
 def measured_vs_predicted(path: Path, rows: list[dict], *, measured: str, predictions: dict[str, str],
@@ -79,7 +70,7 @@ def measured_vs_predicted(path: Path, rows: list[dict], *, measured: str, predic
         ax.set_xlabel(f"measured {unit} (median; bar: slowest..fastest step)" if low else f"measured {unit}")
         ax.set_ylabel(f"predicted {unit}")
         ax.legend(fontsize=7, loc="lower right")  # the corner a model that over-predicts leaves empty
-    save_png(fig, path)
+    write_png(fig, path)
     return True
 
 
@@ -108,7 +99,7 @@ def history(path: Path, rows: list[dict], *, measured: str, unit: str, baseline_
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     ax.set_title("throughput by trial")
-    save_png(fig, path)
+    write_png(fig, path)
     return True
 
 
@@ -133,7 +124,7 @@ def pareto(path: Path, points: dict, frontier: dict, *, title: str, x_label: str
     ax.grid(alpha=0.3)
     if any(frontier.values()):
         ax.legend(fontsize=8, loc="upper right")
-    save_png(fig, path)
+    write_png(fig, path)
 
 
 def bars(path: Path, items: list[tuple[str, float]], *, x_label: str, title: str) -> bool:
@@ -149,7 +140,7 @@ def bars(path: Path, items: list[tuple[str, float]], *, x_label: str, title: str
         ax.annotate(f"{v / total:.0%}", (v, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
     ax.set_xlabel(x_label)
     ax.set_title(title, fontsize=10)
-    save_png(fig, path)
+    write_png(fig, path)
     return True
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specs.fileio import write_png
 from tuner.rank.serve_price import short_plan
 from tuner.study import plots
 from tuner.study.report import _fmt, slo_misses, write_study_report
@@ -37,7 +38,7 @@ def _latency_plot(d: Path, measured: list[dict], ttft_slo: float, tpot_slo: floa
         ax.set_ylabel(f"measured {name} (s)")
         ax.set_xlabel("trial (orange: baseline)")
     fig.suptitle("measured latency by trial")
-    plots.save_png(fig, d / "latency_by_trial.png")
+    write_png(fig, d / "latency_by_trial.png")
     return [("latency_by_trial.png", "measured TTFT / TPOT p90 by trial, SLOs dashed")]
 
 
