@@ -42,7 +42,10 @@ def write_atomic(path, data: str | bytes, *, fsync: bool = False, exclusive: boo
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = data.encode() if isinstance(data, str) else bytes(data)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:  # name the file the user asked for, not our temporary one
+        raise OSError(e.errno, e.strerror, str(path)) from e
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -3,6 +3,7 @@ temporary files left behind, distinct temporary names for concurrent writers."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +48,12 @@ def test_concurrent_exclusive_writers_exactly_one_wins(tmp_path):
     assert len(wins) == 1 and len(losses) == 7
     assert p.read_text() == f"writer {wins[0]}"
     assert [x.name for x in tmp_path.iterdir()] == ["race.json"]
+
+
+def test_unwritable_folder_names_the_target_not_the_temporary_file():
+    # /proc refuses new files even to root (a chmod'ed folder would not stop root, who runs CI)
+    target = Path("/proc") / "moetune-fileio-test.txt"
+    with pytest.raises(OSError) as e:
+        write_atomic(target, "x")
+    assert e.value.filename == str(target)
+    assert not target.exists()
