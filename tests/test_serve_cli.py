@@ -118,7 +118,15 @@ def test_plans_serve_rank_needs_lengths(capsys):
 def test_predict_serve_reports_our_rules_and_prices_the_effective_plan(capsys):
     base = ["predict", "--mode", "serve", *Q, "--gpus", "8", "--isl", "4000", "--osl", "1000", "--json",
             "--complete", "defaults"]
-    assert main([*base, "--plan", "tp=8,tbo=1"]) == 2  # printed, then exit 2: SGLang cannot run it
+    # SGLang cannot run it: exit 2 with the reasons (the error object), as a training plan would
+    assert main([*base, "--plan", "tp=8,tbo=1"]) == 2
+    out = capsys.readouterr()
+    e = json.loads(out.out)
+    assert e["ok"] is False and e["error"]["code"] == "unrealizable"
+    assert [r["code"] for r in e["error"]["reasons"]] == ["tbo-needs-a2a-or-attn-dp"]
+    assert "plan is not realizable on SGLang 0.5.23" in out.err
+    # --force prices it as SGLang would resolve it, labelled
+    assert main([*base, "--plan", "tp=8,tbo=1", "--force"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["feasible"] is False and d["realizable"] is False
     assert any(r.startswith("tbo-needs-a2a-or-attn-dp:") for r in d["reasons"])
@@ -300,3 +308,16 @@ def test_plans_serve_rank_concurrency_pins_the_sweep(capsys):
                  "--json"]) == 0
     d = json.loads(capsys.readouterr().out)["ranked"]
     assert d["concurrencies"] == [8] and all(r["concurrency"] == 8 for r in d["plans"])
+
+
+def test_predict_serve_unrealizable_prints_no_numbers_without_force(capsys):
+    """As `predict` does for a training plan: a serving plan SGLang cannot run is refused on stderr,
+    its reasons one a line, and stdout stays empty (no throughput for a plan that cannot start)."""
+    argv = ["predict", "--mode", "serve", *Q, "--gpus", "8", "--isl", "4000", "--osl", "1000", "--plan", "tp=8,attn_dp=3"]
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.splitlines()[1].strip().startswith("attn-dp-divides-tp:")
+    assert main([*argv, "--force"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("NOT REALIZABLE") and "output tok/s/GPU" in out

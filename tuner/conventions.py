@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from importlib import metadata
 
+from specs.errors import UsageError
+
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 2, 3
 SCHEMA_VERSION = 1
 
@@ -43,3 +45,22 @@ def workload_json(mode: str, model: str, cluster: str, gpus: int, precision: str
     serving (`specific`: gbs/seq for training, isl/osl/concurrency/phase for serving)."""
     return {"schema_version": SCHEMA_VERSION, "moetune_version": moetune_version(), "mode": mode,
             "workload": {"model": model, "cluster": cluster, "gpus": gpus, "precision": precision, **specific}}
+
+
+class UnrealizablePlanError(UsageError):
+    """A plan the target stack cannot run. `reasons` are the realizability checker's `Reason`s."""
+
+    def __init__(self, message: str, reasons: list):
+        super().__init__(message)
+        self.reasons = reasons
+
+
+def unrealizable(reasons: list, target, *, one_line: bool = False, hint: str = "") -> UnrealizablePlanError:
+    """The error for a plan with realizability `reasons` on `target` (a stack profile, or the name
+    of the serving stack): a header plus one line per reason, or (`one_line`) the reasons joined by "; "."""
+    head = f"plan is not realizable on {getattr(target, 'name', target)}"
+    if one_line:
+        return UnrealizablePlanError(f"{head}: " + "; ".join(str(r) for r in reasons), reasons)
+    n = f"{len(reasons)} reason{'s' if len(reasons) > 1 else ''}"
+    return UnrealizablePlanError(f"{head} ({n}{'; ' + hint if hint else ''}):\n" +
+                                 "\n".join(f"  {r}" for r in reasons), reasons)

@@ -12,6 +12,7 @@ from clusters import load_cluster
 from specs.errors import UsageError
 from specs.models import load_model
 from specs.workload import Workload
+from tuner.conventions import UnrealizablePlanError, unrealizable
 
 __all__ = ["UsageError", "UnrealizablePlanError", "add_workload_args", "workload_from_args", "add_stack_arg",
            "add_plan_args", "add_canonical_arg", "add_complete_arg", "completed_plan", "plan_completion",
@@ -228,25 +229,6 @@ def completed_plan(args, workload, tables=None, calibration=None):
     """(plan, profile): `plan_completion`'s plan."""
     c, profile = plan_completion(args, workload, tables, calibration)
     return c.plan, profile
-
-
-class UnrealizablePlanError(UsageError):
-    """A plan the target stack cannot run. `reasons` are the realizability checker's `Reason`s."""
-
-    def __init__(self, message: str, reasons: list):
-        super().__init__(message)
-        self.reasons = reasons
-
-
-def unrealizable(reasons: list, profile, *, one_line: bool = False, hint: str = "") -> UnrealizablePlanError:
-    """The error for a plan with realizability `reasons` on `profile`: a header plus one line per
-    reason, or (`one_line`) the reasons joined by "; "."""
-    head = f"plan is not realizable on {profile.name}"
-    if one_line:
-        return UnrealizablePlanError(f"{head}: " + "; ".join(str(r) for r in reasons), reasons)
-    n = f"{len(reasons)} reason{'s' if len(reasons) > 1 else ''}"
-    return UnrealizablePlanError(f"{head} ({n}{'; ' + hint if hint else ''}):\n" +
-                                 "\n".join(f"  {r}" for r in reasons), reasons)
 
 
 def require_realizable(workload, plan, profile, *, one_line: bool = False, hint: str = "") -> None:

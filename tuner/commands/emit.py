@@ -30,6 +30,7 @@ from tuner.commands.common import (
     positive_int,
     require_realizable,
     tokens,
+    unrealizable,
     workload_from_args,
 )
 
@@ -175,7 +176,8 @@ def _run_serving(args) -> int:
         from tuner.space.sglang_rules import realize
         v = realize(plan, model, cluster)
         if not v.ok:
-            raise UsageError("unrealizable serving plan: " + "; ".join(str(r) for r in v.reasons))
+            from tuner.space.sglang_rules import SERVING_STACK
+            raise unrealizable(list(v.reasons), SERVING_STACK, one_line=True)
     else:
         from trials.serving.vllm_args import vllm_reasons
         why = vllm_reasons(plan, cpu=not cluster.is_gpu)

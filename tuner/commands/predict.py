@@ -168,14 +168,17 @@ def _describe_serve_completion(c: dict) -> str:
 
 
 def run_serve(args, extra_reasons=()) -> int:
-    d = serve_prediction(args, extra_reasons)
-    rc = exit_code(d, getattr(args, "force", False))
+    force = getattr(args, "force", False)
+    d = serve_prediction(args, extra_reasons, strict=not force)
+    rc = exit_code(d, force)
     if args.json:
         print(json.dumps(d, indent=1))
         return rc
 
     def f(x, unit="s"):
         return "n/a" if x is None else f"{x * 1e3:.1f} ms" if unit == "s" else f"{x:,.0f}"
+    if not d["realizable"]:
+        print("NOT REALIZABLE — indicative only: SGLang cannot run this plan (--force)")
     print(f"plan           {d['plan']}")
     print(f"completion     {_describe_serve_completion(d['completion'])}")
     print(f"priced as      {d['effective_plan']}")

@@ -39,8 +39,10 @@ def serve_workload_from_args(args, devices: int, *, what: str = "--mode serve"):
         raise UsageError(str(e)) from None
 
 
-def serve_prediction(args, extra_reasons=()) -> dict:
-    """The JSON-ready prediction of `--mode serve` (schema_version and the workload, then SERVE_FIELDS)."""
+def serve_prediction(args, extra_reasons=(), *, strict: bool = False) -> dict:
+    """The JSON-ready prediction of `--mode serve` (schema_version and the workload, then SERVE_FIELDS).
+    `strict`: a plan SGLang cannot run raises `tuner.conventions.unrealizable` (its reasons, one a
+    line) instead of being priced as SGLang would resolve it, indicative only."""
     from clusters import load_cluster
     from cost_model.serving import predict_serve
     from cost_model.tables import load_tables, tables_dir_for
@@ -70,6 +72,10 @@ def serve_prediction(args, extra_reasons=()) -> dict:
                                 imbalance=args.imbalance, routing_skew=args.routing_skew)
     plan = completion.plan
     verdict = realize(plan, model, cluster)
+    if strict and not verdict.ok:
+        from tuner.conventions import unrealizable
+        from tuner.space.sglang_rules import SERVING_STACK
+        raise unrealizable(list(verdict.reasons), SERVING_STACK, hint="--force prints indicative numbers")
     reasons = list(extra_reasons) + [str(r) for r in verdict.reasons]
     priced = verdict.effective if verdict.ok else plan
     if not verdict.ok and priced.instance_gpus > cluster.num_devices:  # reasons say why; price what fits, flagged

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from specs.serve_plan import ServePlan
 from specs.serve_resolve import EffectivePlan, resolve, server_nodes
 
+# the serving stack these rules stand for (error headers: "plan is not realizable on ...")
+SERVING_STACK = "SGLang 0.5.23"
+
 # code -> (source, what the rule says); the sentence of a rejection names the plan's numbers
 RULES: dict[str, tuple[str, str]] = {
     "dp-with-attn-dp": ("sglang", "--dp-size replicas cannot be combined with --attn-dp-size (SG/arg_groups/parallel_hook.py:286)"),
