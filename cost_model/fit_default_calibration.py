@@ -65,7 +65,7 @@ OVERRIDES = {
         "grad_reduce_in_fp32=False) and as the later Qwen3 recipe does (qwen/qwen3_llm_pretrain.py)"),
     ("deepseek-v3", "b200", "26.04.01"): (
         dict(dispatcher="flex", flex_backend="deepep", a2a_overlap=True, recompute="selective",
-             recompute_modules=("mla_up_proj", "mlp"), pp_layout="Et*4|(t*4|)*14tL",
+             recompute_modules=("mla_up_proj", "mlp"), pp_layout="Et*4|(t*4|)*14tmL",
              cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router")),
         dict(mtp_num_layers=1), dict(grad_reduce_in_fp32=False),
         MB + "deepseek/deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 "
@@ -73,8 +73,7 @@ OVERRIDES = {
         "pp_layout=Et*4|(t*4|)*14tmL, recompute_modules=[mla_up_proj, mlp], CUDA graphs attn/router); "
         "deepseek/deepseek_llm_pretrain.py common perf settings (ddp.grad_reduce_in_fp32=False, "
         "moe_router_force_load_balancing=True). The layout's MTP layer (m) is priced by the model on the "
-        "loss stage (ModelSpec.mtp_num_layers=1, " + HF_DSV3 + "); specs.pipeline does not parse m, so "
-        "the layout is passed without it"),
+        "loss stage (ModelSpec.mtp_num_layers=1, " + HF_DSV3 + "), where the layout puts it"),
 }
 
 

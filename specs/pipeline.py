@@ -6,7 +6,11 @@ Three ways, exactly as Megatron-core 0.16 (transformer_config.py / transformer_l
 - uneven first/last (`--decoder-first/last-pipeline-num-layers`): the first and/or last rank take
   the given counts, the middle ranks share the rest evenly; each rank's layers split into vpp chunks.
 - explicit layout (`--pipeline-model-parallel-layout`): stages separated by `|`, `E` embedding,
-  `t` transformer layer, `L` loss, `(..)*n` and `x*n` repeat; stage s is chunk s // pp of rank s % pp.
+  `t` transformer layer, `m` multi-token-prediction layer, `L` loss, `(..)*n` and `x*n` repeat;
+  stage s is chunk s // pp of rank s % pp. MTP layers are taken where the cost model prices them,
+  together just before the loss in its stage (NVIDIA's DeepSeek-V3 layouts end `...tmL`); a layout
+  without them is the same split (the emitter adds them there, as Megatron requires one `m` per
+  MTP layer).
 - even with the embedding and/or the loss counted as layers (`--account-for-embedding-in-pipeline-split`,
   `--account-for-loss-in-pipeline-split`): L + [emb] + [loss] slots split into pp*vpp equal chunks,
   the embedding takes the first slot of chunk (0, 0) and the loss the last of chunk (pp-1, vpp-1)
@@ -30,6 +34,7 @@ class Split:
     chunks: tuple[tuple[tuple[int, ...], ...], ...]
     embedding_at: tuple[int, int] = (0, 0)
     loss_at: tuple[int, int] = (-1, -1)
+    mtp: int = 0  # MTP layers an explicit layout places (beside the loss); 0 when it names none
 
     def layers_per_rank(self) -> list[int]:
         return [sum(len(c) for c in rank) for rank in self.chunks]
@@ -136,8 +141,12 @@ def _from_layout(num_layers: int, pp: int, vpp: int, layout: str) -> Split:
         raise LayoutError("layout must end with the loss L, exactly once")
     if flat.count("t") != num_layers:
         raise LayoutError(f"layout has {flat.count('t')} transformer layers, the model has {num_layers}")
-    if "m" in flat:
-        raise LayoutError("MTP layers (m) are not modelled; drop them from the layout")
+    n_mtp = flat.count("m")
+    if n_mtp and not next(st for st in stages if "L" in st).endswith("m" * n_mtp + "L"):
+        # Megatron also runs a standalone MTP stage (m in the last chunk of an earlier rank), which
+        # the cost model does not price: it puts MTP on the loss stage
+        raise LayoutError("MTP layers (m) must sit together just before the loss L, in its stage "
+                          "(a standalone MTP stage is not modelled)")
     chunks = [[None] * vpp for _ in range(pp)]
     nxt, emb, loss = 0, (0, 0), (pp - 1, vpp - 1)
     for s, stage in enumerate(stages):
@@ -149,7 +158,7 @@ def _from_layout(num_layers: int, pp: int, vpp: int, layout: str) -> Split:
             emb = (p, v)
         if "L" in stage:
             loss = (p, v)
-    return Split(tuple(tuple(r) for r in chunks), emb, loss)
+    return Split(tuple(tuple(r) for r in chunks), emb, loss, n_mtp)
 
 
 def balanced_layout(num_layers: int, pp: int, vpp: int = 1) -> str:

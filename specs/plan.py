@@ -148,6 +148,10 @@ def parse_fields(text: str) -> dict:
 
 
 MAX_PLAN_CHARS = 4096  # a canonical plan string is a few hundred characters
+# keys whose values may contain commas: a pipeline layout as Megatron writes it ("Et|(tt|)*30,mL";
+# pipeline_parallel_layer_layout.py parse_str_to_list removes them as "purely cosmetic"), so an item
+# without "=" after one continues its value
+COMMA_VALUED = ("pp_layout",)
 
 
 def parse_key_values(text: str, fields: dict, aliases: dict, what: str) -> dict:
@@ -166,10 +170,16 @@ def parse_key_values(text: str, fields: dict, aliases: dict, what: str) -> dict:
         raise PlanSyntaxError(f"{what} string has a character that is not printable ASCII: {bad!r}")
     if not text.replace(",", "").strip():
         raise PlanSyntaxError(f"{what} string {text!r} has no key=value item")
+    parts: list[str] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
+        if "=" not in part and parts and parts[-1].split("=", 1)[0].strip() in COMMA_VALUED:
+            parts[-1] += part  # Megatron's layout strings may hold commas, "purely cosmetic" (dropped)
+            continue
+        parts.append(part)
+    for part in parts:
         if "=" not in part:
             raise PlanSyntaxError(f"{what} item {part!r} is not key=value")
         k, v = (s.strip() for s in part.split("=", 1))

@@ -256,3 +256,57 @@ def test_graphs_cost_memory_and_cut_host_launches():
     assert b.peak_memory_gib > a.peak_memory_gib
     assert b.step_time_s <= a.step_time_s
     assert b.breakdown_s["cpu_launch_floor"] < a.breakdown_s["cpu_launch_floor"]
+
+
+# explicit layouts with MTP layers (m), as NVIDIA's DeepSeek-V3 recipes write them: (layout, pp,
+# model layers, model mtp_num_layers); Megatron's validate_layer_layout is the oracle, except the
+# standalone MTP stage it allows and the cost model does not price (ours refuses it, said so)
+MTP_LAYOUTS = [
+    ("Et*4|(t*4|)*14,tmL", 8, 61, 1),     # Megatron-Bridge DeepSeek-V3 B200/GB200 (pp8 vpp2)
+    ("Et|(tt|)*30mL", 8, 61, 1),          # the emitter's own form
+    ("Et|(tt|)*30mmL", 8, 61, 1),         # two m, the model has one
+    ("Et|(tt|)*30mL", 8, 61, 0),          # m for a model without MTP
+    ("Et|(tt|)*30L", 8, 61, 1),           # none: the emitter adds them (Megatron alone refuses)
+    ("Et|(tt|)*29tmt|L", 8, 61, 1),       # a decoder layer after the MTP layer
+    ("Ettm|tt|t|L", 2, 5, 1),             # m in a non-final virtual stage
+]
+
+
+@pytest.mark.parametrize("layout,pp,layers,mtp", MTP_LAYOUTS)
+def test_mtp_layers_in_the_layout_agree_with_megatron(layout, pp, layers, mtp):
+    import dataclasses
+
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    lay = PipelineParallelLayerLayout(layout, pipeline_model_parallel_size=pp)
+    base = load_model("deepseek-v3")
+    spec = dataclasses.replace(base, num_layers=layers, moe_layers=base.moe_layers[:layers], mtp_num_layers=mtp)
+    vpp = lay.virtual_pipeline_model_parallel_size
+    p = Plan(pp=pp, vpp=vpp, ep=8, pp_layout=layout.replace(",", ""))
+    w = Workload(spec, load_cluster("h100-sxm", 8 * pp), 64 * pp, 4096)
+    ours = [r.code for r in check(w, p, GPU_FULL) if r.code == "pp-layers"]
+    if "m" not in layout:
+        # ours: no m = the model's MTP layers beside the loss, which the emitter writes into the flag
+        assert ours == [] and f"{'m' * mtp}L'" in megatron_script(w, p, GPU_FULL)
+        return
+    try:
+        lay.validate_layer_layout(num_layers=layers, mtp_num_layers=mtp or None)
+        megatron_ok = True
+    except AssertionError:
+        megatron_ok = False
+    assert (ours == []) == megatron_ok, (ours, megatron_ok)
+
+
+def test_a_layout_with_cosmetic_commas_parses_and_prices_like_megatron_reads_it():
+    """Megatron's layout strings may carry commas ("purely cosmetic"); inside --plan, where items
+    are comma-separated, the layout keeps its tail and the canonical form drops the commas."""
+    w = Workload(load_model("deepseek-v3"), load_cluster("b200", 256), 4096, 4096)
+    with_commas = Plan.parse("pp=8,vpp=2,ep=32,pp_layout=Et*4|(t*4|)*14,tmL,mbs=1")
+    assert with_commas.pp_layout == "Et*4|(t*4|)*14tmL" and with_commas.mbs == 1
+    assert Plan.parse(with_commas.canonical()) == with_commas
+    assert check(w, with_commas, GPU_FULL) == [] or all(r.code != "pp-layers" for r in check(w, with_commas, GPU_FULL))
+    without_m = with_commas.replace(pp_layout="Et*4|(t*4|)*14tL")
+    import cost_model
+    a, b = cost_model.predict(w, with_commas), cost_model.predict(w, without_m)
+    assert a.step_time_s == b.step_time_s and a.memory_by_stage_gib == b.memory_by_stage_gib
+    script = megatron_script(w, with_commas, GPU_FULL)
+    assert "--pipeline-model-parallel-layout 'Et*4|(t*4|)*14tmL'" in script and "--mtp-num-layers 1" in script

@@ -146,9 +146,16 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
                                          "be combined with pp_first/pp_last"))
     elif not (p.vpp > 1 and p.pp == 1):
         try:
-            split_layers(m.num_layers, p.pp, p.vpp, p.pp_first, p.pp_last, p.pp_layout, p.pp_embedding, p.pp_loss)
+            split = split_layers(m.num_layers, p.pp, p.vpp, p.pp_first, p.pp_last, p.pp_layout, p.pp_embedding,
+                                 p.pp_loss)
         except LayoutError as e:
             out.append(_r("pp-layers", f"pipeline split: {e}"))
+        else:
+            # pipeline_parallel_layer_layout.py validate_layer_layout: "Number of mtp layers in layout
+            # must match mtp_num_layers" (a layout naming none gets the model's from the emitter)
+            if split.mtp and split.mtp != (m.mtp_num_layers or 0):
+                out.append(_r("pp-layers", f"pipeline split: the layout places {split.mtp} MTP layer(s) (m), the "
+                                           f"model has mtp_num_layers={m.mtp_num_layers or 0}"))
     if p.vpp > 1 and p.pp > 1 and num_mb and (num_mb < p.pp or num_mb % p.pp):
         out.append(_r("interleave-microbatches",
                       f"interleaving needs microbatches ({num_mb}) >= pp and a multiple of pp={p.pp}"))
