@@ -50,14 +50,15 @@ LAYOUTS = [
      "and moe_act inputs; no recipe read in this session sets it for this layout"),
     ("deepseek-v3 256xGB200 tp1 pp4 vpp4 ep64 (FP8_CS_V2)", "deepseek-v3", "gb200-nvl72", 256, 4096,
      Plan(tp=1, pp=4, vpp=4, ep=64, mbs=1, precision="fp8-tensorwise", dispatcher="flex",
-          flex_backend="hybridep", recompute="selective", recompute_modules=("mlp",)),
-     dict(mtp_num_layers=1), dict(grad_reduce_in_fp32=False),
+          flex_backend="hybridep", recompute="selective", recompute_modules=("mlp",), grad_reduce_bf16=True),
+     dict(mtp_num_layers=1), {},
      MB + "deepseek/deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_V2 "
      "(hybridep, recompute_modules=[mlp]); deepseek_llm_pretrain.py (grad_reduce_in_fp32=False)"),
     ("deepseek-v3 256xGB200 tp1 pp4 vpp4 ep64 (BF16_V2)", "deepseek-v3", "gb200-nvl72", 256, 4096,
      Plan(tp=1, pp=4, vpp=4, ep=64, mbs=1, precision="bf16", dispatcher="flex",
-          flex_backend="hybridep", recompute="selective", recompute_modules=("mla_up_proj",)),
-     dict(mtp_num_layers=1), dict(grad_reduce_in_fp32=False),
+          flex_backend="hybridep", recompute="selective", recompute_modules=("mla_up_proj",),
+          grad_reduce_bf16=True),
+     dict(mtp_num_layers=1), {},
      MB + "deepseek/deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_BF16_V2 "
      "(recompute_modules=[mla_up_proj]); deepseek_llm_pretrain.py (grad_reduce_in_fp32=False)"),
 ]

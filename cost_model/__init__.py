@@ -57,7 +57,7 @@ def resolve_calibration(workload, calibration=None, tables=None):
 
 
 def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserve=HBM_RESERVE_FRACTION, imbalance=1.0,
-                   detail=False, grad_reduce_in_fp32=True, offload_modules=()) -> dict:
+                   detail=False, offload_modules=()) -> dict:
     """Vectorised core: the model over many plans at once.
 
     Args:
@@ -74,10 +74,6 @@ def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserv
             scales expert GEMM rows, permutation and dispatch bytes.
         detail: Also return breakdown_s (seconds per component; they sum to step_time_s),
             memory_by_stage_gib, stage_mask, slowest_stage, m_expert, moe_block_fwd_s/bwd_s, notes.
-        grad_reduce_in_fp32: Megatron's `--grad-reduce-in-fp32`-style main gradients in fp32 (4 B
-            per parameter, the Megatron default); False: bf16 main grads and bf16 gradient
-            reduction, as the Megatron-Bridge performance recipes set (`cfg.ddp.grad_reduce_in_fp32
-            = False`).
         offload_modules: megatron-core's fine-grained activation offloading of these modules'
             inputs (`cost_model.memory.OFFLOAD_MODULES`): less activation memory, PCIe copies
             priced as `activation_offload` where they outlast the layer's compute.
@@ -93,7 +89,7 @@ def predict_arrays(workload, plans, *, tables=None, calibration=None, hbm_reserv
     per_class = bool(cal.factors)  # the factors weigh the breakdown's classes: it is needed
     out = evaluate(workload, pa, t, imbalance=imbalance, hbm_reserve=hbm_reserve,
                    calibration_scale=cal.scale, detail=detail or per_class,
-                   grad_reduce_in_fp32=grad_reduce_in_fp32, offload_modules=offload_modules)
+                   offload_modules=offload_modules)
     if per_class:
         _apply_per_class(out, cal)
     out["tables_digest"] = t.digest
@@ -125,7 +121,7 @@ def raw_class_parts(workload, plans, *, tables=None, **options) -> list[dict]:
 
 
 def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=HBM_RESERVE_FRACTION,
-                 imbalance=1.0, grad_reduce_in_fp32=True, offload_modules=()) -> list[Prediction]:
+                 imbalance=1.0, offload_modules=()) -> list[Prediction]:
     """One `Prediction` per plan (feasibility with reasons, step time, throughput, MFU, memory per
     stage, breakdown), computed in one vectorised pass.
 
@@ -141,7 +137,6 @@ def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=
             a plan fits when its peak stage memory is within the rest.
         imbalance: Routed tokens of the busiest expert over the mean (1.0 = uniform routing);
             scales expert GEMM rows, permutation and dispatch bytes.
-        grad_reduce_in_fp32: fp32 main gradients (default); False for bf16 ones (see `predict_arrays`).
         offload_modules: fine-grained activation offloading (see `predict_arrays`).
 
     Returns:
@@ -151,8 +146,7 @@ def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=
     if not plans:
         return []
     r = predict_arrays(workload, plans, tables=tables, calibration=calibration, hbm_reserve=hbm_reserve,
-                       imbalance=imbalance, detail=True, grad_reduce_in_fp32=grad_reduce_in_fp32,
-                       offload_modules=offload_modules)
+                       imbalance=imbalance, detail=True, offload_modules=offload_modules)
     preds = []
     for i, p in enumerate(plans):
         mask = r["stage_mask"][i] > 0
@@ -181,7 +175,7 @@ def predict_many(workload, plans, *, tables=None, calibration=None, hbm_reserve=
 
 
 def predict(workload, plan, *, tables=None, calibration=None, hbm_reserve=HBM_RESERVE_FRACTION, imbalance=1.0,
-            grad_reduce_in_fp32=True, offload_modules=()) -> Prediction:
+            offload_modules=()) -> Prediction:
     """The `Prediction` of one plan; see `predict_many`.
 
     Args:
@@ -196,12 +190,10 @@ def predict(workload, plan, *, tables=None, calibration=None, hbm_reserve=HBM_RE
             a plan fits when its peak stage memory is within the rest.
         imbalance: Routed tokens of the busiest expert over the mean (1.0 = uniform routing);
             scales expert GEMM rows, permutation and dispatch bytes.
-        grad_reduce_in_fp32: fp32 main gradients (default); False for bf16 ones (see `predict_arrays`).
         offload_modules: fine-grained activation offloading (see `predict_arrays`).
     """
     return predict_many(workload, [plan], tables=tables, calibration=calibration,
-                        hbm_reserve=hbm_reserve, imbalance=imbalance, grad_reduce_in_fp32=grad_reduce_in_fp32,
-                        offload_modules=offload_modules)[0]
+                        hbm_reserve=hbm_reserve, imbalance=imbalance, offload_modules=offload_modules)[0]
 
 
 __all__ = ["Prediction", "PlanArrays", "predict", "predict_many", "predict_arrays"]

@@ -80,7 +80,7 @@ class Inputs:
     tokens_sp: np.ndarray  # T / tp: sequence-parallel tokens per GPU
     imbalance: float
     zero: np.ndarray
-    grad_bytes: float = 4.0  # main-gradient bytes per parameter (fp32; 2 with bf16 grad reduction)
+    grad_bytes: np.ndarray | float = 4.0  # [P] main-gradient bytes per parameter (fp32; 2 with bf16 grad reduction)
     offload_modules: tuple = ()  # megatron-core fine-grained activation offloading (memory.OFFLOAD_MODULES)
 
     @property

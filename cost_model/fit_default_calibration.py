@@ -34,16 +34,16 @@ HF_GPT_OSS = ("huggingface.co/openai/gpt-oss-120b config.json: sliding_window 12
 HF_DSV3 = "huggingface.co/deepseek-ai/DeepSeek-V3 config.json: num_nextn_predict_layers 1"
 OVERRIDES = {
     ("qwen3-30b-a3b", "h100-sxm", "26.04.01"): (
-        dict(dispatcher="flex", flex_backend="hybridep"), {}, dict(grad_reduce_in_fp32=False),
+        dict(dispatcher="flex", flex_backend="hybridep", grad_reduce_bf16=True), {}, {},
         MB + "qwen/qwen3_workload_base_configs.py QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1 "
         "(EP16, GBS1024, moe_flex_dispatcher_backend=hybridep, moe_a2a_overlap=False, no CUDA graphs; "
         "FP8_CS = current scaling = fp8-tensorwise); qwen/qwen3_llm_pretrain.py (moe_token_dispatcher_type="
         "flex; set_qwen3_common_configs: recompute off, ddp.grad_reduce_in_fp32=False, "
         "moe_router_force_load_balancing=True)"),
     ("gpt-oss-120b", "h100-sxm", "26.04.01"): (
-        dict(dispatcher="alltoall", recompute="selective", recompute_modules=("layernorm", "moe_act")),
-        dict(window_size=128, window_attn_skip_freq=2, attention_sinks=True, moe_expert_bias=True),
-        dict(grad_reduce_in_fp32=False),
+        dict(dispatcher="alltoall", recompute="selective", recompute_modules=("layernorm", "moe_act"),
+             grad_reduce_bf16=True),
+        dict(window_size=128, window_attn_skip_freq=2, attention_sinks=True, moe_expert_bias=True), {},
         MB + "gpt_oss/gpt_oss_workload_base_configs.py GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V2 "
         "(PP4 EP8 MBS1 GBS1280, recompute_modules=[layernorm, moe_act]); gpt_oss/gpt_oss_llm_pretrain.py "
         "set_gpt_oss_common_configs (ddp.grad_reduce_in_fp32=False, moe_router_force_load_balancing=True) "
@@ -54,7 +54,7 @@ OVERRIDES = {
         "account_for_embedding/loss_in_pipeline_split=False, so the LM head sits on the last of 4 even "
         "stages as the model places it; attention: " + HF_GPT_OSS),
     ("qwen3-30b-a3b", "h100-sxm", "25.09"): (
-        dict(dispatcher="alltoall", precision="fp8-delayed"), {}, dict(grad_reduce_in_fp32=False),
+        dict(dispatcher="alltoall", precision="fp8-delayed", grad_reduce_bf16=True), {}, {},
         "25.09 row says 'token drop': Megatron drop-and-pad (capacity factor) needs the alltoall/"
         "allgather dispatcher; with a capacity factor of 1.0 and padding every expert computes exactly "
         "the balanced load (ASSUMED cf=1.0: the 25.09 recipe file is not in the reference set). fp8 = "
@@ -66,8 +66,8 @@ OVERRIDES = {
     ("deepseek-v3", "b200", "26.04.01"): (
         dict(dispatcher="flex", flex_backend="deepep", a2a_overlap=True, recompute="selective",
              recompute_modules=("mla_up_proj", "mlp"), pp_layout="Et*4|(t*4|)*14tmL",
-             cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router")),
-        dict(mtp_num_layers=1), dict(grad_reduce_in_fp32=False),
+             cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router"), grad_reduce_bf16=True),
+        dict(mtp_num_layers=1), {},
         MB + "deepseek/deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 "
         "(PP8 VPP2 EP32 GBS4096: moe_flex_dispatcher_backend=deepep, moe_a2a_overlap=True, "
         "pp_layout=Et*4|(t*4|)*14tmL, recompute_modules=[mla_up_proj, mlp], CUDA graphs attn/router); "

@@ -114,7 +114,7 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
     fp8 = x.fp8
     nd, nm, em, lo, smask = st.dense, st.moe, st.embedding, st.loss, st.mask
     dist = pa.dist_opt.astype(bool)
-    gb = x.grad_bytes
+    gb = col(x.grad_bytes)
     static = (params.dense * optimizer_bytes_per_param(col(dist), col(x.dp * x.cp), fp8=fp8[:, None], grad_bytes=gb)
               + params.expert * optimizer_bytes_per_param(col(dist), col(x.edp), fp8=fp8[:, None], grad_bytes=gb))
     a = activation_terms(spec, T, tp, seq, flash=flash, dropout=dropout)

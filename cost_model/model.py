@@ -421,8 +421,7 @@ def _inputs(workload, pa: PlanArrays, tables, imbalance) -> Inputs:
 
 
 def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HBM_RESERVE_FRACTION,
-              calibration_scale=1.0, flash=True, dropout=False, detail=True, grad_reduce_in_fp32=True,
-              offload_modules=()) -> dict:
+              calibration_scale=1.0, flash=True, dropout=False, detail=True, offload_modules=()) -> dict:
     """The model over all plans of `pa` at once.
 
     Args:
@@ -435,7 +434,6 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         flash: Flash attention (activation memory without the s^2 term).
         dropout: Count dropout masks in activation memory.
         detail: Also return the breakdown, per-stage memory and per-block diagnostics.
-        grad_reduce_in_fp32: fp32 main gradients and gradient reduction (False: bf16 ones).
         offload_modules: megatron-core fine-grained activation offloading (`memory.OFFLOAD_MODULES`).
 
     Returns:
@@ -446,7 +444,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     """
     spec, cl = workload.model, workload.cluster
     x = _inputs(workload, pa, tables, imbalance)
-    x.grad_bytes = MAIN_GRAD_BYTES if grad_reduce_in_fp32 else WEIGHT_BYTES
+    # main-gradient bytes per parameter: fp32, or bf16 under the plan's --grad-reduce-in-bf16
+    x.grad_bytes = np.where(pa.grad_reduce_bf16.astype(bool), float(WEIGHT_BYTES), float(MAIN_GRAD_BYTES))
     bad = set(offload_modules) - set(OFFLOAD_MODULES)
     if bad:
         raise ValueError(f"offload_modules: unknown {sorted(bad)}; choose from {', '.join(OFFLOAD_MODULES)}")

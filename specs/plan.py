@@ -56,6 +56,10 @@ class Plan:
     dist_opt: bool = True
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    # --grad-reduce-in-bf16 (Megatron-LM arguments.py: DDP grad_reduce_in_fp32 False): bf16 main
+    # gradients and gradient reduction instead of fp32, as NVIDIA's performance recipes train; a
+    # numerics choice, so completion never flips it (default: Megatron's fp32)
+    grad_reduce_bf16: bool = False
     shared_expert_overlap: bool = False
     a2a_overlap: bool = False
     pp_first: int = 0
@@ -120,7 +124,7 @@ class Plan:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Plan)}
 _ALIASES = {"dist-opt": "dist_opt", "do": "dist_opt", "ogr": "overlap_grad_reduce",
-            "opg": "overlap_param_gather", "dispatch": "dispatcher", "gg": "grouped_gemm"}
+            "opg": "overlap_param_gather", "grad_bf16": "grad_reduce_bf16", "dispatch": "dispatcher", "gg": "grouped_gemm"}
 
 
 def format_fields(fields: dict) -> str:

@@ -183,9 +183,9 @@ def test_lm_head_wgrad_accumulates_into_the_main_grad():
 
     from cost_model import resolve_tables
     from cost_model.ops import TableOps
-    plan = [Plan(pp=4, ep=8, mbs=1)]
+    plan = [Plan(pp=4, ep=8, mbs=1, grad_reduce_bf16=True)]
     small, big = (_w("gpt-oss-120b", gpus=64, gbs=256, vocab_size=v) for v in (100_000, 201_088))
-    a, b = (_bd(w, plan, grad_reduce_in_fp32=False)["breakdown_s"]["wgrad_main_grad"][0] for w in (small, big))
+    a, b = (_bd(w, plan)["breakdown_s"]["wgrad_main_grad"][0] for w in (small, big))
     bw = TableOps(resolve_tables(big, None), big.cluster, np.array([True])).bw["elementwise"]
     # 16 microbatches on the loss stage (the slowest: it holds the LM head); bf16 main grads:
     # read 2 + write 2 in place of the GEMM's 2-byte output
@@ -206,7 +206,7 @@ def test_bf16_gradient_reduction_saves_two_bytes_per_parameter():
     w = _w(gpus=16, gbs=512)
     plan = Plan(pp=2, vpp=24, ep=8, mbs=2, precision="fp8-delayed")
     a = predict(w, plan, calibration=IDENTITY)
-    b = predict(w, plan, calibration=IDENTITY, grad_reduce_in_fp32=False)
+    b = predict(w, plan.replace(grad_reduce_bf16=True), calibration=IDENTITY)
     assert b.peak_memory_gib < a.peak_memory_gib - 2.0
     assert b.breakdown_s["dp_grad_reduce_scatter"] <= a.breakdown_s["dp_grad_reduce_scatter"]
 
@@ -222,8 +222,8 @@ def test_published_calibration_rows_fit_in_memory():
 def test_deepseek_v3_gb200_published_layout_fits():
     w = _w("deepseek-v3", "gb200-nvl72", 256, 4096, mtp_num_layers=1)
     p = Plan(pp=4, vpp=4, ep=64, precision="fp8-tensorwise", dispatcher="flex", flex_backend="hybridep",
-             recompute="selective", recompute_modules=("mlp",))
-    pr = predict(w, p, calibration=IDENTITY, grad_reduce_in_fp32=False)
+             recompute="selective", recompute_modules=("mlp",), grad_reduce_bf16=True)
+    pr = predict(w, p, calibration=IDENTITY)
     assert pr.feasible, pr.reasons
 
 

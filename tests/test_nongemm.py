@@ -108,7 +108,7 @@ def test_dispatcher_side_exchanges_grow_with_tokens_and_follow_the_dispatcher():
 
 def test_wgrad_main_grad_accumulation_costs_more_in_fp32():
     fp32 = _bd(_w(), _hybridep())["wgrad_main_grad"]
-    bf16 = _bd(_w(), _hybridep(), grad_reduce_in_fp32=False)["wgrad_main_grad"]
+    bf16 = _bd(_w(), _hybridep(grad_reduce_bf16=True))["wgrad_main_grad"]
     # read + write of the main grad in place of a 2-byte output: 4 + 4 - 2 = 6 vs 2 + 2 - 2 = 2 B
     assert fp32 == pytest.approx(3 * bf16, rel=1e-9)
     assert bf16 > 0

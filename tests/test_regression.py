@@ -85,6 +85,10 @@ REGENERATIONS = [
      "taken out of ep_dispatch_combine (their own calibration class, etp_comm); `--keep-plans`: same plans, step "
      "times, scripts and counts (two mixtral terms move in the 17th digit)",
      "7b5f34078d9d4f4b330479f2560c20775f6e001c87f4dca651c41a27253fe93a"),
+    ("plan field grad_reduce_bf16 (2026-12-06)", "`--keep-plans`: Megatron-LM's --grad-reduce-in-bf16 becomes a plan "
+     "field (was a predict() keyword); canonical strings in the emitted headers gain grad_reduce_bf16=0; every "
+     "prediction, script flag and plan count identical",
+     "ffa443b2b285cefa692a2418849675d133eaa44f46989efbfaa7f468d56dcfb9"),
 ]
 
 

@@ -213,7 +213,7 @@ class TrialWorker:
             finalize_model_grads,
         )
         ddp_cfg = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True,
+            grad_reduce_in_fp32=not plan.grad_reduce_bf16,
             overlap_grad_reduce=plan.overlap_grad_reduce,
             overlap_param_gather=plan.overlap_param_gather,
             use_distributed_optimizer=plan.dist_opt,

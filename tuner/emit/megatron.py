@@ -21,7 +21,8 @@ MOE_SWITCHES = (("grouped_gemm", "--moe-grouped-gemm"),
                 ("a2a_overlap", "--overlap-moe-expert-parallel-comm"))
 DP_SWITCHES = (("dist_opt", "--use-distributed-optimizer"),
                ("overlap_grad_reduce", "--overlap-grad-reduce"),
-               ("overlap_param_gather", "--overlap-param-gather"))
+               ("overlap_param_gather", "--overlap-param-gather"),
+               ("grad_reduce_bf16", "--grad-reduce-in-bf16"))
 
 
 def _num(x: float) -> str:
