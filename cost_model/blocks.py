@@ -28,6 +28,7 @@ from cost_model.constants import (
     FP8_OPERANDS_ATTENTION,
     FP8_OPERANDS_MLP,
     FP8_QUANT_BYTES_PER_ELEMENT,
+    FP8_WEIGHT_COPY_BYTES,
     FP32_ROUTER_GEMM_SLOWDOWN,
     GLU_CLAMP_BWD_BYTES_PER_ELEMENT,
     GLU_CLAMP_FWD_BYTES_PER_ELEMENT,
@@ -49,6 +50,7 @@ from cost_model.constants import (
     ROPE_EAGER_BWD_BYTES_PER_ELEMENT,
     ROPE_EAGER_FWD_BYTES_PER_ELEMENT,
     STARVED_COMM_RATE,
+    WEIGHT_BYTES,
 )
 from cost_model.nongemm import comm_hbm_share, hbm_contention, rope_eager
 from cost_model.ops import TableOps
@@ -727,7 +729,7 @@ class DPComm:
 def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,
                    stage_fwd_s: np.ndarray, stage_bwd_s: np.ndarray) -> DPComm:
     """Grad reduce-scatter (fp32 main grads; all-reduce without the distributed optimizer) and
-    param all-gather (bf16, distributed optimizer) over the DP x CP group (dense parameters) and
+    param all-gather (bf16, or fp8 with --fp8-param-gather; distributed optimizer) over the DP x CP group (dense parameters) and
     the expert-DP group (experts) of the slowest stage; with overlap, exposed beyond the backward
     resp. forward of one microbatch (`stage_bwd_s`: the backward's wall time), at least the last bucket."""
     ops, pa = x.ops, x.pa
@@ -740,8 +742,10 @@ def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarra
         "reduce_scatter", gb * Pe, edp_size, edp_stride)
     ar_t = ops.collective("all_reduce", gb * Pd, dpc_size, dpc_stride) + ops.collective(
         "all_reduce", gb * Pe, edp_size, edp_stride)
-    ag_t = ops.collective("all_gather", 2.0 * Pd, dpc_size, dpc_stride) + ops.collective(
-        "all_gather", 2.0 * Pe, edp_size, edp_stride)
+    # the distributed optimizer gathers the bf16 parameters, or their fp8 copies (--fp8-param-gather)
+    pb = np.where(pa.fp8_param.astype(bool), FP8_WEIGHT_COPY_BYTES, WEIGHT_BYTES)
+    ag_t = ops.collective("all_gather", pb * Pd, dpc_size, dpc_stride) + ops.collective(
+        "all_gather", pb * Pe, edp_size, edp_stride)
     grad_t = np.where(dist, rs_t, ar_t)
     ag_t = np.where(dist, ag_t, 0.0)
     bucket = np.maximum(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_DP_RANK * x.dp)
@@ -755,7 +759,7 @@ def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarra
     n = float(getattr(ops.c, "sm_count", 0) or 0)
     share = min(NCCL_COMM_SMS / n, 0.9) if (n > 1 and ops.async_launch) else 0.0
     sm = share * ((grad_t - grad) + (ag_t - gather))
-    return DPComm(grad, gather, sm, grad_t, ag_t, gb * (Pd + Pe), 2.0 * (Pd + Pe))
+    return DPComm(grad, gather, sm, grad_t, ag_t, gb * (Pd + Pe), pb * (Pd + Pe))
 
 
 def optimizer_step(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,

@@ -30,10 +30,11 @@ def korthikanti_layer_bytes(s, b, h, a, t=1, *, sequence_parallel=True) -> float
     return total / t if sequence_parallel else s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t))
 
 
-def optimizer_bytes_per_param(dist_opt, dp_shard=1, *, fp8=False, grad_bytes=MAIN_GRAD_BYTES):
+def optimizer_bytes_per_param(dist_opt, dp_shard=1, *, fp8=False, grad_bytes=MAIN_GRAD_BYTES, fp8_param=False):
     """Static bytes per parameter: bf16 weight 2 + fp32 main grad 4 (+1 for an fp8 weight copy)
     + Adam (fp32 master, m, v) 12, the 12 sharded over `dp_shard` ranks by the distributed
-    optimizer. Arguments broadcast (numpy arrays over plans/stages); a float for scalars.
+    optimizer; with `fp8_param` (--fp8-param-gather) the fp8 weight is the only model copy (no
+    bf16 one). Arguments broadcast (numpy arrays over plans/stages); a float for scalars.
 
     Args:
         dist_opt: The distributed optimizer is on (bool or bool array).
@@ -42,7 +43,8 @@ def optimizer_bytes_per_param(dist_opt, dp_shard=1, *, fp8=False, grad_bytes=MAI
         fp8: An fp8 recipe (bool or bool array): adds the quantised weight copy.
         grad_bytes: Main-gradient bytes (fp32 4; 2 when gradients are reduced in bf16).
     """
-    out = (WEIGHT_BYTES + grad_bytes + np.asarray(fp8) * FP8_WEIGHT_COPY_BYTES
+    weights = np.where(np.asarray(fp8_param, bool), 0.0, WEIGHT_BYTES) + np.asarray(fp8) * FP8_WEIGHT_COPY_BYTES
+    out = (weights + grad_bytes
            + np.where(dist_opt, ADAM_STATE_BYTES / dp_shard, ADAM_STATE_BYTES))
     return float(out) if np.ndim(out) == 0 else out
 
@@ -115,8 +117,11 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
     nd, nm, em, lo, smask = st.dense, st.moe, st.embedding, st.loss, st.mask
     dist = pa.dist_opt.astype(bool)
     gb = col(x.grad_bytes)
-    static = (params.dense * optimizer_bytes_per_param(col(dist), col(x.dp * x.cp), fp8=fp8[:, None], grad_bytes=gb)
-              + params.expert * optimizer_bytes_per_param(col(dist), col(x.edp), fp8=fp8[:, None], grad_bytes=gb))
+    f8p = col(pa.fp8_param.astype(bool))
+    static = (params.dense * optimizer_bytes_per_param(col(dist), col(x.dp * x.cp), fp8=fp8[:, None], grad_bytes=gb,
+                                                       fp8_param=f8p)
+              + params.expert * optimizer_bytes_per_param(col(dist), col(x.edp), fp8=fp8[:, None], grad_bytes=gb,
+                                                          fp8_param=f8p))
     a = activation_terms(spec, T, tp, seq, flash=flash, dropout=dropout)
     dense_mlp_terms = mlp_terms(T, h, spec.ffn_hidden_size, glu, tp)
     # fp8 linears save their quantised (1-byte) inputs for the weight gradient

@@ -74,6 +74,10 @@ class Plan:
     dispatcher: str = "alltoall"
     flex_backend: str = ""
     precision: str = "bf16"
+    # --fp8-param-gather (TransformerConfig.fp8_param): the model's weights are kept in fp8 only (no
+    # bf16 copy beside TE's quantised one) and the distributed optimizer all-gathers them in fp8;
+    # NVIDIA's fp8 performance recipes set it. Not searched by completion (default off, Megatron's)
+    fp8_param: bool = False
 
     def __post_init__(self) -> None:
         bad = []
@@ -124,7 +128,8 @@ class Plan:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Plan)}
 _ALIASES = {"dist-opt": "dist_opt", "do": "dist_opt", "ogr": "overlap_grad_reduce",
-            "opg": "overlap_param_gather", "grad_bf16": "grad_reduce_bf16", "dispatch": "dispatcher", "gg": "grouped_gemm"}
+            "opg": "overlap_param_gather", "grad_bf16": "grad_reduce_bf16", "fp8_param_gather": "fp8_param",
+            "dispatch": "dispatcher", "gg": "grouped_gemm"}
 
 
 def format_fields(fields: dict) -> str:

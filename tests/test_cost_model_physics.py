@@ -211,6 +211,20 @@ def test_bf16_gradient_reduction_saves_two_bytes_per_parameter():
     assert b.breakdown_s["dp_grad_reduce_scatter"] <= a.breakdown_s["dp_grad_reduce_scatter"]
 
 
+def test_fp8_param_drops_the_bf16_weights_and_gathers_in_fp8():
+    from cost_model.flops import param_counts
+    w = _w(gpus=16, gbs=512)
+    plan = Plan(ep=8, mbs=1, precision="fp8-tensorwise", grad_reduce_bf16=True, overlap_param_gather=False)
+    a = predict(w, plan, calibration=IDENTITY)
+    b = predict(w, plan.replace(fp8_param=True), calibration=IDENTITY)
+    # 2 bytes fewer for every parameter this GPU holds (dense whole, experts / ep), nothing else
+    pc = param_counts(w.model)
+    held = pc["total"] - pc["routed_experts"] * (1 - 1 / 8)
+    assert a.peak_memory_gib - b.peak_memory_gib == pytest.approx(2.0 * held / 2**30, rel=0.02)
+    # the exposed (not overlapped) parameter all-gather moves half the bytes
+    assert 0 < b.breakdown_s["dp_param_all_gather"] < 0.75 * a.breakdown_s["dp_param_all_gather"]
+
+
 def test_published_calibration_rows_fit_in_memory():
     from cost_model.fit_default_calibration import row_case, rows
     for r in rows():

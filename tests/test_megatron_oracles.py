@@ -271,3 +271,22 @@ def test_fp8_delayed_recompute_matches_transformer_config(precision, mods):
                           fp8_recipe=precision.split("-")[1], num_moe_experts=8, moe_ffn_hidden_size=64,
                           moe_grouped_gemm=True)
     assert ours == (err is not None and "Delayed scaling" in err), err
+
+
+@pytest.mark.parametrize("precision,dist_opt", [("fp8-tensorwise", True), ("bf16", True), ("fp8-delayed", True),
+                                                ("fp8-tensorwise", False)])
+def test_fp8_param_matches_transformer_config_and_arguments(precision, dist_opt):
+    """fp8_param (--fp8-param-gather): TransformerConfig refuses it without fp8 ("fp8_param must be
+    used together with fp8 mode"); Megatron-LM's validate_args without the distributed optimizer
+    (arguments.py, not importable here: asserted on our side only)."""
+    w = _workload(8, "tiny-moe-shared", gbs=64, seq=256)
+    p = Plan(precision=precision, fp8_param=True, dist_opt=dist_opt, overlap_param_gather=dist_opt)
+    ours = [r.sentence for r in check(w, p, GPU_FULL) if r.code == "fp8-param"]
+    fp8 = {} if precision == "bf16" else {"fp8": "e4m3", "fp8_recipe": precision.split("-")[1]}
+    err = _config_verdict(fp8_param=True, **fp8)
+    assert any("fp8 precision" in s for s in ours) == (err is not None and "fp8_param" in err), (ours, err)
+    assert any("distributed optimizer" in s for s in ours) == (not dist_opt)
+    # the emitted flag rebuilds the same TransformerConfig field
+    if not ours:
+        from tuner.emit.megatron import plan_args
+        assert "--fp8-param-gather" in plan_args(w, p, GPU_FULL)

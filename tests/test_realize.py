@@ -54,6 +54,7 @@ CASES = {
     "recompute-module": ({}, "recompute=selective,recompute_modules=moe_act",
                          "recompute=selective,recompute_modules=mla_up_proj"),
     "opg-needs-dist-opt": ({}, "dist_opt=1,overlap_param_gather=1", "dist_opt=0,overlap_param_gather=1"),
+    "fp8-param": ({}, "precision=fp8-tensorwise,fp8_param=1", "precision=bf16,fp8_param=1"),
     "opg-needs-ogr": ({}, "overlap_grad_reduce=1,overlap_param_gather=1", "overlap_grad_reduce=0,overlap_param_gather=1"),
     "flex-backend": ({}, "ep=8,dispatcher=flex,flex_backend=deepep", "ep=8,dispatcher=flex"),
     "flex-needs-tp-ep": ({}, "ep=2,dispatcher=flex,flex_backend=hybridep", "ep=1,dispatcher=flex,flex_backend=hybridep"),

@@ -89,6 +89,9 @@ REGENERATIONS = [
      "field (was a predict() keyword); canonical strings in the emitted headers gain grad_reduce_bf16=0; every "
      "prediction, script flag and plan count identical",
      "ffa443b2b285cefa692a2418849675d133eaa44f46989efbfaa7f468d56dcfb9"),
+    ("plan field fp8_param (2026-12-06)", "`--keep-plans`: Megatron-LM's --fp8-param-gather becomes a plan field; "
+     "canonical strings gain fp8_param=0; every prediction, script flag and plan count identical",
+     "0297f04e1aadd0d497ac00f9fa9615964d4bb0ab11c955afcf184a034d112db5"),
 ]
 
 

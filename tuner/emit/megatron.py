@@ -157,6 +157,8 @@ def plan_args(w: Workload, p: Plan, profile: StackProfile) -> list[str]:
     if p.fp8:
         fmt, recipe = FP8_RECIPE_FLAGS[p.precision]
         a += ["--fp8-format", fmt, "--fp8-recipe", recipe]
+        if p.fp8_param:
+            a += ["--fp8-param-gather"]
     a += ["--transformer-impl", "transformer_engine" if profile.transformer_engine else "local"]
     return [str(x) for x in a]
 

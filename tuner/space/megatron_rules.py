@@ -69,6 +69,8 @@ RULES = {
     "a2a-overlap": ("--overlap-moe-expert-parallel-comm", "transformer_config.py: EP A2A overlap preconditions"),
     "fp8-hardware": ("--fp8-recipe", "TE check_recipe_support: fp8 cc >= 8.9, blockwise cc >= 9.0 (CUDA >= 12.9), mxfp8 cc 10.x"),
     "fp8-delayed-recompute": ("--recompute-modules", "transformer_config.py: delayed scaling forbids moe_act/layernorm recompute"),
+    "fp8-param": ("--fp8-param-gather", "transformer_config.py: fp8_param needs fp8; arguments.py: --fp8-param-gather needs "
+                                        "--use-distributed-optimizer"),
     "dispatcher-needs-moe": ("--moe-token-dispatcher-type", "plan hygiene: dispatcher/grouped GEMM options only apply to MoE models"),
     "shared-expert-bias": ("--disable-bias-linear", "shared_experts.py: bias is not supported in the shared experts (add_bias_linear must be False)"),
     "fp8-gemm-dims": ("--fp8-recipe", "TE pytorch/utils.py assert_dim_for_fp8_exec: fp8 GEMM inputs need prod(leading dims) % 8, last dim % 16"),
@@ -174,7 +176,7 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
 # Schedule and kernel fields at values every stack runs: a CPU rule that still fires on a plan with
 # these is about its parallel tier alone.
 _NEUTRAL = dict(recompute="none", recompute_modules=(), recompute_method="", recompute_layers=0, dist_opt=False,
-                overlap_grad_reduce=False, overlap_param_gather=False, shared_expert_overlap=False,
+                overlap_grad_reduce=False, overlap_param_gather=False, fp8_param=False, shared_expert_overlap=False,
                 a2a_overlap=False, grouped_gemm=False, dispatcher="alltoall", flex_backend="", precision="bf16",
                 cuda_graph_impl="none", cuda_graph_scope=())
 
@@ -230,6 +232,10 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
                               f"uniform recompute of {p.recompute_layers} layers needs it to divide every "
                               f"pipeline chunk's layer count ({', '.join(map(str, bad))} is not a multiple)"))
     # --- optimizer and DP overlap (arguments.py) ---
+    if p.fp8_param and not p.fp8:  # transformer_config.py: "fp8_param must be used together with fp8 mode."
+        out.append(_r("fp8-param", "fp8_param (--fp8-param-gather) needs an fp8 precision recipe"))
+    if p.fp8_param and not p.dist_opt:  # arguments.py validate_args
+        out.append(_r("fp8-param", "fp8_param (--fp8-param-gather) needs the distributed optimizer"))
     if p.overlap_param_gather and not p.dist_opt:
         out.append(_r("opg-needs-dist-opt", "overlap_param_gather needs the distributed optimizer"))
     if p.overlap_param_gather and not p.overlap_grad_reduce:
