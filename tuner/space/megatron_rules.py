@@ -377,7 +377,9 @@ def _cuda_graph_reasons(m, p: Plan) -> list[Reason]:
     if m.is_moe and (not scope or "full_iteration" in scope):
         out.append(_r("cuda-graph-sync", f"CUDA graphs of {'whole layers' if not scope else 'the whole iteration'} "
                                          "capture the dropless MoE dispatcher, whose token counts go to the host "
-                                         "(a device-to-host sync a graph cannot hold)"))
+                                         "(a device-to-host sync a graph cannot hold; the sync-free dropless dispatch "
+                                         "that NVIDIA's newer full-iteration recipes use, moe_expert_rank_capacity_factor "
+                                         "with moe_paged_stash, is not in megatron-core 0.16.1)"))
     return out
 
 
