@@ -26,6 +26,8 @@ PUBLISHED = {
     "deepseek-v3": Quantization("fp8", "e4m3, dynamic activations, weight_block_size [128, 128]",
                                 "huggingface.co/deepseek-ai/DeepSeek-V3 config.json quantization_config "
                                 "(README_WEIGHTS.md: FP8 weights)"),
+    "deepseek-r1": Quantization("fp8", "e4m3, dynamic activations, weight_block_size [128, 128]",
+                                "huggingface.co/deepseek-ai/DeepSeek-R1 config.json quantization_config"),
     "kimi-k2": Quantization("fp8", "e4m3, dynamic activations, weight_block_size [128, 128]",
                             "huggingface.co/moonshotai/Kimi-K2-Instruct config.json quantization_config"),
     "gpt-oss-120b": Quantization("mxfp4", "MoE expert weights in MXFP4, the rest bf16",

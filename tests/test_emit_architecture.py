@@ -181,10 +181,20 @@ NOT_EXPRESSIBLE = {
     "kimi-k2": {"beta_fast"},  # MLATransformerConfig.beta_fast has no flag; Kimi uses 1, default 32
 }
 HF_PRESETS = sorted(n for n in preset_names() if (HF / f"{n}.json").exists())
+# presets whose checkpoint publishes another preset's architecture: DeepSeek-R1's config.json has
+# DeepSeek-V3's architecture fields (DeepseekV3ForCausalLM, the same dimensions, MTP and fp8 blocks)
+SAME_ARCHITECTURE = {"deepseek-r1": "deepseek-v3"}
 
 
 def test_every_real_preset_has_a_config_json():
-    assert set(preset_names()) - set(HF_PRESETS) == {"tiny-moe", "tiny-moe-shared"}
+    assert set(preset_names()) - set(HF_PRESETS) - set(SAME_ARCHITECTURE) == {"tiny-moe", "tiny-moe-shared"}
+
+
+@pytest.mark.parametrize("name,twin", sorted(SAME_ARCHITECTURE.items()))
+def test_same_architecture_presets_differ_only_in_name_and_source(name, twin):
+    a, b = load_model(name), load_model(twin)
+    assert dataclasses.replace(a, name=b.name, source=b.source) == b
+    assert _script(name).split("pretrain_gpt.py", 1)[1] == _script(twin).split("pretrain_gpt.py", 1)[1]
 
 
 def _script(name, profile=GPU_NO_TE):

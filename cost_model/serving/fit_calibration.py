@@ -21,7 +21,7 @@ ours and are stated here):
 - r03 "random 2000 in / 100 out": prompt count not given; 1000 assumed (burst), exact lengths
   (the benchmark client's random dataset at fixed lengths; the page gives no range ratio).
 - r04 "random 32000 in / 100 out, 100 prompts": burst of 100.
-- DeepSeek-R1 has DeepSeek-V3's architecture (the deepseek-v3 preset); fp8 weights.
+- DeepSeek-R1: the deepseek-r1 preset (DeepSeek-V3's architecture); fp8 weights.
 - `--enable-dp-attention` with tp 8 = attn_dp 8 (SGLang's rewrite); SGLang 0.5.3 / 0.5.5 defaults
   otherwise (no DeepEP: a2a none).
 """
@@ -46,10 +46,10 @@ DATA = Path(__file__).resolve().parent.parent / "data" / "published_serving_refe
 
 # row id -> (model preset, plan, isl, osl, prompts)
 ROWS = {
-    "r01": ("deepseek-v3", "tp=8", 215, 198, 1000),
-    "r02": ("deepseek-v3", "tp=8,attn_dp=8", 215, 198, 1000),
-    "r03": ("deepseek-v3", "tp=8,attn_dp=8", 2000, 100, 1000),
-    "r04": ("deepseek-v3", "tp=8,attn_dp=8", 32000, 100, 100),
+    "r01": ("deepseek-r1", "tp=8", 215, 198, 1000),
+    "r02": ("deepseek-r1", "tp=8,attn_dp=8", 215, 198, 1000),
+    "r03": ("deepseek-r1", "tp=8,attn_dp=8", 2000, 100, 1000),
+    "r04": ("deepseek-r1", "tp=8,attn_dp=8", 32000, 100, 100),
     "r05": ("qwen3-235b-a22b", "tp=8", 215, 198, 1000),
 }
 
