@@ -27,3 +27,47 @@ def test_serve_ranking_prices_the_checkpoints_weights_and_says_what_would_fit(ca
     assert main(["plans", "--mode", "serve", *DS, "--rank", "--top", "3", "--examples", "0", "--weight-dtype", "bf16"]) == 0
     out = capsys.readouterr().out
     assert "aggregated: none" in out and "nothing fits: 1,250 GiB of bf16 weights" in out and "--weight-dtype fp8" in out
+
+
+def test_subbyte_checkpoints_are_priced_at_their_own_bytes():
+    """gpt-oss's MXFP4 experts (4.25 bits; attention bf16) and an NVFP4 export (4.5 bits for every
+    transformer linear) are priced at their own bytes per weight, not at fp8's byte."""
+    from clusters import load_cluster
+    from cost_model.serving import predict_serve
+    from specs.models import load_model
+    from specs.serve_plan import ServePlan, ServeWorkload
+    oss, h200 = load_model("gpt-oss-120b"), load_cluster("h200-sxm", 1)
+    w = ServeWorkload(isl=1000, osl=1000, concurrency=64)
+    mx, f8 = (predict_serve(oss, h200, ServePlan(tp=1), w, precision=p) for p in ("mxfp4", "fp8"))
+    # the published checkpoint is ~65 GB of safetensors (huggingface.co/openai/gpt-oss-120b: fits one
+    # 80 GB GPU); at fp8's byte it would be ~109 GiB
+    assert 55 < mx.extra["weights_gib"] < 66 < 100 < f8.extra["weights_gib"]
+    # decode reads fewer weight bytes: a faster step and a larger KV pool
+    assert mx.tpot_p90_s < f8.tpot_p90_s and mx.max_batch > f8.max_batch
+    r1, b200 = load_model("deepseek-r1"), load_cluster("b200", 4)
+    nv = predict_serve(r1, b200, ServePlan(tp=4, mem_frac=0.85, kv_cache_dtype="fp8_e4m3"), w, precision="nvfp4")
+    fp = predict_serve(r1, b200, ServePlan(tp=4, mem_frac=0.85, kv_cache_dtype="fp8_e4m3"), w, precision="fp8")
+    # InferenceX serves the NVFP4 export of DeepSeek-R1 on 4 B200 (TP4); its fp8 weights do not fit there
+    assert nv.feasible and not fp.feasible
+    assert nv.extra["weights_gib"] == pytest.approx(fp.extra["weights_gib"] * 0.5625, rel=0.03)
+
+
+def test_nvfp4_weights_need_blackwell_and_an_nvfp4_checkpoint_to_emit(capsys):
+    base = ["--model", "deepseek-r1", "--isl", "1024", "--osl", "1024", "--weight-dtype", "nvfp4", "--plan", "tp=8"]
+    assert main(["predict", "--mode", "serve", "--cluster", "h200-sxm", "--gpus", "8", *base]) == 2
+    assert "Blackwell" in capsys.readouterr().err
+    assert main(["emit", "sglang", "--cluster", "b200", "--gpus", "8", *base]) == 2
+    assert "not an NVFP4 checkpoint" in capsys.readouterr().err
+    assert main(["emit", "sglang", "--cluster", "b200", "--gpus", "8", *base,
+                 "--model-path", "nvidia/DeepSeek-R1-0528-FP4"]) == 0
+    out = capsys.readouterr().out
+    assert "--model-path nvidia/DeepSeek-R1-0528-FP4" in out and "--quantization modelopt_fp4" in out
+
+
+def test_sglang_accepts_the_emitted_quantization_values():
+    server_args = pytest.importorskip("sglang.srt.server_args", reason="sglang not installed (pip install --no-deps sglang==0.5.23)")
+    import argparse
+    p = argparse.ArgumentParser()
+    server_args.ServerArgs.add_cli_args(p)
+    for q in ("fp8", "mxfp4", "modelopt_fp4"):
+        assert p.parse_args(["--model-path", "/x", "--quantization", q]).quantization == q

@@ -161,7 +161,7 @@ def test_dense_mlp_data_parallel_trades_weight_reads_for_its_collective():
     # memory: the dense layers whole on every GPU, 15/16 of them more than the TP shard
     pc = param_counts(dsv3)
     extra = pc["per_layer"]["dense_mlp"] * pc["num_dense_layers"] * (1 - 1 / 16) * 1.0
-    w_tp, w_dp = (float(weight_bytes_per_gpu(dsv3, m.c, 1.0)[0]) for m in (tp_, dp_))
+    w_tp, w_dp = (float(weight_bytes_per_gpu(dsv3, m.c, (1.0, 1.0))[0]) for m in (tp_, dp_))
     assert w_dp - w_tp == pytest.approx(extra, rel=1e-9) and extra > 0
     # a model without dense layers (Qwen3-30B-A3B: every layer MoE) prices the same either way
     q_tp, q_dp = (step_model(f"tp=8,attn_dp=8,a2a=deepep{x}") for x in ("", ",moe_dense_tp=1"))

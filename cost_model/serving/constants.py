@@ -55,3 +55,19 @@ ACT_HIDDEN_MULT = 12
 # max_num_reqs = min(max(pool tokens / context_len * 512, 2048), 4096); the KV pool binds first at
 # every context priced here, so the cap is 4096 per rank. A given flag is split over the ranks.
 DEFAULT_MAX_RUNNING = 4096
+
+
+# Bytes per weight of a serving checkpoint's weight format: (routed experts, the other linear layers
+# of a transformer block: attention projections, dense MLP, shared expert). Embeddings and the LM
+# head stay bf16 in every format here (serving.memory prices them apart).
+# - fp8: e4m3, one fp32 scale per 128 x 128 block (+0.02%, dropped): DeepSeek-V3/R1, Kimi-K2.
+# - mxfp4: OCP Microscaling MXFP4, 4-bit E2M1 elements with one 8-bit E8M0 scale per 32 (4.25 bits);
+#   gpt-oss quantizes only its MoE experts (its config.json quantization_config
+#   modules_to_not_convert: attention, router, embeddings, LM head), the rest is bf16.
+# - nvfp4: NVIDIA NVFP4, 4-bit E2M1 with one FP8 E4M3 scale per 16 elements (4.5 bits) and an fp32
+#   scale per tensor; NVIDIA's FP4 checkpoints (e.g. nvidia/DeepSeek-R1-0528-FP4, served by SGLang
+#   with --quantization modelopt_fp4) quantize "the weights and activations of the linear operators
+#   within transformer blocks" (their model cards).
+# Only memory and weight reads use these bytes; GEMM rates for the 4-bit formats are the fp8 tables'
+# (no measured FP4 table: an upper bound on compute time where Blackwell's FP4 path is faster).
+WEIGHT_FORMAT_BYTES = {"bf16": (2.0, 2.0), "fp8": (1.0, 1.0), "mxfp4": (0.53125, 2.0), "nvfp4": (0.5625, 0.5625)}

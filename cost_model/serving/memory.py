@@ -15,11 +15,12 @@ GIB = 1024 ** 3
 MIB = 1024 ** 2
 
 
-def weight_bytes_per_gpu(spec, c, wbytes: float) -> np.ndarray:
+def weight_bytes_per_gpu(spec, c, wbytes) -> np.ndarray:
     """Weight bytes on one GPU: attention sharded over attention-TP (replicated across attention-DP
     ranks), routed experts over EP (plus EPLB redundant copies) and expert-TP, dense MLPs over their
     own TP width (`c.dense_tp`: whole on every rank with --moe-dense-tp-size 1), shared experts /
-    vocabulary over TP; one pipeline stage's share of the layers."""
+    vocabulary over TP; one pipeline stage's share of the layers. `wbytes`: (routed-expert, other
+    linear) bytes per weight (`constants.WEIGHT_FORMAT_BYTES`)."""
     pc = param_counts(spec)
     pl = pc["per_layer"]
     L_moe, L_dense = pc["num_moe_layers"], pc["num_dense_layers"]
@@ -29,7 +30,8 @@ def weight_bytes_per_gpu(spec, c, wbytes: float) -> np.ndarray:
     experts = pl["moe_expert"] * (E + c.redundant) / c.ep / c.moe_tp * L_moe if spec.num_experts else 0.0
     shared = (pl["shared_expert"] + pl["router"]) * L_moe / c.tp
     vocab = (pc["embedding"] + pc["output_layer"]) / c.tp * 2.0  # embeddings stay bf16
-    return (attn + dense + experts + shared) * wbytes / c.pp + vocab / c.pp
+    w_exp, w_lin = wbytes
+    return ((attn + dense + shared) * w_lin + experts * w_exp) / c.pp + vocab / c.pp
 
 
 def kv_bytes_per_token(spec, c) -> np.ndarray:
@@ -64,7 +66,7 @@ def deepep_buffer_bytes(spec, c) -> np.ndarray:
     return np.where(on, np.maximum(normal, np.where(c.low_latency_decode, ll, 0.0)), 0.0)
 
 
-def capacity(spec, cluster, c, isl, osl, wbytes: float, role: str = "agg") -> dict:
+def capacity(spec, cluster, c, isl, osl, wbytes, role: str = "agg") -> dict:
     """Per-GPU memory and the decode batch it allows. Returns arrays: weights_gib, mem_frac,
     kv_pool_tokens (per GPU = per attention-DP rank's pool), act_gib, max_batch_rank (requests per
     attention-DP rank at full context isl+osl), max_batch_instance, memory_gib (weights + KV pool +

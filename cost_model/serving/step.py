@@ -19,7 +19,15 @@ from cost_model.blocks import distinct_ranks, ep_wire_seconds
 from cost_model.constants import DEEPEP_SMS
 from cost_model.flops import param_counts
 from cost_model.ops import TableOps
-from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNEL_MIN_S, KERNELS_PER_LAYER, PRICED_KERNELS, SCHED_OVERHEAD_S, SMALL_KERNELS_PER_LAYER
+from cost_model.serving.constants import (
+    GPU_KERNEL_GAP_S,
+    KERNEL_MIN_S,
+    KERNELS_PER_LAYER,
+    PRICED_KERNELS,
+    SCHED_OVERHEAD_S,
+    SMALL_KERNELS_PER_LAYER,
+    WEIGHT_FORMAT_BYTES,
+)
 from cost_model.serving.fused_moe import TUNED_CONFIG_SPEEDUP, expert_bandwidth_efficiency, ships_tuned_config
 from cost_model.serving.kernel_path import dense_path, moe_path, step_efficiencies
 from cost_model.serving.memory import kv_bytes_per_token
@@ -63,7 +71,7 @@ class StepModel:
     """Step-time functions of one model on one cluster (fixed precision) for plan columns `c`."""
 
     def __init__(self, spec, cluster, tables, c, *, fp8: bool, imbalance: float = 1.0, routing_skew: float = 0.0,
-                 deepgemm_jit: bool = True):
+                 deepgemm_jit: bool = True, weights: str | None = None):
         # the boundary of the serving model: a NaN here would become a NaN clock in the simulator
         if not (math.isfinite(routing_skew) and routing_skew >= 0):
             raise InputError(f"routing skew must be a finite number >= 0, got {routing_skew}")
@@ -72,7 +80,10 @@ class StepModel:
         self.s, self.cl, self.c = spec, cluster, c
         self.fp8 = fp8
         self.ops = TableOps(tables, cluster, np.full(len(c), fp8))
-        self.wbytes = 1.0 if fp8 else 2.0
+        # bytes per weight (routed experts, other linears) of the checkpoint's format (`constants`
+        # WEIGHT_FORMAT_BYTES; default: fp8 or bf16 as `fp8` says)
+        self.wbytes = WEIGHT_FORMAT_BYTES[weights or ("fp8" if fp8 else "bf16")]
+        self.wexp, self.wlin = self.wbytes
         # the GEMM kernels SGLang runs (DeepGEMM, CUTLASS, Triton fused_moe, ...) next to the
         # tables' kernel: dense linears, and routed experts per plan (`kernel_path`)
         self.dense_eff, self.moe_eff = step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit)
@@ -96,7 +107,7 @@ class StepModel:
         self.hbm_bw = self.ops.bw["elementwise"]  # achieved bytes/s of a memory-bound kernel
         # achieved bytes/s of the routed-expert kernel (GPU: measured fused-MoE timings by shard row bytes)
         self.expert_bw = (cluster.hbm_tbps * 1e12 * expert_bandwidth_efficiency(spec.moe_ffn_hidden_size / c.moe_tp,
-                                                                               self.wbytes)
+                                                                               self.wexp)
                           if cluster.is_gpu and spec.num_experts else self.hbm_bw)
         # Triton fused_moe runs a tuned block config where SGLang ships one for the shape (`fused_moe`
         # TUNED_CONFIG_SPEEDUP; the efficiencies above are the default config's)
@@ -152,7 +163,7 @@ class StepModel:
         n = np.maximum(params_per_gpu / h, 1.0)
         f, _ = self.ops.gemm(m, n, h)
         f = f / self.dense_eff + self.ops.fp8_cast(np.maximum(np.asarray(m, float), 1.0) * h)  # w8a8: the input cast
-        return np.maximum(f, params_per_gpu * self.wbytes / self.hbm_bw)
+        return np.maximum(f, params_per_gpu * self.wlin / self.hbm_bw)
 
     def _shared(self, tokens_inst):
         """Seconds of the shared expert (and router) on one GPU for `tokens_inst` tokens of the
@@ -197,7 +208,7 @@ class StepModel:
         if not s.num_experts:
             return np.zeros(len(c))
         f_loc = s.moe_ffn_hidden_size / c.moe_tp
-        return self.active_local_experts(tokens_inst) * 3 * s.hidden_size * f_loc * self.wbytes
+        return self.active_local_experts(tokens_inst) * 3 * s.hidden_size * f_loc * self.wexp
 
     def _experts(self, tokens_inst, decode: bool = False):
         """Routed-expert seconds per MoE layer on one GPU for `tokens_inst` tokens of the instance."""

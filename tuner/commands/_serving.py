@@ -13,7 +13,8 @@ from tuner.space.serve_precision import WEIGHT_DTYPES
 def add_weight_dtype_arg(p) -> None:
     p.add_argument("--weight-dtype", dest="weight_dtype", choices=WEIGHT_DTYPES, default="auto",
                    help="Serving weight format: auto (default: the checkpoint's quantization_config, e.g. fp8 for "
-                        "DeepSeek-V3; else --precision), bf16, or fp8 (the server quantizes bf16 weights online).")
+                        "DeepSeek-V3; else --precision), bf16, fp8 (the server quantizes bf16 weights online), or "
+                        "nvfp4 (an NVIDIA NVFP4 checkpoint of the model, e.g. nvidia/DeepSeek-R1-0528-FP4; Blackwell).")
 
 
 def add_serve_args(p) -> None:

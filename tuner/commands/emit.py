@@ -135,6 +135,10 @@ def _model_path(args, model, out_dir: str | None) -> tuple[str, str | None]:
     if ref.is_dir() and (ref / "config.json").exists():
         return str(ref), None
     repo = hf_id(model)
+    if repo and getattr(args, "weight_dtype", "auto") == "nvfp4" and not args.benchmark:
+        # the preset's repository holds its published (fp8 / bf16) weights, not an NVFP4 export
+        raise UsageError(f"--weight-dtype nvfp4: {repo} is not an NVFP4 checkpoint; pass --model-path with one "
+                         "(e.g. nvidia/DeepSeek-R1-0528-FP4) or --benchmark")
     if repo:
         return repo, None
     if not args.benchmark:
@@ -163,7 +167,7 @@ def _run_serving(args) -> int:
                          "benchmark command are for that workload")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
-    weights = resolve_weights(args, model)
+    weights = resolve_weights(args, model, cluster)
     completion = serve_completion_for_emit(args, model, cluster, weights["precision"])
     plan = completion.plan
     if args.pd and not plan.pd:

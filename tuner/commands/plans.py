@@ -305,7 +305,7 @@ def _run_serve(args) -> int:
     cluster = load_cluster(args.cluster, args.gpus)
     space = default_serve_space(cluster.num_devices)
     from tuner.space.serve_precision import resolve as resolve_weights
-    weights = resolve_weights(args, model)
+    weights = resolve_weights(args, model, cluster)
     workload, kw = _serve_rank_inputs(args, cluster, weights["precision"]) if args.rank else (None, {})
     t0 = time.time()
     s = summarize(space, model, cluster, max_examples=args.examples, keep_effective=args.rank)

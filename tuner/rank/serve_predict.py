@@ -56,7 +56,7 @@ def serve_prediction(args, extra_reasons=(), *, strict: bool = False) -> dict:
     from tuner.space.serve_precision import resolve as resolve_weights
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
-    weights = resolve_weights(args, model)
+    weights = resolve_weights(args, model, cluster)
     precision = weights["precision"]
     w = serve_workload_from_args(args, cluster.num_devices)
     tables = load_tables(args.tables or tables_dir_for(cluster.kind))
