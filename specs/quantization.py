@@ -45,10 +45,18 @@ def _from_config(path: Path) -> Quantization | None:
     q = cfg.get("quantization_config") if isinstance(cfg, dict) else None
     if not isinstance(q, dict) or not q.get("quant_method"):
         return None
-    parts = [str(q[k]) for k in ("fmt", "activation_scheme") if q.get(k)]
+    parts = [str(q[k]) for k in ("fmt", "activation_scheme", "quant_algo") if q.get(k)]
     if q.get("weight_block_size"):
         parts.append(f"weight_block_size {q['weight_block_size']}")
-    return Quantization(str(q["quant_method"]), ", ".join(parts), f"{path} quantization_config")
+    method = str(q["quant_method"])
+    # NVIDIA ModelOpt exports write quant_method "modelopt" and the format in quant_algo (NVFP4,
+    # FP8): the name SGLang's --quantization gives each (modelopt_fp4 / fp8)
+    algo = str(q.get("quant_algo") or "").upper()
+    if method == "modelopt" and "FP4" in algo:
+        method = "modelopt_fp4"
+    elif method == "modelopt" and algo.startswith("FP8"):
+        method = "fp8"
+    return Quantization(method, ", ".join(parts), f"{path} quantization_config")
 
 
 def checkpoint_quantization(ref: str, model_name: str = "") -> Quantization | None:

@@ -71,3 +71,23 @@ def test_sglang_accepts_the_emitted_quantization_values():
     server_args.ServerArgs.add_cli_args(p)
     for q in ("fp8", "mxfp4", "modelopt_fp4"):
         assert p.parse_args(["--model-path", "/x", "--quantization", q]).quantization == q
+
+
+def test_a_modelopt_nvfp4_config_json_is_read_as_nvfp4(tmp_path):
+    """An NVIDIA ModelOpt export's config.json (quant_method modelopt, quant_algo NVFP4) prices and
+    serves as NVFP4 with no flag; its FP8 sibling as fp8."""
+    import json
+    from types import SimpleNamespace
+
+    from clusters import load_cluster
+    from specs.models import load_model
+    from tuner.space.serve_precision import resolve
+    base = json.loads((__import__("pathlib").Path(__file__).parent / "fixtures" / "hf" / "deepseek-v3.json").read_text())
+    for algo, want in (("NVFP4", "nvfp4"), ("FP8", "fp8")):
+        cfg = dict(base, quantization_config={"quant_method": "modelopt", "quant_algo": algo})
+        d = tmp_path / algo
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+        args = SimpleNamespace(model=str(d), weight_dtype="auto", precision="bf16")
+        got = resolve(args, load_model(str(d)), load_cluster("b200", 8))
+        assert got["dtype"] == want and got["precision"] == want

@@ -17,7 +17,7 @@ from specs.quantization import checkpoint_quantization
 
 WEIGHT_DTYPES = ("auto", "bf16", "fp8", "nvfp4")
 # quant_method values of a config.json / hf_quant_config that mean NVIDIA's NVFP4 (ModelOpt)
-NVFP4_METHODS = ("modelopt_fp4", "nvfp4", "modelopt")
+NVFP4_METHODS = ("modelopt_fp4", "nvfp4")
 KV_CACHE_FLAG = "auto"  # the server's default: the model's activation dtype (bf16), as priced
 
 
