@@ -161,3 +161,23 @@ def test_real_serving_study_end_to_end(tmp_path, capsys):
     assert done and all(float(r["measured_ttft_p90_s"]) > 0 and float(r["measured_tpot_p90_s"]) > 0 for r in done)
     print(f"serving study wall time {wall:.0f} s")
     json.dumps(doc)
+
+
+def test_serving_study_prices_the_checkpoints_weights(monkeypatch, tmp_path, capsys):
+    """`tune --mode serve` screens with the weights the server loads, as predict and plans do:
+    DeepSeek-V3's fp8 checkpoint (it priced bf16 before, and on 8 H200 nothing fit)."""
+    import tuner.study.serve as serve_mod
+    seen = {}
+
+    def capture(model, cluster, workload, backend, precision="bf16"):
+        seen["precision"] = precision
+        task = make_task(model, cluster, workload, backend, precision)
+        seen["fits"] = len(screen(task)[1])
+        raise KeyboardInterrupt  # stop before any trial: the screening is what is under test
+
+    monkeypatch.setattr(serve_mod, "make_task", capture)
+    rc = main(["tune", "--mode", "serve", "--model", "deepseek-v3", "--cluster", "h200-sxm", "--gpus", "8",
+               "--isl", "1000", "--osl", "1000", "--backend", "sglang", "--trials", "1",
+               "--study-dir", str(tmp_path / "s"), "--no-progress"])
+    assert rc == 130 and seen["precision"] == "fp8"
+    assert seen["fits"] > 0

@@ -190,8 +190,12 @@ def _serve_mode(args):
     cluster = load_cluster(args.cluster, args.gpus)
     require_backend_runs_on(backend, cluster)
     w = serve_workload_from_args(args, cluster.num_devices)
+    # the weights the server loads, priced as `predict --mode serve` and `plans --mode serve` price
+    # them: the checkpoint's own format (DeepSeek-V3's fp8), else --precision
+    from tuner.space.serve_precision import resolve as resolve_weights
+    weights = resolve_weights(args, model, cluster)
     try:
-        task = make_task(model, cluster, w, backend, args.precision)
+        task = make_task(model, cluster, w, backend, weights["precision"])
     except SpecError as e:
         raise UsageError(str(e)) from None
     study = args.study or f"serve-{model.name}-{cluster.num_devices}"
