@@ -58,7 +58,7 @@ class Plan:
     overlap_param_gather: bool = True
     # --grad-reduce-in-bf16 (Megatron-LM arguments.py: DDP grad_reduce_in_fp32 False): bf16 main
     # gradients and gradient reduction instead of fp32, as NVIDIA's performance recipes train; a
-    # numerics choice, so completion never flips it (default: Megatron's fp32)
+    # numerics choice, so completion takes it only when nothing fits without it (default: Megatron's fp32)
     grad_reduce_bf16: bool = False
     shared_expert_overlap: bool = False
     a2a_overlap: bool = False
@@ -76,7 +76,7 @@ class Plan:
     precision: str = "bf16"
     # --fp8-param-gather (TransformerConfig.fp8_param): the model's weights are kept in fp8 only (no
     # bf16 copy beside TE's quantised one) and the distributed optimizer all-gathers them in fp8;
-    # NVIDIA's fp8 performance recipes set it. Not searched by completion (default off, Megatron's)
+    # NVIDIA's fp8 performance recipes set it. Completion: only as a memory rescue (default off, Megatron's)
     fp8_param: bool = False
 
     def __post_init__(self) -> None:

@@ -99,3 +99,19 @@ def test_commands_show_the_completion_they_used(capsys, tmp_path):
     assert main(["emit", "megatron", *CPU, "--plan", best["plan"], "--complete", "defaults"]) == 0
     assert capsys.readouterr().out == out.read_text()
     assert main(["predict", *CPU, "--plan", "ep=2", "--complete", "fastest"]) == 2
+
+
+def test_memory_savers_only_when_nothing_else_fits():
+    """NVIDIA's Qwen3-30B-A3B recipe on 8 B200 (EP8, MBS4, no recompute) does not fit with fp32 main
+    gradients; completion then takes bf16 gradient reduction, as the recipe trains, and says so. A
+    layout that fits never has its numerics changed, and a user's own grad_reduce_bf16=0 is kept."""
+    w = Workload(load_model("qwen3-30b-a3b"), load_cluster("b200", 8), 512, 4096)
+    pinned = "tp=1,pp=1,ep=8,mbs=4,recompute=none,dispatcher=flex,flex_backend=hybridep"
+    c = best_completion(pinned, w, GPU_FULL, "bf16")
+    assert c.plan.grad_reduce_bf16 and not c.plan.fp8_param and c.feasible > 0
+    assert "bf16 gradient reduction" in c.note
+    kept = best_completion(pinned + ",grad_reduce_bf16=0", w, GPU_FULL, "bf16")
+    assert not kept.plan.grad_reduce_bf16 and kept.feasible == 0 and "fits in memory" in kept.note
+    roomy = Workload(load_model("qwen3-30b-a3b"), load_cluster("h100-sxm", 16), 1024, 4096)
+    c = best_completion("tp=1,pp=1,ep=16,mbs=1", roomy, GPU_FULL, "fp8")
+    assert c.feasible > 0 and not c.plan.grad_reduce_bf16 and not c.plan.fp8_param and not c.note

@@ -260,9 +260,13 @@ def best_completion(given: str | dict, workload: Workload, profile: StackProfile
         return out
     tables = cost_model.resolve_tables(workload, tables)
     calibration = cost_model.resolve_calibration(workload, calibration, tables)
-    r = cost_model.predict_arrays(workload, PlanArrays.from_plans(plans), tables=tables, calibration=calibration)
-    tps = np.asarray(r["tokens_per_s_per_gpu"], float)
-    ok = np.asarray(r["fits"], bool) & np.isfinite(tps) & (tps > 0)
+
+    def score(cands):
+        r = cost_model.predict_arrays(workload, PlanArrays.from_plans(cands), tables=tables, calibration=calibration)
+        t = np.asarray(r["tokens_per_s_per_gpu"], float)
+        return t, np.asarray(r["fits"], bool) & np.isfinite(t) & (t > 0)
+
+    tps, ok = score(plans)
     out.feasible = int(ok.sum())
     try:
         j = plans.index(defaults)
@@ -270,6 +274,18 @@ def best_completion(given: str | dict, workload: Workload, profile: StackProfile
             out.defaults_tokens_per_s_per_gpu = float(tps[j])
     except ValueError:
         pass
+    # nothing fits: the memory savers NVIDIA's own recipes train with, one step at a time (never
+    # otherwise: they are numerics choices the user makes), said in the note
+    for rescue, why in _memory_rescues(fields, profile):
+        if ok.any():
+            break
+        alt = list(dict.fromkeys(q for q in (p.replace(**rescue) for p in plans)
+                                 if not check_schedule_kernels(workload, q, profile)))
+        if alt:
+            plans = alt
+            tps, ok = score(plans)
+            out.feasible = int(ok.sum())
+            out.note = why if ok.any() else out.note
     if not ok.any():
         out.note = "no realizable completion fits in memory; the defaults are shown"
         return out
@@ -284,6 +300,22 @@ def best_completion(given: str | dict, workload: Workload, profile: StackProfile
     out.plan = plan
     out.tokens_per_s_per_gpu = float(tps[plans.index(plan)])
     out.chosen = {n: getattr(plan, n) for n in names if getattr(plan, n) != getattr(defaults, n)}
+    return out
+
+
+def _memory_rescues(fields: dict, profile: StackProfile):
+    """(plan fields, note) to try, in order, when no completion fits: bf16 gradient reduction, then
+    also fp8 parameters (fp8 plans; the rule fp8-param drops the others), each only where the user
+    did not set the field. GPU stacks only (CPU trials run fp32)."""
+    if not profile.gpu or "grad_reduce_bf16" in fields:
+        return []
+    out = [({"grad_reduce_bf16": True}, "no completion fits with fp32 main gradients; chosen with bf16 gradient "
+                                        "reduction (--grad-reduce-in-bf16, as NVIDIA's recipes train)")]
+    if "fp8_param" not in fields:
+        out.append(({"grad_reduce_bf16": True, "fp8_param": True},
+                    "no completion fits with fp32 main gradients or bf16 parameters; chosen with bf16 gradient "
+                    "reduction and fp8 parameters (--grad-reduce-in-bf16 --fp8-param-gather, as NVIDIA's fp8 "
+                    "recipes train)"))
     return out
 
 
