@@ -1,10 +1,10 @@
 """Where plain TP8 ranks among the serving plans `plans --mode serve --rank` scores, and by how much
 the winner is predicted to beat it, with the spread the model's own error implies.
 
-    python bench/serving_rank_vs_tp8.py [--model deepseek-v3] [--cluster h200-sxm] [--gpus 8]
+    python bench/serving_rank_vs_tp8.py [--model deepseek-r1] [--cluster h200-sxm] [--gpus 8]
         [--isl 1000] [--osl 1000] [--concurrency 64 8] [--precision fp8]
 
-DeepSeek-R1 is the deepseek-v3 preset (same architecture). Plans are grouped by layout (tp, pp, dp,
+DeepSeek-R1 is the deepseek-r1 preset (DeepSeek-V3's architecture). Plans are grouped by layout (tp, pp, dp,
 attn_dp, ep, a2a, deepep mode, TBO, EPLB, pd; the best knobs of each layout represent it). "Plain TP8"
 is tp=8 with everything else at SGLang's defaults. The spread: the shipped per-phase serving
 calibration's leave-one-out log error s (`resid_sd` of cost_model/serving/calibration_default.json,
@@ -38,7 +38,7 @@ def spread() -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="deepseek-v3")
+    ap.add_argument("--model", default="deepseek-r1")
     ap.add_argument("--cluster", default="h200-sxm")
     ap.add_argument("--gpus", default="8")
     ap.add_argument("--isl", default="1000")
