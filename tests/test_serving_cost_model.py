@@ -79,9 +79,15 @@ def test_memory_infeasible_with_reason():
     w = ServeWorkload(isl=1000, osl=100, concurrency=8)
     p = predict_serve(DSV3, H200, ServePlan.parse("tp=4"), w, precision="fp8", calibration=ID)
     assert not p.feasible and p.reasons == ["weights_exceed_hbm"]
+    # a decode pool asked for more requests than its KV pool (or max_running) holds runs what fits and
+    # queues the rest, as SGLang's scheduler does (and as the aggregated simulation prices it)
     d = predict_serve(QWEN, H200, ServePlan.parse("tp=1"), ServeWorkload(isl=1000, osl=100, concurrency=200000, phase="decode"),
                       calibration=ID)
-    assert d.reasons == ["decode_batch_exceeds_kv_pool"]
+    assert d.feasible and d.extra["decode_batch_rank"] == pytest.approx(d.max_batch)
+    assert d.extra["queued_rank"] == pytest.approx(200000 - d.max_batch)
+    capped = predict_serve(QWEN, H200, ServePlan.parse("tp=1,max_running=64"),
+                           ServeWorkload(isl=1000, osl=100, concurrency=256, phase="decode"), calibration=ID)
+    assert capped.feasible and capped.extra["decode_batch_rank"] == 64 and capped.extra["queued_rank"] == 192
 
 
 def test_expected_distinct_experts():

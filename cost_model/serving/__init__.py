@@ -122,13 +122,15 @@ def rank_arrays(model, cluster, plans, workload, *, precision="bf16", tables=Non
     replicas = np.maximum(cluster.num_devices // gpus_inst, 1)
     s_pre, s_dec = phase_factors(cal)  # per phase (one-scale: both the scale)
     if w.phase == "decode":
-        B = np.full(len(c), float(max(w.concurrency, 1))) * gpus_inst / c.attn_dp
-        over = B > cap["max_batch_rank"]
+        asked = np.full(len(c), float(max(w.concurrency, 1))) * gpus_inst / c.attn_dp
+        # the scheduler admits what its KV pool and max_running hold and queues the rest (as in the
+        # aggregated case below): published decode pools are benchmarked past their max_running
+        B = np.minimum(asked, np.maximum(cap["max_batch_rank"], 1.0))
         t_dec = s_dec * sm.decode(B, isl + osl / 2)[0]
         out = B * c.attn_dp / gpus_inst / t_dec
         res = {"output_tokens_per_s_per_gpu": out, "input_tokens_per_s_per_gpu": np.zeros(len(c)),
-               "tpot_s": t_dec, "ttft_s": np.full(len(c), np.nan), "batch_rank": B}
-        reason = np.where(over & cap["fits"], "decode_batch_exceeds_kv_pool", cap["reason"])
+               "tpot_s": t_dec, "ttft_s": np.full(len(c), np.nan), "batch_rank": B, "queued_rank": asked - B}
+        reason = cap["reason"]
     else:
         conc = max(w.concurrency, 1)
         K = np.maximum(conc / replicas / c.attn_dp, 1.0)
@@ -232,6 +234,8 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     if c.pd_p[0] > 0 and w.phase == "both":
         out.extra.update({"method": "pd-steady-state", "pd_bound": str(est["pd_bound"][0])})
         return out
+    if w.phase == "decode":  # the batch each attention-DP rank decodes, and what waits for room
+        out.extra.update({"decode_batch_rank": float(est["batch_rank"][0]), "queued_rank": float(est["queued_rank"][0])})
     if w.phase == "decode" or est["reason"][0] in ("weights_exceed_hbm", "weights_exceed_mem_fraction",
                                                      "kv_pool_below_one_request"):
         return out

@@ -21,7 +21,7 @@ __all__ = ["EXIT_BAD_INPUT", "EXIT_DOES_NOT_FIT", "moetune_version", "megatron_h
 
 # serving memory verdicts of cost_model.serving.memory.capacity / rank_arrays that mean "does not fit"
 SERVE_MEMORY_CODES = ("weights_exceed_hbm", "weights_exceed_mem_fraction", "kv_pool_below_one_request",
-                      "activations_exceed_reserve", "decode_batch_exceeds_kv_pool")
+                      "activations_exceed_reserve")
 
 
 def predict_command(argv: list[str]) -> str:
