@@ -91,3 +91,18 @@ def test_a_modelopt_nvfp4_config_json_is_read_as_nvfp4(tmp_path):
         args = SimpleNamespace(model=str(d), weight_dtype="auto", precision="bf16")
         got = resolve(args, load_model(str(d)), load_cluster("b200", 8))
         assert got["dtype"] == want and got["precision"] == want
+
+
+def test_one_rule_from_a_serving_precision_to_the_step_model():
+    """cost_model.serving.constants.weight_format is the rule both the serving model and the
+    megakernel what-if build their step model with (the what-if had its own copy, which priced
+    gpt-oss's MXFP4 checkpoint as bf16)."""
+    from cost_model.serving.constants import weight_format
+    assert [weight_format(p) for p in ("bf16", "fp8", "fp8-tensorwise", "mxfp8", "mxfp4", "nvfp4")] == \
+        ["bf16", "fp8", "fp8", "fp8", "mxfp4", "nvfp4"]
+    with pytest.raises(ValueError):
+        weight_format("int4")
+    import inspect
+
+    import tuner.rank.whatif as whatif
+    assert "StepModel.for_precision(" in inspect.getsource(whatif.megakernel_serving)

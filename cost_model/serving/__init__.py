@@ -27,11 +27,6 @@ from cost_model.serving.sim import request_ttft, simulate
 from cost_model.serving.step import StepModel, context_split
 from cost_model.tables import load_tables, tables_dir_for
 
-FP8_PRECISIONS = ("fp8", "fp8-blockwise", "fp8-tensorwise", "fp8-delayed", "mxfp8")
-# sub-byte checkpoint formats (`constants` WEIGHT_FORMAT_BYTES): weights at their own bytes, GEMMs at
-# the fp8 tables' rates
-SUBBYTE_PRECISIONS = ("mxfp4", "nvfp4")
-
 
 @dataclass
 class ServePrediction:
@@ -66,12 +61,9 @@ def _default_tables(kind: str):
 def _setup(model, cluster, plans, precision, tables, imbalance, routing_skew, deepgemm_jit=True):
     tables = tables if tables is not None else _default_tables(cluster.kind)
     c = to_cols(effective_plans(plans, model, cluster))
-    if precision != "bf16" and precision not in FP8_PRECISIONS + SUBBYTE_PRECISIONS:
-        raise ValueError(f"serving precision {precision!r}: not bf16, {', '.join(FP8_PRECISIONS + SUBBYTE_PRECISIONS)}")
-    fp8 = precision in FP8_PRECISIONS or precision in SUBBYTE_PRECISIONS
-    sm = StepModel(model, cluster, tables, c, fp8=fp8, imbalance=imbalance, routing_skew=routing_skew,
-                   deepgemm_jit=deepgemm_jit, weights=precision if precision in SUBBYTE_PRECISIONS else None)
-    return c, sm, fp8
+    sm = StepModel.for_precision(model, cluster, tables, c, precision, imbalance=imbalance,
+                                 routing_skew=routing_skew, deepgemm_jit=deepgemm_jit)
+    return c, sm, sm.fp8
 
 
 def extend_share(attn_dp, batch_rank, isl, osl, chunk):

@@ -71,3 +71,16 @@ DEFAULT_MAX_RUNNING = 4096
 # Only memory and weight reads use these bytes; GEMM rates for the 4-bit formats are the fp8 tables'
 # (no measured FP4 table: an upper bound on compute time where Blackwell's FP4 path is faster).
 WEIGHT_FORMAT_BYTES = {"bf16": (2.0, 2.0), "fp8": (1.0, 1.0), "mxfp4": (0.53125, 2.0), "nvfp4": (0.5625, 0.5625)}
+# the serving precisions priced at the fp8 tables' GEMM rates with fp8 weights (training recipe names
+# included: a serving plan priced beside a training precision)
+FP8_PRECISIONS = ("fp8", "fp8-blockwise", "fp8-tensorwise", "fp8-delayed", "mxfp8")
+
+
+def weight_format(precision: str) -> str:
+    """The WEIGHT_FORMAT_BYTES key a serving precision prices its weights at (the fp8 tables' GEMM
+    rates for every format but bf16). The one rule from a precision string to the step model."""
+    if precision == "bf16" or precision in WEIGHT_FORMAT_BYTES:
+        return precision
+    if precision in FP8_PRECISIONS:
+        return "fp8"
+    raise ValueError(f"serving precision {precision!r}: not one of {', '.join((*WEIGHT_FORMAT_BYTES, *FP8_PRECISIONS))}")

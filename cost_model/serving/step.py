@@ -27,6 +27,7 @@ from cost_model.serving.constants import (
     SCHED_OVERHEAD_S,
     SMALL_KERNELS_PER_LAYER,
     WEIGHT_FORMAT_BYTES,
+    weight_format,
 )
 from cost_model.serving.fused_moe import TUNED_CONFIG_SPEEDUP, expert_bandwidth_efficiency, ships_tuned_config
 from cost_model.serving.kernel_path import dense_path, moe_path, step_efficiencies
@@ -128,6 +129,13 @@ class StepModel:
         rank = np.arange(1, E + 1, dtype=float)
         pop = rank ** -routing_skew
         self.pop = pop / pop.sum()
+
+    @classmethod
+    def for_precision(cls, spec, cluster, tables, c, precision: str, **kw) -> "StepModel":
+        """The step model of a serving precision string (bf16, an fp8 recipe, mxfp4, nvfp4):
+        `constants.weight_format` decides the weight bytes, fp8 GEMM rates for all but bf16."""
+        fmt = weight_format(precision)
+        return cls(spec, cluster, tables, c, fp8=fmt != "bf16", weights=fmt, **kw)
 
     # ---- pieces ---------------------------------------------------------------------------
     def all_reduce(self, nbytes, n):

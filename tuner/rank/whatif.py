@@ -135,8 +135,7 @@ def megakernel_serving(model, cluster, plan, workload, pred, *, precision="bf16"
     s_pre, s_dec = phase_factors(calibration or load_default())  # step-time factors per phase
     tables = tables if tables is not None else load_tables(tables_dir_for(cluster.kind))
     c = to_cols([eff])
-    sm = StepModel(model, cluster, tables, c, fp8=precision.startswith(("fp8", "mxfp8")),
-                   imbalance=imbalance, routing_skew=routing_skew)
+    sm = StepModel.for_precision(model, cluster, tables, c, precision, imbalance=imbalance, routing_skew=routing_skew)
     tp, pp, a = int(c.tp[0]), int(c.pp[0]), int(c.attn_dp[0])
     n_moe = float(np.ravel(sm.L_moe)[0] * pp)
     n_layers = float(np.ravel(sm.L_moe + sm.L_dense)[0] * pp)
