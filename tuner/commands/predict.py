@@ -170,7 +170,7 @@ def _describe_serve_completion(c: dict) -> str:
 def run_serve(args, extra_reasons=()) -> int:
     force = getattr(args, "force", False)
     d = serve_prediction(args, extra_reasons, strict=not force)
-    rc = exit_code(d, force)
+    rc = exit_code(d)
     if args.json:
         print(json.dumps(d, indent=1))
         return rc

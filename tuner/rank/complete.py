@@ -285,7 +285,8 @@ def best_completion(given: str | dict, workload: Workload, profile: StackProfile
             plans = alt
             tps, ok = score(plans)
             out.feasible = int(ok.sum())
-            out.note = why if ok.any() else out.note
+            if ok.any():
+                out.note = why
     if not ok.any():
         out.note = "no realizable completion fits in memory; the defaults are shown"
         return out

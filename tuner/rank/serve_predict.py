@@ -114,10 +114,9 @@ def serve_prediction(args, extra_reasons=(), *, strict: bool = False) -> dict:
     return out
 
 
-def exit_code(d: dict, force: bool = False) -> int:
-    """The CLI's exit code for a printed serving prediction: 3 when it does not fit in memory, 2
-    when SGLang cannot run the plan (unless --force), else 0 (README "Exit codes")."""
-    from tuner.emit.header import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, serve_memory_problem
-    if serve_memory_problem(d):
-        return EXIT_DOES_NOT_FIT
-    return EXIT_BAD_INPUT if not d["realizable"] and not force else 0
+def exit_code(d: dict) -> int:
+    """The CLI's exit code for a printed serving prediction: 3 when it does not fit in memory, else
+    0 (README "Exit codes"; a plan SGLang cannot run never gets here without --force:
+    `serve_prediction(strict=True)` raises it as exit 2)."""
+    from tuner.emit.header import EXIT_DOES_NOT_FIT, serve_memory_problem
+    return EXIT_DOES_NOT_FIT if serve_memory_problem(d) else 0

@@ -1,6 +1,6 @@
 """Serving precision as its own noun: the weight format a server loads and the cost model prices.
 
-`resolve(args, model)` decides it once for every serving command (predict --mode serve, emit
+`resolve(args, model, cluster)` decides it once for every serving command (predict --mode serve, emit
 sglang / vllm): `--weight-dtype bf16|fp8` when given; else the checkpoint's own
 `quantization_config` (specs.quantization: a config.json's block, or the published one of a
 preset); else `--precision` (fp8 there means fp8 weights quantized online by the server). The
@@ -21,12 +21,12 @@ NVFP4_METHODS = ("modelopt_fp4", "nvfp4")
 KV_CACHE_FLAG = "auto"  # the server's default: the model's activation dtype (bf16), as priced
 
 
-def resolve(args, model, cluster=None) -> dict:
+def resolve(args, model, cluster) -> dict:
     """{dtype, precision (what the serving cost model prices), quantization (the server's
-    --quantization value, or None), source (one phrase)}. With `cluster`: NVFP4 weights on a GPU
+    --quantization value, or None), source (one phrase)} on `cluster`: NVFP4 weights on a GPU
     without Blackwell's FP4 kernels are refused (SGLang's modelopt_fp4 kernels are SM100 ones)."""
     out = _resolve(args, model)
-    if cluster is not None and out["dtype"] == "nvfp4" and cluster.is_gpu and not is_blackwell(cluster):
+    if out["dtype"] == "nvfp4" and cluster.is_gpu and not is_blackwell(cluster):
         raise UsageError(f"NVFP4 weights need Blackwell GPUs (SGLang's modelopt_fp4 kernels); {cluster.kind} "
                          "has none: use the fp8 checkpoint (--weight-dtype fp8)")
     return out
