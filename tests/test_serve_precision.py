@@ -102,7 +102,18 @@ def test_one_rule_from_a_serving_precision_to_the_step_model():
         ["bf16", "fp8", "fp8", "fp8", "mxfp4", "nvfp4"]
     with pytest.raises(ValueError):
         weight_format("int4")
-    import inspect
 
-    import tuner.rank.whatif as whatif
-    assert "StepModel.for_precision(" in inspect.getsource(whatif.megakernel_serving)
+
+def test_the_megakernel_whatif_floors_at_the_checkpoints_weight_bytes(capsys):
+    """The what-if's HBM floor reads the experts at the bytes the prediction priced: gpt-oss-120b's
+    MXFP4 experts (4.25 bits), not the bf16 the what-if's own precision rule gave them (the same
+    batch at fp8's byte for comparison)."""
+    import json
+    base = ["predict", "--mode", "serve", "--model", "gpt-oss-120b", "--cluster", "h200-sxm", "--gpus", "1",
+            "--phase", "decode", "--isl", "1024", "--osl", "1024", "--concurrency", "16", "--plan", "tp=1",
+            "--what-if", "megakernel", "--json"]
+    assert main(base) == 0
+    mx = json.loads(capsys.readouterr().out)["what_if"]
+    assert main([*base, "--weight-dtype", "fp8"]) == 0
+    f8 = json.loads(capsys.readouterr().out)["what_if"]
+    assert mx["decode_hbm_floor_ms"] == pytest.approx(f8["decode_hbm_floor_ms"] * 0.53125, rel=1e-6)
