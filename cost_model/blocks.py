@@ -117,6 +117,13 @@ class FwdBwd:
     b: np.ndarray
 
 
+@dataclass
+class Node(FwdBwd):
+    """A block whose backward reports `w`, its weight-gradient part (of b): the node megatron-core's
+    delay_wgrad_compute runs apart (the nodes of the merged forward-backward, `ep_exposed`)."""
+    w: np.ndarray | float = 0.0
+
+
 # ---- tensor and context parallelism ----------------------------------------------------------------
 @dataclass
 class TPComm:
@@ -146,6 +153,7 @@ class Attention:
     mla_up_f: np.ndarray  # MLA up projections (selective recompute of "mla_up_proj")
     kv_bytes: np.ndarray  # K/V bytes one CP ring step exchanges
     rope_eager: FwdBwd  # eager RoPE beyond the fused kernel elem_f charges (YaRN mscale; 0 otherwise)
+    proj_w: np.ndarray  # the projections' weight-gradient GEMMs (part of proj_b)
 
 
 def attention(x: Inputs) -> Attention:
@@ -157,25 +165,26 @@ def attention(x: Inputs) -> Attention:
         ql, kvl, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.qk_pos_emb_head_dim
         parts = []
         if ql:
-            parts.append(ops.gemm(T, ql, h))
-            qup = ops.gemm(T, nh * dq / tp, ql)
+            parts.append(ops.linear(T, ql, h))
+            qup = ops.linear(T, nh * dq / tp, ql)
         else:
-            qup = ops.gemm(T, nh * dq / tp, h)
-        parts.append(ops.gemm(T, kvl + rope, h))
-        kvup = ops.gemm(T, nh * (spec.qk_head_dim + dv) / tp, kvl)
-        parts += [qup, kvup, ops.gemm(T, h, nh * dv / tp)]
+            qup = ops.linear(T, nh * dq / tp, h)
+        parts.append(ops.linear(T, kvl + rope, h))
+        kvup = ops.linear(T, nh * (spec.qk_head_dim + dv) / tp, kvl)
+        parts += [qup, kvup, ops.linear(T, h, nh * dv / tp)]
         mla_up_f = qup[0] + kvup[0]
         kv_bytes = 2.0 * T * nh * (dq + dv) / tp
         head_dim_key = dq
     else:
         hd, ng = spec.head_dim, spec.query_groups
         dq = dv = hd
-        parts = [ops.gemm(T, (nh + 2 * ng) * hd / tp, h), ops.gemm(T, h, nh * hd / tp)]
+        parts = [ops.linear(T, (nh + 2 * ng) * hd / tp, h), ops.linear(T, h, nh * hd / tp)]
         mla_up_f = x.zero
         kv_bytes = 2.0 * 2.0 * T * ng * hd / tp
         head_dim_key = hd
     proj_f = sum(p[0] for p in parts)
     proj_b = sum(p[1] for p in parts)
+    proj_w = sum(p[2] for p in parts)
     core_flops = T * x.seq * (nh / tp) * (dq + dv) * window_fraction(spec, x.seq)  # causal: half of 2*(dq+dv)*Tq*Tk
     # one call per layer and micro-batch: mbs sequences x the rank's heads (CP splits the
     # sequence, not the heads)
@@ -186,7 +195,7 @@ def attention(x: Inputs) -> Attention:
     elem_f = (2 * 2 * 2.0 * Tsp * h + 2 * 3 * 2.0 * Tsp * h + rope_fused) / BWe
     norm_f = 2 * 2 * 2.0 * Tsp * h / BWe
     return Attention(proj_f, proj_b, core_f, core_b, elem_f, norm_f, mla_up_f, kv_bytes,
-                     eager_rope(x, dq, 0 if spec.mla else spec.query_groups, rope_fused))
+                     eager_rope(x, dq, 0 if spec.mla else spec.query_groups, rope_fused), proj_w)
 
 
 def eager_rope(x: Inputs, dq, kv_heads, fused_bytes) -> FwdBwd:
@@ -257,6 +266,7 @@ class RoutedExperts:
     rows: np.ndarray  # R: routed rows this GPU computes
     m_expert: np.ndarray  # rows per expert GEMM
     local_experts: np.ndarray
+    w: np.ndarray | float = 0.0  # the expert GEMMs' weight-gradient part of b
 
 
 def routed_experts(x: Inputs) -> RoutedExperts:
@@ -269,8 +279,8 @@ def routed_experts(x: Inputs) -> RoutedExperts:
     R = Tsp * K * imb * etp  # routed rows this GPU computes
     Me = np.ceil(ep * etp * Tsp * K * imb / E)
     grouped = x.pa.grouped_gemm.astype(bool)
-    e1 = ops.grouped(G, Me, nmat * fe / etp, h, grouped)
-    e2 = ops.grouped(G, Me, h, fe / etp, grouped)
+    e1 = ops.grouped_linear(G, Me, nmat * fe / etp, h, grouped)
+    e2 = ops.grouped_linear(G, Me, h, fe / etp, grouped)
     BWe = x.bw_elementwise
     act_f = 3 * 2.0 * R * fe / etp / BWe
     act_b = 2 * act_f
@@ -281,7 +291,8 @@ def routed_experts(x: Inputs) -> RoutedExperts:
     if getattr(spec, "moe_expert_bias", False):  # fc2 bias added per expert in Python, outside the GEMM
         bias_f = EXPERT_FC2_BIAS_FWD_BYTES_PER_ELEMENT * R * h / BWe
         bias_b = EXPERT_FC2_BIAS_BWD_BYTES_PER_ELEMENT * R * h / BWe
-    return RoutedExperts(e1[0] + e2[0] + act_f + bias_f, e1[1] + e2[1] + act_b + bias_b, act_f, R, Me, G)
+    return RoutedExperts(e1[0] + e2[0] + act_f + bias_f, e1[1] + e2[1] + act_b + bias_b, act_f, R, Me, G,
+                         e1[2] + e2[2])
 
 
 def router_permutation(x: Inputs) -> FwdBwd:
@@ -307,17 +318,17 @@ def router_permutation(x: Inputs) -> FwdBwd:
     return FwdBwd(router_f + perm_f + sort_f, 2 * router_f + perm_f + sort_f)
 
 
-def shared_experts(x: Inputs, tp: TPComm) -> FwdBwd:
+def shared_experts(x: Inputs, tp: TPComm) -> Node:
     """The shared expert: a dense MLP of moe_shared_expert_ffn columns, TP-sharded."""
     fs = x.spec.moe_shared_expert_ffn
     if not fs:
-        return FwdBwd(x.zero, x.zero)
+        return Node(x.zero, x.zero)
     ops, T, h, tpd = x.ops, x.tokens, x.hidden, x.tp
-    s1 = ops.gemm(T, x.mlp_matrices * fs / tpd, h)
-    s2 = ops.gemm(T, h, fs / tpd)
+    s1 = ops.linear(T, x.mlp_matrices * fs / tpd, h)
+    s2 = ops.linear(T, h, fs / tpd)
     act = shared_expert_activation(x)
-    return FwdBwd(s1[0] + s2[0] + act + tp.block,
-                  s1[1] + s2[1] + 2 * act + tp.block)
+    return Node(s1[0] + s2[0] + act + tp.block,
+                s1[1] + s2[1] + 2 * act + tp.block, s1[2] + s2[2])
 
 
 def shared_expert_activation(x: Inputs):
@@ -471,7 +482,16 @@ def paired_exposure(comm, compute, share, held):
     return beyond, np.where(held, share * comm, 0.0)
 
 
-def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: FwdBwd, mlp_node: FwdBwd,
+def wgrad_left(first, node: Node, share, held):
+    """Seconds of `node`'s weight-gradient part (node.w, the end of its backward node.b) still to
+    run once the communication `first`, started with the node's backward, has finished: it held
+    `share` of the SMs, so the compute did (1 - share) x first meanwhile, or it was starved and
+    the compute did first / STARVED_COMM_RATE (`paired_exposure`'s two cases)."""
+    done = first * np.where(held, 1.0 - share, 1.0 / STARVED_COMM_RATE)
+    return np.clip(node.b - done, 0.0, node.w)
+
+
+def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: Node, mlp_node: Node,
                unpaired: np.ndarray, membound: tuple | None = None) -> EPExposed:
     """Dispatch/combine on the critical path.
 
@@ -500,8 +520,16 @@ def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: FwdBwd, mlp_nod
     # forward combine's bytes and vice versa
     bf1, sf1 = paired_exposure(disp, mlp_node.b, s, held)
     bf2, sf2 = paired_exposure(comb, attn_node.b, s, held)
-    bb1, sb1 = paired_exposure(disp, attn_node.f, s, held)
-    bb2, sb2 = paired_exposure(comb, mlp_node.f, s, held)
+    # delay_wgrad_compute: a node's backward runs as data gradients, then its weight gradients
+    # (backward_dw), and the next communication on the stream waits only for the data gradients,
+    # so the backward dispatch (after the forward dispatch) and the next layer's backward combine
+    # (after the forward combine) also hide under the part of that wgrad node the first
+    # communication of the pair left; without it they wait for the whole backward node
+    delay = x.pa.delay_wgrad.astype(bool) & a2o
+    bb1, sb1 = paired_exposure(disp, attn_node.f + np.where(delay, wgrad_left(comb, attn_node, s, held), 0.0),
+                               s, held)
+    bb2, sb2 = paired_exposure(comb, mlp_node.f + np.where(delay, wgrad_left(disp, mlp_node, s, held), 0.0),
+                               s, held)
     # shared-expert overlap: the shared expert beside the whole dispatch + combine
     bsf, ssf = paired_exposure(ep.f, shared.f, s, held)
     bsb, ssb = paired_exposure(ep.b, shared.b, s, held)

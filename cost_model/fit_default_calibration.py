@@ -54,23 +54,27 @@ OVERRIDES = {
         "account_for_embedding/loss_in_pipeline_split=False, so the LM head sits on the last of 4 even "
         "stages as the model places it; attention: " + HF_GPT_OSS),
     ("qwen3-30b-a3b", "h100-sxm", "25.09"): (
-        dict(dispatcher="alltoall", precision="fp8-delayed", grad_reduce_bf16=True), {}, {},
-        "25.09 row says 'token drop': Megatron drop-and-pad (capacity factor) needs the alltoall/"
-        "allgather dispatcher; with a capacity factor of 1.0 and padding every expert computes exactly "
-        "the balanced load (ASSUMED cf=1.0: the 25.09 recipe file is not in the reference set). fp8 = "
-        "delayed scaling: NVIDIA/NeMo scripts/performance/argument_parser.py `--fp8_recipe` defaults to "
-        "'ds' (per-tensor delayed scaling) and the 25.09 table names no other recipe. bf16 gradient "
-        "reduction ASSUMED as NeMo's 25.09-era perf scripts set it for fp8 runs "
-        "(NVIDIA/NeMo scripts/performance/llm/pretrain_gpt3_175b.py: compute_dtype fp8 -> "
-        "grad_reduce_in_fp32=False) and as the later Qwen3 recipe does (qwen/qwen3_llm_pretrain.py)"),
+        dict(dispatcher="alltoall", precision="fp8-tensorwise", grad_reduce_bf16=True), {}, {},
+        "25.09 row says 'token drop': NVIDIA-NeMo/Megatron-Bridge cac49dcd7 (2025-09-27, 'qwen3 perf configs' for "
+        "25.09) scripts/performance/run_script.py applies utils/moe_token_drop.py apply_moe_token_drop "
+        "(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True, alltoall dispatcher) to "
+        "qwen3_30b_a3b: every expert computes exactly the balanced load. fp8 = current scaling (tensorwise): "
+        "that commit's configs/qwen3/qwen3_30b_a3b_llm_pretrain.yaml perf_matrix lists only bf16 and fp8_cs for "
+        "h100 (the layout of this row: pp2 vp24 ep8 gbs512, mbs 2 under fp8_cs), and the 25.11 summary labels "
+        "the same H100 layout FP8-CS (the 25.09 table names no recipe; argument_parser.py's --fp8_recipe "
+        "default 'ds' finds no fp8_ds preset for h100). bf16 gradient reduction: the same yaml "
+        "(mixed_precision.grad_reduce_in_fp32: false)"),
     ("deepseek-v3", "b200", "26.04.01"): (
-        dict(dispatcher="flex", flex_backend="deepep", a2a_overlap=True, recompute="selective",
+        dict(dispatcher="flex", flex_backend="deepep", a2a_overlap=True, delay_wgrad=True, recompute="selective",
              recompute_modules=("mla_up_proj", "mlp"), pp_layout="Et*4|(t*4|)*14tmL",
-             cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router"), grad_reduce_bf16=True),
+             cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe_router", "moe_preprocess"),
+             grad_reduce_bf16=True),
         dict(mtp_num_layers=1), {},
         MB + "deepseek/deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 "
         "(PP8 VPP2 EP32 GBS4096: moe_flex_dispatcher_backend=deepep, moe_a2a_overlap=True, "
-        "pp_layout=Et*4|(t*4|)*14tmL, recompute_modules=[mla_up_proj, mlp], CUDA graphs attn/router); "
+        "pp_layout=Et*4|(t*4|)*14tmL, recompute_modules=[mla_up_proj, mlp], CUDA graphs attn/moe_router/"
+        "moe_preprocess); utils/overrides.py _set_moe_a2a_overlap_overrides (moe_a2a_overlap=True sets "
+        "comm_overlap.delay_wgrad_compute=True, since Megatron-Bridge f37f883a8, 2025-09); "
         "deepseek/deepseek_llm_pretrain.py common perf settings (ddp.grad_reduce_in_fp32=False, "
         "moe_router_force_load_balancing=True). The layout's MTP layer (m) is priced by the model on the "
         "loss stage (ModelSpec.mtp_num_layers=1, " + HF_DSV3 + "), where the layout puts it"),

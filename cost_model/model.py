@@ -62,6 +62,7 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
     EPExposed,
     FwdBwd,
     Inputs,
+    Node,
     RoutedExperts,
     attention,
     cp_comm,
@@ -464,9 +465,10 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         shared = shared_experts(x, tp)
         # the nodes of Megatron's merged forward-backward (model_chunk_schedule_plan.py): "attn" =
         # the attention block, norms, router and dispatch preprocess; "mlp" = experts + shared expert
-        attn_node = FwdBwd(attn.proj_f + attn.core_f + attn.elem_f + router.f + attn.rope_eager.f,
-                           attn.proj_b + attn.core_b + 2 * attn.elem_f + router.b + attn.rope_eager.b)
-        mlp_node = FwdBwd(experts.f + shared.f, experts.b + shared.b)
+        # (`w`: the weight-gradient GEMMs within each backward, delay_wgrad_compute's own nodes)
+        attn_node = Node(attn.proj_f + attn.core_f + attn.elem_f + router.f + attn.rope_eager.f,
+                         attn.proj_b + attn.core_b + 2 * attn.elem_f + router.b + attn.rope_eager.b, attn.proj_w)
+        mlp_node = Node(experts.f + shared.f, experts.b + shared.b, experts.w + shared.w)
         # the memory-bound kernels of each node lose HBM bandwidth to the communication beside them
         # (GPUs; issue 22 item 1): norms, residuals, RoPE, router and permute; the expert activation
         # (the shared expert's activation: the same bytes as `blocks.shared_experts` charges)

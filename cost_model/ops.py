@@ -77,29 +77,37 @@ class TableOps:
         f8 = look("fp8")
         return np.where(self.fp8, f8, bf)
 
-    def gemm(self, m, n, k, bf16=False):
-        """fwd, bwd seconds of one linear layer y[m,n] = x[m,k] w[k,n] (bwd = dgrad + wgrad);
-        `bf16`: a layer that stays bf16 under an fp8 recipe (not a TransformerEngine module)."""
+    def linear(self, m, n, k, bf16=False):
+        """fwd, bwd, wgrad seconds of one linear layer y[m,n] = x[m,k] w[k,n]: bwd = dgrad + wgrad,
+        and wgrad its weight-gradient part (the node megatron-core's delay_wgrad_compute runs
+        apart); `bf16`: a layer that stays bf16 under an fp8 recipe (not a TransformerEngine module)."""
         m, n, k = (np.maximum(np.asarray(x, float), 1.0) for x in (m, n, k))
         fl = 2.0 * m * n * k
         f = fl / (self._tf("gemm", m, n, k, bf16=bf16) * 1e12)
-        b = fl / (self._tf("gemm", m, k, n, bf16=bf16) * 1e12) + fl / (self._tf("gemm", k, n, m, bf16=bf16) * 1e12)
+        w = fl / (self._tf("gemm", k, n, m, bf16=bf16) * 1e12)
+        b = fl / (self._tf("gemm", m, k, n, bf16=bf16) * 1e12) + w
         # fp8 operand casts are charged once, per recipe, in `blocks.fp8_quantize`
-        return f, b
+        return f, b, w
 
-    def grouped(self, g, m, n, k, use_grouped):
-        """fwd, bwd seconds of `g` expert GEMMs of m rows each: one grouped GEMM where
-        `use_grouped`, else g dense GEMMs one after another."""
+    def gemm(self, m, n, k, bf16=False):
+        """fwd, bwd seconds of one linear layer (`linear` without the wgrad part)."""
+        return self.linear(m, n, k, bf16)[:2]
+
+    def grouped_linear(self, g, m, n, k, use_grouped):
+        """fwd, bwd, wgrad seconds of `g` expert GEMMs of m rows each (bwd = dgrad + wgrad, as
+        `linear`): one grouped GEMM where `use_grouped`, else g dense GEMMs one after another."""
         g, m, n, k = (np.maximum(np.asarray(x, float), 1.0) for x in (g, m, n, k))
         fl = 2.0 * g * m * n * k
         gf = fl / (self._tf("grouped_gemm", m, n, k, g) * 1e12)
-        gb = fl / (self._tf("grouped_gemm", m, k, n, g) * 1e12) + fl / (self._tf("grouped_gemm", k, n, m, g) * 1e12)
+        gw = fl / (self._tf("grouped_gemm", k, n, m, g) * 1e12)
+        gb = fl / (self._tf("grouped_gemm", m, k, n, g) * 1e12) + gw
         # without grouped GEMM: one dense GEMM per local expert, sequentially
-        sf, sb = self.gemm(m, n, k)
-        sf, sb = sf * g, sb * g
-        f = np.where(use_grouped, gf, sf)
-        b = np.where(use_grouped, gb, sb)
-        return f, b
+        sf, sb, sw = (t * g for t in self.linear(m, n, k))
+        return np.where(use_grouped, gf, sf), np.where(use_grouped, gb, sb), np.where(use_grouped, gw, sw)
+
+    def grouped(self, g, m, n, k, use_grouped):
+        """fwd, bwd seconds of `g` expert GEMMs (`grouped_linear` without the wgrad part)."""
+        return self.grouped_linear(g, m, n, k, use_grouped)[:2]
 
     @property
     def bw_fp8_quant(self) -> float:

@@ -62,6 +62,10 @@ class Plan:
     grad_reduce_bf16: bool = False
     shared_expert_overlap: bool = False
     a2a_overlap: bool = False
+    # --delay-wgrad-compute (TransformerConfig.delay_wgrad_compute; needs a2a_overlap): under EP A2A
+    # overlap each layer's weight gradients run as a node of their own after its data gradients, so
+    # the backward dispatch and combine can start beside them (model_chunk_schedule_plan.py)
+    delay_wgrad: bool = False
     pp_first: int = 0
     pp_last: int = 0
     pp_layout: str = ""
@@ -129,6 +133,7 @@ class Plan:
 _FIELDS = {f.name: f for f in dataclasses.fields(Plan)}
 _ALIASES = {"dist-opt": "dist_opt", "do": "dist_opt", "ogr": "overlap_grad_reduce",
             "opg": "overlap_param_gather", "grad_bf16": "grad_reduce_bf16", "fp8_param_gather": "fp8_param",
+            "delay_wgrad_compute": "delay_wgrad",
             "dispatch": "dispatcher", "gg": "grouped_gemm"}
 
 

@@ -71,6 +71,9 @@ def _vtuple(v: str) -> tuple:
 
 # NVIDIA's current training container pairs megatron-core 0.16 with TE 2.9, DeepEP and HybridEP.
 GPU_FULL = StackProfile("gpu-full", transformer_engine="2.9.0", deepep=True, hybridep=True)
+# The same with the newest TE megatron-core 0.16.1 admits (its pyproject.toml: transformer-engine
+# >=2.9.0a0,<2.12.0): what delay_wgrad with TE CUDA graphs needs (TE >= 2.10), as NVIDIA's recipes run it.
+GPU_FULL_TE211 = StackProfile("gpu-full-te2.11", transformer_engine="2.11.0", deepep=True, hybridep=True)
 GPU_NO_EP_LIBS = StackProfile("gpu-te", transformer_engine="2.9.0")
 # Without TE: no grouped GEMM (TE's GroupedLinear; the legacy grouped_gemm package is not assumed),
 # no sequence parallel (the local spec's RMSNorm is torch's, which refuses SP, so MoE with TP>1 is
@@ -87,7 +90,7 @@ def cpu_profile() -> StackProfile:
                         sequence_parallel=False, context_parallel=False, extra=extra)
 
 
-PROFILES = {"gpu-full": GPU_FULL, "gpu-te": GPU_NO_EP_LIBS, "gpu-plain": GPU_NO_TE}
+PROFILES = {"gpu-full": GPU_FULL, "gpu-full-te2.11": GPU_FULL_TE211, "gpu-te": GPU_NO_EP_LIBS, "gpu-plain": GPU_NO_TE}
 
 
 def profile_for(cluster, name: str | None = None) -> StackProfile:

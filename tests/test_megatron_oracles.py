@@ -290,3 +290,34 @@ def test_fp8_param_matches_transformer_config_and_arguments(precision, dist_opt)
     if not ours:
         from tuner.emit.megatron import plan_args
         assert "--fp8-param-gather" in plan_args(w, p, GPU_FULL)
+
+
+@pytest.mark.parametrize("overlap,graphs,te", [(True, False, "2.9.0"), (False, False, "2.9.0"), (True, True, "2.9.0"),
+                                               (True, True, "2.11.0"), (True, True, "2.10.0")])
+def test_delay_wgrad_matches_transformer_config(monkeypatch, overlap, graphs, te):
+    """delay_wgrad (--delay-wgrad-compute): TransformerConfig asserts it needs
+    overlap_moe_expert_parallel_comm, and TE >= 2.10 with TE (partial) CUDA graphs; the TE version
+    megatron-core reads is set to the stack profile's (TE is absent here)."""
+    import megatron.core.transformer.transformer_config as tc
+    from packaging.version import Version
+
+    from specs.stack import GPU_FULL
+    monkeypatch.setattr(tc, "is_te_min_version", lambda v, check_equality=True: Version(te) >= Version(v))
+    profile = dataclasses.replace(GPU_FULL, transformer_engine=te)
+    w = _workload(8, "tiny-moe-shared", gbs=64, seq=256)
+    graph = dict(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn",)) if graphs else {}
+    p = Plan(ep=2, a2a_overlap=overlap, delay_wgrad=True, **graph)
+    ours = [r.sentence for r in check(w, p, profile) if r.code == "delay-wgrad"]
+    m = w.model
+    kw = dict(num_moe_experts=m.num_experts, moe_router_topk=m.moe_router_topk, moe_ffn_hidden_size=m.moe_ffn_hidden_size,
+              expert_model_parallel_size=2, moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall",
+              overlap_moe_expert_parallel_comm=overlap, delay_wgrad_compute=True)
+    if graphs:
+        kw.update(cuda_graph_impl="transformer_engine", cuda_graph_scope=["attn"])
+    err = _config_verdict(**kw)
+    refused = err is not None and "delay_wgrad_compute" in err
+    assert bool(ours) == refused, (ours, err)
+    if not ours:  # the emitted flags rebuild the same TransformerConfig fields
+        from tuner.emit.megatron import plan_args
+        args = plan_args(w, p, profile)
+        assert "--delay-wgrad-compute" in args and "--overlap-moe-expert-parallel-comm" in args

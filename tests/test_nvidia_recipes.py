@@ -19,7 +19,7 @@ from clusters import load_cluster
 from specs.models import load_model
 from specs.pipeline import parse_layout
 from specs.plan import Plan
-from specs.stack import GPU_FULL
+from specs.stack import GPU_FULL, GPU_FULL_TE211
 from specs.workload import Workload
 from tuner.space.megatron_rules import check
 
@@ -53,7 +53,8 @@ def _plan(r) -> Plan:
     kw = dict(tp=r["tp"], pp=r["pp"], cp=r["cp"], vpp=r["vpp"] or 1, ep=r["ep"], etp=r["etp"], mbs=r["mbs"],
               precision=r["precision"], dispatcher=r["dispatcher"],
               flex_backend=(r["flex_backend"] or "") if r["dispatcher"] == "flex" else "",
-              a2a_overlap=bool(r["a2a_overlap"]), shared_expert_overlap=bool(r.get("moe_shared_expert_overlap")),
+              a2a_overlap=bool(r["a2a_overlap"]), delay_wgrad=bool(r.get("delay_wgrad")),
+              shared_expert_overlap=bool(r.get("moe_shared_expert_overlap")),
               cuda_graph_impl=impl, cuda_graph_scope=scope, pp_layout=(r.get("pp_layout") or "").replace(",", ""),
               pp_embedding=bool(r["account_for_embedding_in_pipeline_split"]),
               pp_loss=bool(r["account_for_loss_in_pipeline_split"]),
@@ -84,11 +85,18 @@ def test_nvidia_recipe_is_accepted_and_fits_or_refused_for_its_reason(r):
         spec = dataclasses.replace(spec, mtp_num_layers=r["mtp_num_layers"])
     w = Workload(spec, load_cluster(r["gpu"], r["gpus"]), r["gbs"], r["seq"])
     p = _plan(r)
-    got = {x.code for x in check(w, p, GPU_FULL)}
     want = _expected_refusal(r)
+    if p.delay_wgrad and p.cuda_graph_impl == "transformer_engine":
+        # TE CUDA graphs with delay_wgrad need TE >= 2.10 (transformer_config.py): refused on gpu-full
+        # (TE 2.9), run on the newest TE megatron-core 0.16.1 admits
+        assert "delay-wgrad" in {x.code for x in check(w, p, GPU_FULL)}, r["recipe"]
+        profile = GPU_FULL_TE211
+    else:
+        profile = GPU_FULL
+    got = {x.code for x in check(w, p, profile)}
     if want:
         assert want <= got, (sorted(got), r["recipe"])
         return
-    assert got == set(), [str(x) for x in check(w, p, GPU_FULL)]
+    assert got == set(), [str(x) for x in check(w, p, profile)]
     pred = cost_model.predict(w, p)
     assert pred.feasible, pred.reasons

@@ -7,6 +7,7 @@ import pytest
 import cost_model
 from clusters import load_cluster
 from cost_model.blocks import paired_exposure
+from cost_model.calibration import IDENTITY
 from cost_model.constants import DEEPEP_SMS, STARVED_COMM_RATE
 from specs.models import load_model
 from specs.stack import GPU_FULL, HYBRIDEP_NUM_SMS
@@ -99,3 +100,44 @@ def test_the_starved_rate_is_the_nsight_split():
     # the rounding of "0.11%" (0.105-0.115%) bounds it; the constant sits inside
     lo, hi = ((9.079e-3 / f - (on_total - concurrent)) / concurrent for f in (0.00115, 0.00105))
     assert lo < STARVED_COMM_RATE < hi
+
+
+def test_wgrad_left_is_what_the_first_communication_has_not_covered():
+    """delay_wgrad_compute: the next communication on the stream starts after the data gradients,
+    beside the part of the weight-gradient node the first one left (`blocks.wgrad_left`): all of
+    it when the first is instantaneous, none once the first outlasts the whole backward node,
+    never more as the first grows; held comm lets the compute run on (1 - share) of the SMs, a
+    starved one lets it run at full speed while the comm trickles."""
+    from cost_model.blocks import Node, wgrad_left
+    node = Node(np.float64(1.0), np.float64(2.0), np.float64(0.8))  # dgrad 1.2 s, then wgrad 0.8 s
+    first = np.linspace(0.0, 3.0, 61)
+    for held in (True, False):
+        left = wgrad_left(first, node, 0.15, held)
+        assert left[0] == pytest.approx(0.8) and left[-1] == 0.0
+        assert (np.diff(left) <= 1e-15).all() and (left >= 0).all() and (left <= 0.8).all()
+    # held: the compute did (1 - 0.15) x 1.0 s of the node while a 1.0 s comm ran
+    assert wgrad_left(np.float64(1.0), node, 0.15, True) == pytest.approx(0.8)
+    assert wgrad_left(np.float64(1.5), node, 0.15, True) == pytest.approx(2.0 - 0.85 * 1.5)
+    # starved: 0.35 s of comm takes 1 s of compute beside it
+    assert wgrad_left(np.float64(0.35 * 1.5), node, 0.15, False) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("dispatch", ["dispatcher=alltoall", "dispatcher=flex,flex_backend=deepep",
+                                      "dispatcher=flex,flex_backend=hybridep"])
+def test_delay_wgrad_only_widens_the_backward_windows(dispatch):
+    """delay_wgrad never lengthens a step, changes only the overlapped-EP parts, and saves at most
+    the weight-gradient GEMMs of the attention and MoE nodes it moves (per layer, microbatch and
+    direction pair); without a2a overlap it is not realizable (megatron_rules delay-wgrad)."""
+    w = _w()
+    base = complete_plan(f"ep=16,a2a_overlap=1,{dispatch}", w, GPU_FULL)
+    off, on = cost_model.predict_many(w, [base, base.replace(delay_wgrad=True)], calibration=IDENTITY)
+    assert on.step_time_s <= off.step_time_s
+    moved = {k for k in off.breakdown_s if abs(off.breakdown_s[k] - on.breakdown_s.get(k, 0.0)) > 1e-12}
+    assert moved <= set(EP_PARTS) | {"ep_overlap_hbm_share", "cpu_launch_floor"}, moved
+    from cost_model.blocks import attention, routed_experts
+    from cost_model.model import _inputs
+    from cost_model.plans import PlanArrays
+    x = _inputs(w, PlanArrays.from_plans([base]), cost_model.resolve_tables(w), 1.0)
+    wgrad = attention(x).proj_w + routed_experts(x).w  # Qwen3-30B-A3B: no shared expert
+    layers, m = w.model.num_layers, 1024 // 16
+    assert off.step_time_s - on.step_time_s <= float(wgrad[0]) * layers * m + 1e-9

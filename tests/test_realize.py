@@ -61,6 +61,7 @@ CASES = {
     "shared-overlap": ({"model": "qwen3-30b-a3b", "gpus": 16, "moe_shared_expert_ffn": 1024},
                        "ep=8,shared_expert_overlap=1", "ep=8,shared_expert_overlap=1,dispatcher=allgather"),
     "a2a-overlap": ({}, "ep=8,a2a_overlap=1", "ep=1,a2a_overlap=1"),
+    "delay-wgrad": ({}, "ep=8,a2a_overlap=1,delay_wgrad=1", "ep=8,delay_wgrad=1"),
     "cuda-graph": ({}, "ep=8,cuda_graph_impl=transformer_engine,cuda_graph_scope=attn+moe_router+moe_preprocess",
                    "ep=8,cuda_graph_impl=transformer_engine,cuda_graph_scope=full_iteration"),
     "cuda-graph-sync": ({}, "ep=8,cuda_graph_impl=transformer_engine,cuda_graph_scope=attn",

@@ -92,6 +92,11 @@ REGENERATIONS = [
     ("plan field fp8_param (2026-12-06)", "`--keep-plans`: Megatron-LM's --fp8-param-gather becomes a plan field; "
      "canonical strings gain fp8_param=0; every prediction, script flag and plan count identical",
      "0297f04e1aadd0d497ac00f9fa9615964d4bb0ab11c955afcf184a034d112db5"),
+    ("plan field delay_wgrad (2026-12-06)", "`--keep-plans`: Megatron-LM's --delay-wgrad-compute becomes a plan field "
+     "(searched beside a2a_overlap: plan counts x1.5, rejections gain delay-wgrad for TE graphs on TE 2.9); GPU "
+     "calibration refit 1.2614 -> 1.2696 (the DeepSeek-V3 shared row with its recipe's delay_wgrad, the Qwen3 "
+     "25.09 row with current-scaling fp8): every step time x1.00651, nothing else",
+     "f067ea2eebe4a77a9df42253fa8a7f71c6e9644ecb09f61d6315d26af50f7323"),
 ]
 
 

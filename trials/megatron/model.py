@@ -97,6 +97,7 @@ def transformer_config(model, plan, *, on_gpu: bool, seq: int, overrides: dict |
             moe_grouped_gemm=plan.grouped_gemm,
             moe_shared_expert_overlap=plan.shared_expert_overlap,
             overlap_moe_expert_parallel_comm=plan.a2a_overlap,
+            delay_wgrad_compute=plan.delay_wgrad,
         )
         if model.moe_router_num_groups:
             kw.update(moe_router_num_groups=model.moe_router_num_groups,

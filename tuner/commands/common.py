@@ -183,8 +183,10 @@ def workload_from_args(args) -> Workload:
 def add_stack_arg(p: argparse.ArgumentParser) -> None:
     """--stack: which software stack the plan must be realizable on."""
     p.add_argument("--stack", default="auto",
-                   help="Target stack profile: auto (gpu-full on GPUs, cpu-local on CPU), gpu-full, "
-                        "gpu-te (no DeepEP or HybridEP), gpu-plain (no TransformerEngine) or cpu-local.")
+                   help="Target stack profile: auto (gpu-full on GPUs, cpu-local on CPU), gpu-full "
+                        "(megatron-core 0.16.1, TE 2.9, DeepEP, HybridEP), gpu-full-te2.11 (the same with TE "
+                        "2.11), gpu-te (no DeepEP or HybridEP), gpu-plain (no TransformerEngine), installed "
+                        "(this machine's packages) or cpu-local.")
 
 
 def add_plan_args(p: argparse.ArgumentParser, *, required: bool = False) -> None:

@@ -25,7 +25,7 @@ def add_parser(subparsers):
     p.add_argument("--envelope", default=None,
                    help='Search envelope as a JSON/YAML file or inline "q=4..12;e=8,16,32;k=1,2;g=1,2,4,8;'
                         's=0.5..0.981;tpp=40..150;tp=1;cp=1;gbs=1024;seq=2048"; unset keys keep the published defaults.')
-    p.add_argument("--stack", default="auto", help="Target stack profile: auto, gpu-full, gpu-te or gpu-plain.")
+    p.add_argument("--stack", default="auto", help="Target stack profile: auto, gpu-full, gpu-full-te2.11, gpu-te or gpu-plain.")
     p.add_argument("--top", type=count(0, MAX_COUNT), default=10, help="Number of ranked runner-ups to report (default 10).")
     p.add_argument("--exhaustive", action="store_true",
                    help="Score every geometry instead of skipping those whose loss bound cannot make the top list.")

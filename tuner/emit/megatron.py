@@ -18,7 +18,7 @@ FP8_RECIPE_FLAGS = FP8_RECIPES
 # Boolean plan fields and the Megatron-LM flag that switches each on.
 MOE_SWITCHES = (("grouped_gemm", "--moe-grouped-gemm"),
                 ("shared_expert_overlap", "--moe-shared-expert-overlap"),
-                ("a2a_overlap", "--overlap-moe-expert-parallel-comm"))
+                ("a2a_overlap", "--overlap-moe-expert-parallel-comm"), ("delay_wgrad", "--delay-wgrad-compute"))
 DP_SWITCHES = (("dist_opt", "--use-distributed-optimizer"),
                ("overlap_grad_reduce", "--overlap-grad-reduce"),
                ("overlap_param_gather", "--overlap-param-gather"),

@@ -118,7 +118,7 @@ def effective_plan(plan: Plan, model) -> Plan:
         d.update(pp_first=0, pp_last=0, pp_layout="", pp_embedding=False, pp_loss=False)
     if not getattr(model, "is_moe", True):
         d.update(grouped_gemm=False, dispatcher="alltoall", flex_backend="", shared_expert_overlap=False,
-                 a2a_overlap=False)
+                 a2a_overlap=False, delay_wgrad=False)
     if all(getattr(plan, k) == v for k, v in d.items()):
         return plan  # the common case, and cheap: rankers call this for thousands of plans
     return plan.replace(**d)
@@ -130,7 +130,7 @@ COMPLETIONS = ("best", "defaults")
 # group sets all of its fields; a group with a field the user gave keeps only the options that agree).
 _GROUPS = (("recompute", "recompute_modules", "recompute_method", "recompute_layers"),
            ("dist_opt", "overlap_grad_reduce", "overlap_param_gather"),
-           ("shared_expert_overlap", "a2a_overlap"),
+           ("shared_expert_overlap", "a2a_overlap", "delay_wgrad"),
            ("cuda_graph_impl", "cuda_graph_scope"),
            ("grouped_gemm", "dispatcher", "flex_backend", "precision"))
 _SPLIT = ("pp_first", "pp_last", "pp_layout", "pp_embedding", "pp_loss")

@@ -67,6 +67,9 @@ RULES = {
     "flex-needs-tp-ep": ("--moe-token-dispatcher-type", "token_dispatcher.py: flex requires expert TP x EP > 1"),
     "shared-overlap": ("--moe-shared-expert-overlap", "transformer_config.py: shared experts + alltoall dispatcher"),
     "a2a-overlap": ("--overlap-moe-expert-parallel-comm", "transformer_config.py: EP A2A overlap preconditions"),
+    "delay-wgrad": ("--delay-wgrad-compute", "transformer_config.py: delay_wgrad_compute needs "
+                                             "overlap_moe_expert_parallel_comm, and TE >= 2.10 with TE CUDA graphs; "
+                                             "arguments.py: only with transformer_impl=transformer_engine"),
     "fp8-hardware": ("--fp8-recipe", "TE check_recipe_support: fp8 cc >= 8.9, blockwise cc >= 9.0 (CUDA >= 12.9), mxfp8 cc 10.x"),
     "fp8-delayed-recompute": ("--recompute-modules", "transformer_config.py: delayed scaling forbids moe_act/layernorm recompute"),
     "fp8-param": ("--fp8-param-gather", "transformer_config.py: fp8_param needs fp8; arguments.py: --fp8-param-gather needs "
@@ -177,7 +180,7 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
 # these is about its parallel tier alone.
 _NEUTRAL = dict(recompute="none", recompute_modules=(), recompute_method="", recompute_layers=0, dist_opt=False,
                 overlap_grad_reduce=False, overlap_param_gather=False, fp8_param=False, shared_expert_overlap=False,
-                a2a_overlap=False, grouped_gemm=False, dispatcher="alltoall", flex_backend="", precision="bf16",
+                a2a_overlap=False, delay_wgrad=False, grouped_gemm=False, dispatcher="alltoall", flex_backend="", precision="bf16",
                 cuda_graph_impl="none", cuda_graph_scope=())
 
 
@@ -271,6 +274,18 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
             why.append("excludes shared-expert overlap")
         if why:
             out.append(_r("a2a-overlap", "EP all-to-all overlap " + "; ".join(why)))
+    if p.delay_wgrad:
+        why = []
+        if not p.a2a_overlap:  # transformer_config.py: "overlap_moe_expert_parallel_comm must be enabled ..."
+            why.append("needs EP all-to-all overlap (a2a_overlap)")
+        if not profile.transformer_engine:  # arguments.py validate_args
+            why.append("needs TransformerEngine (transformer_impl=transformer_engine)")
+        elif p.cuda_graph_impl == "transformer_engine" and not profile.te_at_least("2.10.0"):
+            # transformer_config.py: "TE version >= 2.10.0 is required for delay_wgrad_compute with partial cuda graph"
+            why.append(f"with TE CUDA graphs needs TE >= 2.10.0 (stack {profile.name} has TE "
+                       f"{profile.transformer_engine}; gpu-full-te2.11 has it)")
+        if why:
+            out.append(_r("delay-wgrad", "delay_wgrad (--delay-wgrad-compute) " + "; ".join(why)))
     out += _cuda_graph_reasons(m, p)
     # --- precision vs hardware and stack ---
     hw = w.cluster

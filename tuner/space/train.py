@@ -98,8 +98,11 @@ def default_space(workload: Workload, profile: StackProfile, precision: str = "b
     else:
         dist = [dict(dist_opt=a, overlap_grad_reduce=b, overlap_param_gather=g)
                 for a, b, g in itertools.product((True, False), repeat=3)]
-    overlaps = [dict(shared_expert_overlap=s, a2a_overlap=a)
-                for s, a in itertools.product((False, True), repeat=2)] if m.is_moe else [{}]
+    # delay_wgrad only beside a2a_overlap and on TE GPU stacks (megatron_rules delay-wgrad)
+    delays = (False, True) if (level == "full" and profile.gpu and profile.transformer_engine) else (False,)
+    overlaps = [dict(shared_expert_overlap=s, a2a_overlap=a, delay_wgrad=d)
+                for s, a in itertools.product((False, True), repeat=2)
+                for d in (delays if a else (False,))] if m.is_moe else [{}]
     graphs = cuda_graph_options(m, profile, level)
     schedules = tuple({**r, **d, **o, **g} for r in recs for d in dist for o in overlaps for g in graphs)
     if precision == "fp8":
