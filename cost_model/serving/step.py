@@ -30,7 +30,7 @@ from cost_model.serving.constants import (
     weight_format,
 )
 from cost_model.serving.fused_moe import TUNED_CONFIG_SPEEDUP, expert_bandwidth_efficiency, ships_tuned_config
-from cost_model.serving.kernel_path import dense_path, moe_path, step_efficiencies
+from cost_model.serving.kernel_path import dense_path, fused_moe_ceiling_flops, moe_path, step_efficiencies
 from cost_model.serving.memory import kv_bytes_per_token
 from specs.errors import InputError
 
@@ -72,7 +72,8 @@ class StepModel:
     """Step-time functions of one model on one cluster (fixed precision) for plan columns `c`."""
 
     def __init__(self, spec, cluster, tables, c, *, fp8: bool, imbalance: float = 1.0, routing_skew: float = 0.0,
-                 deepgemm_jit: bool = True, weights: str | None = None):
+                 deepgemm_jit: bool = True, weights: str | None = None, kernel_rates: tuple | None = None,
+                 fused_moe_ceiling: bool = True):
         # the boundary of the serving model: a NaN here would become a NaN clock in the simulator
         if not (math.isfinite(routing_skew) and routing_skew >= 0):
             raise InputError(f"routing skew must be a finite number >= 0, got {routing_skew}")
@@ -87,7 +88,15 @@ class StepModel:
         self.wexp, self.wlin = self.wbytes
         # the GEMM kernels SGLang runs (DeepGEMM, CUTLASS, Triton fused_moe, ...) next to the
         # tables' kernel: dense linears, and routed experts per plan (`kernel_path`)
-        self.dense_eff, self.moe_eff = step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit)
+        # (`kernel_rates`: (dense, routed-expert) rates given instead, as the table's own rate 1.0
+        # when `kernel_path` measures a path against it)
+        self.dense_eff, self.moe_eff = (step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit) if kernel_rates is None
+                                        else (kernel_rates[0], np.full(len(c), float(kernel_rates[1]))))
+        # the routed experts' FLOP/s ceiling of the kernel each plan runs (Triton fused_moe at fp8:
+        # `kernel_path.fused_moe_ceiling_flops`; inf elsewhere, and when `kernel_path` measures it)
+        self.moe_ceiling = (np.array([fused_moe_ceiling_flops(cluster, fp8, bool(x), deepgemm_jit)
+                                      for x in (False, True)])[(np.asarray(c.a2a) > 0).astype(int)]
+                            if fused_moe_ceiling else np.full(len(c), np.inf))
         # compute-bound kernels of a TBO prefill MoE layer run on the SMs DeepEP's kernels leave
         # (`_tbo_prefill`): time x sm_count / (sm_count - DeepEP's SMs) for DeepGEMM (SGLang's
         # setting) and, beside an all-to-all, for every other compute-bound kernel too
@@ -119,6 +128,7 @@ class StepModel:
             speed = np.where(self.tuned_moe, TUNED_CONFIG_SPEEDUP, 1.0)
             self.expert_bw = self.expert_bw * speed
             self.moe_eff = self.moe_eff * speed
+            self.moe_ceiling = self.moe_ceiling * speed
         self.kvt = kv_bytes_per_token(spec, c)  # per GPU, per token, one stage
         self.layers = spec.num_layers / c.pp
         self.L_moe = self.pc["num_moe_layers"] / c.pp
@@ -237,6 +247,10 @@ class StepModel:
         up, _ = self.ops.grouped(active, m, 2 * f_loc, h, True)
         down, _ = self.ops.grouped(active, m, h, f_loc, True)
         up, down = up / self.moe_eff, down / self.moe_eff  # the kernel SGLang runs (`kernel_path`)
+        # ... at no more than that kernel's own throughput (Triton fused_moe at fp8), split in the
+        # GEMMs' FLOP ratio (up: 2 f_loc columns, down: f_loc)
+        ceil_s = self.expert_flops(tokens_inst) / self.moe_ceiling
+        up, down = np.maximum(up, ceil_s * 2.0 / 3.0), np.maximum(down, ceil_s / 3.0)
         g = np.maximum(active, 1.0)  # as `grouped` clamps it
         R = g * m  # rows the grouped GEMMs run
         a2a = c.a2a > 0
@@ -269,6 +283,15 @@ class StepModel:
         topk_sum = tokens_inst * (k + 1) * h * 2.0 / self.hbm_bw
         gather = (R + recv) * h * 2.0 / self.hbm_bw
         return gemms, act + np.where(normal, scatter + gather, np.where(a2a, 0.0, topk_sum))
+
+    def expert_flops(self, tokens_inst):
+        """FLOPs of the routed experts' two GEMMs (gate + up, down) on one GPU per MoE layer for
+        `tokens_inst` tokens of the instance (the routed rows it computes)."""
+        s, c = self.s, self.c
+        if not s.num_experts:
+            return np.zeros(len(c))
+        rows = tokens_inst * s.moe_router_topk / c.ep * self.imb
+        return 2.0 * rows * s.hidden_size * 3.0 * s.moe_ffn_hidden_size / c.moe_tp
 
     def _comm(self, tokens_inst, decode: bool = False, legs=None):
         """Communication seconds on one GPU per (MoE layer, dense layer).
