@@ -8,22 +8,10 @@ import numpy as np
 import pytest
 
 from clusters import load_cluster
-from cost_model.serving.fused_moe import TUNED_CONFIG_SPEEDUP, TUNED_DATA, ships_tuned_config
-from cost_model.serving.kernel_path import (
-    DATA,
-    FUSED_MOE_DATA,
-    FUSED_MOE_MIN_TOKENS,
-    PREFILL_MIN_M,
-    dense_path,
-    efficiency,
-    fused_moe_ceiling_flops,
-    fused_moe_fp8_peak_fraction,
-    moe_path,
-    path_ratios,
-    step_efficiencies,
-)
+from cost_model.serving.fused_moe import PREFILL_DATA, PREFILL_MIN_TOKENS, TUNED_CONFIG_SPEEDUP, TUNED_DATA, ships_tuned_config
+from cost_model.serving.kernel_path import DATA, PREFILL_MIN_M, dense_path, efficiency, moe_path, path_ratios, step_efficiencies
 from cost_model.serving.plans import effective_plans, to_cols
-from cost_model.serving.step import StepModel
+from cost_model.serving.step import StepModel, fused_moe_ceiling_flops, fused_moe_fp8_peak_fraction
 from cost_model.tables import load_tables, tables_dir_for
 from specs.models import load_model
 from specs.serve_plan import ServePlan
@@ -79,7 +67,7 @@ def test_the_fused_moe_ceiling_is_the_measured_kernels_top_rate():
     model reproduces every prefill-sized measured call within 25% (the 4096-token one, which sets
     the ceiling, exactly), where the old assumption (the dense Triton matmul's ratio to the
     table at every shape) was 34% fast at 4096 tokens and 37% slow at 256."""
-    rows = [r for r in csv.DictReader(FUSED_MOE_DATA.open())]
+    rows = [r for r in csv.DictReader(PREFILL_DATA.open())]
     assert rows and all(r["source"] for r in rows)
     frac = fused_moe_fp8_peak_fraction()
     assert 0.08 < frac < 0.15  # ~216 of H100's 1979 dense fp8 TFLOPS
@@ -90,7 +78,7 @@ def test_the_fused_moe_ceiling_is_the_measured_kernels_top_rate():
     errs = {int(r["batch"]): _qwen3_call_us(int(r["batch"])) / float(r["kernel_us"]) - 1 for r in rows}
     assert errs[4096] == pytest.approx(0.0, abs=0.01), errs
     assert all(abs(e) <= 0.25 for e in errs.values()), errs
-    assert all(b >= 1024 for b in errs) and FUSED_MOE_MIN_TOKENS > 1024  # 1024 tokens: weight-read regime, not fitted
+    assert all(b >= 1024 for b in errs) and PREFILL_MIN_TOKENS > 1024  # 1024 tokens: weight-read regime, not fitted
 
 
 def test_deepep_plans_run_experts_at_the_table_rate_and_tp_plans_slower():

@@ -26,6 +26,12 @@ from pathlib import Path
 import numpy as np
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "fused_moe_kernel_latency.csv"
+# The same kernel at prefill-sized calls (1024-4096 tokens), where its GEMMs, not the weight read,
+# set its time: the throughput ceiling `step.fused_moe_fp8_peak_fraction` is measured on them
+PREFILL_DATA = DATA.with_name("fused_moe_prefill_latency.csv")
+# tokens of a measured call whose GEMMs set its time (top-8 of 128 experts: ~100 rows per expert and
+# more; at 1024 tokens the measured call sits near its weight-read floor)
+PREFILL_MIN_TOKENS = 1536
 _FIT: tuple | None = None
 
 

@@ -19,7 +19,7 @@ Efficiency of each path relative to the table's kernel, from public same-GPU com
 the geometric mean of t(DeepGEMM) / t(path). The routed experts' Triton fused_moe at fp8 is
 measured as itself (cost_model/data/fused_moe_prefill_latency.csv: the whole fused-MoE call at
 1024-4096 tokens on H100): below the table's rate wherever the table is slower, and never above a
-ceiling of its own (`fused_moe_fp8_peak_fraction`): the measured call's GEMMs, once the step
+ceiling of its own (`step.fused_moe_fp8_peak_fraction`): the measured call's GEMMs, once the step
 model's own memory-bound pieces (activation, casts, top-k sum) are taken out, run at 160 -> 216
 TFLOPS from 64 to 256 rows per expert, flattening where the table (DeepGEMM-grade) climbs from
 283 to 667, so the kernel's own throughput, not the table's shape curve, bounds prefill-sized
@@ -42,13 +42,8 @@ import numpy as np
 from clusters import is_blackwell, is_hopper
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "fp8_block_gemm_kernel_paths.csv"
-FUSED_MOE_DATA = DATA.with_name("fused_moe_prefill_latency.csv")
 PREFILL_MIN_M = 1024  # rows of a prefill-sized GEMM: smaller m is bound by the weight read
-# tokens of a fused-MoE call whose GEMMs, not the expert weights' read, set its time (top-8 of 128
-# experts: ~100 rows per expert and more; at 1024 tokens the measured call sits at its weight-read floor)
-FUSED_MOE_MIN_TOKENS = 1536
 _RATIO: dict | None = None
-_FUSED: float | None = None
 
 
 def path_ratios() -> dict[str, float]:
@@ -62,51 +57,6 @@ def path_ratios() -> dict[str, float]:
             t = np.array([float(r[f"{path}_us"]) for r in rows])
             _RATIO[path] = float(np.exp(np.mean(np.log(dg / t))))
     return _RATIO
-
-
-def fused_moe_fp8_peak_fraction() -> float:
-    """The Triton fused_moe kernel's fp8 GEMM throughput ceiling as a fraction of the GPU's dense
-    fp8 peak: the highest net rate over the measured calls of FUSED_MOE_DATA with at least
-    FUSED_MOE_MIN_TOKENS tokens. Each call is priced by the serving step model itself (its
-    `_expert_parts` for that model, GPU and token count at the table's rate, run at rates 1 and 1/2
-    to separate the GEMMs from the casts beside them); the net rate is the GEMMs' FLOPs over what
-    the measured call leaves them once those memory-bound pieces are taken out."""
-    global _FUSED
-    if _FUSED is None:
-        from clusters import load_cluster
-        from cost_model.serving.plans import effective_plans, to_cols
-        from cost_model.serving.step import StepModel
-        from cost_model.tables import load_tables, tables_dir_for
-        from specs.models import load_model
-        from specs.serve_plan import ServePlan
-        fractions = []
-        for r in csv.DictReader(FUSED_MOE_DATA.open()):
-            if int(r["batch"]) < FUSED_MOE_MIN_TOKENS:
-                continue
-            kind = {"h100": "h100-sxm", "h200": "h200-sxm"}[r["gpu"]]
-            spec, cl, T = load_model(r["model"].lower()), load_cluster(kind, 1), float(r["batch"])
-            c = to_cols(effective_plans([ServePlan.parse("tp=1")], spec, cl))
-            parts = []
-            for rate in (1.0, 0.5):
-                sm = StepModel(spec, cl, load_tables(tables_dir_for(kind)), c, fp8=True, kernel_rates=(1.0, rate),
-                               fused_moe_ceiling=False)
-                sm.expert_bw = np.inf  # the GEMMs' own time, not the weight-read floor
-                parts.append([float(np.ravel(x)[0]) for x in sm._expert_parts(np.array([T]))])
-            (g1, other), (g2, _) = parts
-            casts = g1 - (g2 - g1)  # the GEMMs double at half the rate; the casts do not
-            net = float(r["kernel_us"]) * 1e-6 - other - casts
-            fractions.append(float(np.ravel(sm.expert_flops(np.array([T])))[0]) / net / (cl.peak_tflops["fp8"] * 1e12))
-        _FUSED = max(fractions)
-    return _FUSED
-
-
-def fused_moe_ceiling_flops(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True) -> float:
-    """FLOP/s the routed experts' GEMMs cannot exceed on the kernel SGLang runs for them: the Triton
-    fused_moe ceiling at fp8 on a GPU (`fused_moe_fp8_peak_fraction` x the dense fp8 peak); inf
-    for every other path (their tables' rates apply)."""
-    if not (getattr(cluster, "is_gpu", True) and fp8 and moe_path(cluster, fp8, a2a, deepgemm_jit) == "triton_fused_moe"):
-        return np.inf
-    return fused_moe_fp8_peak_fraction() * float(cluster.peak_tflops["fp8"]) * 1e12
 
 
 def dense_path(cluster, fp8: bool, deepgemm_jit: bool = True) -> str:
@@ -145,7 +95,7 @@ _RATIO_OF = {"deep_gemm": "deep_gemm", "cutlass": "cutlass", "triton": "triton",
 
 def efficiency(path: str, fp8: bool) -> float:
     """Rate of `path` as a fraction of the GEMM table's rate (1 = the table's kernel; Triton
-    fused_moe at fp8 has its ceiling apart, `fused_moe_ceiling_flops`)."""
+    fused_moe at fp8 has its ceiling apart, `step.fused_moe_ceiling_flops`)."""
     src = _RATIO_OF[path]
     if src is None or not fp8:  # bf16 Triton fused_moe: unmeasured, the table's rate
         return 1.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clusters import is_blackwell
+from clusters import is_blackwell, load_cluster
 from cost_model.blocks import distinct_ranks, ep_wire_seconds
 from cost_model.constants import DEEPEP_SMS
 from cost_model.flops import param_counts
@@ -29,10 +29,20 @@ from cost_model.serving.constants import (
     WEIGHT_FORMAT_BYTES,
     weight_format,
 )
-from cost_model.serving.fused_moe import TUNED_CONFIG_SPEEDUP, expert_bandwidth_efficiency, ships_tuned_config
-from cost_model.serving.kernel_path import dense_path, fused_moe_ceiling_flops, moe_path, step_efficiencies
+from cost_model.serving.fused_moe import (
+    PREFILL_DATA,
+    PREFILL_MIN_TOKENS,
+    TUNED_CONFIG_SPEEDUP,
+    expert_bandwidth_efficiency,
+    ships_tuned_config,
+)
+from cost_model.serving.kernel_path import dense_path, moe_path, step_efficiencies
 from cost_model.serving.memory import kv_bytes_per_token
+from cost_model.serving.plans import effective_plans, to_cols
+from cost_model.tables import load_tables, tables_dir_for
 from specs.errors import InputError
+from specs.models import load_model
+from specs.serve_plan import ServePlan
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "ep_dispatch_combine_bandwidth.csv"
 
@@ -509,6 +519,48 @@ class StepModel:
             gpu = np.where(c.tbo, self._tbo_prefill(C, prefix, seg, ranks, whole=whole), gpu)
         stage = self._launch(gpu, np.zeros(len(c), bool))
         return stage * c.pp, parts
+
+
+_FUSED: float | None = None
+
+
+def fused_moe_fp8_peak_fraction() -> float:
+    """The Triton fused_moe kernel's fp8 GEMM throughput ceiling as a fraction of the GPU's dense
+    fp8 peak: the highest net rate over the measured calls of PREFILL_DATA with at least
+    PREFILL_MIN_TOKENS tokens. Each call is priced by the serving step model itself (its
+    `StepModel._expert_parts` for that model, GPU and token count at the table's rate, run at rates 1 and 1/2
+    to separate the GEMMs from the casts beside them); the net rate is the GEMMs' FLOPs over what
+    the measured call leaves them once those memory-bound pieces are taken out."""
+    global _FUSED
+    if _FUSED is None:
+        fractions = []
+        for r in csv.DictReader(PREFILL_DATA.open()):
+            if int(r["batch"]) < PREFILL_MIN_TOKENS:
+                continue
+            kind = {"h100": "h100-sxm", "h200": "h200-sxm"}[r["gpu"]]
+            spec, cl, T = load_model(r["model"].lower()), load_cluster(kind, 1), float(r["batch"])
+            c = to_cols(effective_plans([ServePlan.parse("tp=1")], spec, cl))
+            parts = []
+            for rate in (1.0, 0.5):
+                sm = StepModel(spec, cl, load_tables(tables_dir_for(kind)), c, fp8=True, kernel_rates=(1.0, rate),
+                               fused_moe_ceiling=False)
+                sm.expert_bw = np.inf  # the GEMMs' own time, not the weight-read floor
+                parts.append([float(np.ravel(x)[0]) for x in sm._expert_parts(np.array([T]))])
+            (g1, other), (g2, _) = parts
+            casts = g1 - (g2 - g1)  # the GEMMs double at half the rate; the casts do not
+            net = float(r["kernel_us"]) * 1e-6 - other - casts
+            fractions.append(float(np.ravel(sm.expert_flops(np.array([T])))[0]) / net / (cl.peak_tflops["fp8"] * 1e12))
+        _FUSED = max(fractions)
+    return _FUSED
+
+
+def fused_moe_ceiling_flops(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True) -> float:
+    """FLOP/s the routed experts' GEMMs cannot exceed on the kernel SGLang runs for them: the Triton
+    fused_moe ceiling at fp8 on a GPU (`fused_moe_fp8_peak_fraction` x the dense fp8 peak); inf
+    for every other path (their tables' rates apply)."""
+    if not (getattr(cluster, "is_gpu", True) and fp8 and moe_path(cluster, fp8, a2a, deepgemm_jit) == "triton_fused_moe"):
+        return np.inf
+    return fused_moe_fp8_peak_fraction() * float(cluster.peak_tflops["fp8"]) * 1e12
 
 
 def tbo_prefill_layer_seconds(A, E, S, D, Cm, layers: int = 6):
