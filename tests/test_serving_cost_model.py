@@ -1,6 +1,7 @@
 """Serving cost model (cost_model/serving): direction tests, per-phase sanity, the calibration
 fit, ranking speed and the `predict --mode serve` interface."""
 import json
+import math
 import subprocess
 import sys
 
@@ -110,8 +111,10 @@ def test_shipped_calibration_is_the_fit_on_the_reference_rows():
     for k in ("prefill", "decode"):
         assert shipped.factor(k) == pytest.approx(cal.factor(k), rel=1e-6)
     assert [r["id"] for r in rows] == ["r01", "r02", "r03", "r04", "r05"]
-    # the per-phase term fits the shared rows at least as well as one scale did
-    assert (sum(abs(r["error"]) for r in rows) <= sum(abs(r["error_one_scale"]) for r in rows) + 1e-9)
+    # the per-phase term fits the shared rows at least as well as one scale did, in the fit's own
+    # log space (a nested model: by the summed absolute error it can come out a point either way)
+    assert (sum(math.log1p(r["error"]) ** 2 for r in rows)
+            <= sum(math.log1p(r["error_one_scale"]) ** 2 for r in rows) + 1e-9)
 
 
 def test_ranks_thousands_of_plans_in_seconds():

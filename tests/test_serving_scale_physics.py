@@ -94,8 +94,9 @@ def test_attention_dp_ranks_pay_each_others_prefills():
     aligned = float(sm.prefill(np.array([1000.0]), 0.0, 1000.0)[0][0]) / 8  # one rank's share of an all-rank extend
     # first order in B / osl (0.8% of the steps are a rank's own extends); the extend step also
     # carries the seven other ranks' decode tokens through the MoE layers, which the one-rank
-    # `solo` leaves out (at the Triton fused_moe's compute ceiling they cost ~9% more than it)
-    assert float(r["tpot_s"][0]) - t_dec == pytest.approx(B / 1000 * 8 * (solo - t_dec), rel=0.12)
+    # `solo` leaves out (at the Triton fused_moe's compute ceiling, on rows padded to its tile,
+    # they cost ~15% more than it)
+    assert float(r["tpot_s"][0]) - t_dec == pytest.approx(B / 1000 * 8 * (solo - t_dec), rel=0.2)
     assert 8 * solo > 3 * aligned
 
 

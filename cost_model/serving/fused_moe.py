@@ -32,6 +32,14 @@ PREFILL_DATA = DATA.with_name("fused_moe_prefill_latency.csv")
 # tokens of a measured call whose GEMMs set its time (top-8 of 128 experts: ~100 rows per expert and
 # more; at 1024 tokens the measured call sits near its weight-read floor)
 PREFILL_MIN_TOKENS = 1536
+# Rows of the kernel's tile, to which each expert's routed rows are padded (moe_align_block_size):
+# sglang 0.5.23 fused_moe_triton_config.py get_default_config gives fp8 block-quantised weights
+# BLOCK_SIZE_M 64 at every M; its tuned configs take 16 while M <= E and 64 above (e.g.
+# triton_3_5_1/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json: 16
+# up to 256 tokens, 32 at 512, 64 from 1024; triton_3_2_0/E=128,N=768,...H200 fp8: 16 for 4-128,
+# 64 from 256)
+FUSED_MOE_BLOCK_M = 64
+FUSED_MOE_BLOCK_M_SMALL = 16
 _FIT: tuple | None = None
 
 

@@ -19,13 +19,15 @@ Efficiency of each path relative to the table's kernel, from public same-GPU com
 the geometric mean of t(DeepGEMM) / t(path). The routed experts' Triton fused_moe at fp8 is
 measured as itself (cost_model/data/fused_moe_prefill_latency.csv: the whole fused-MoE call at
 1024-4096 tokens on H100): below the table's rate wherever the table is slower, and never above a
-ceiling of its own (`step.fused_moe_fp8_peak_fraction`): the measured call's GEMMs, once the step
-model's own memory-bound pieces (activation, casts, top-k sum) are taken out, run at 160 -> 216
-TFLOPS from 64 to 256 rows per expert, flattening where the table (DeepGEMM-grade) climbs from
-283 to 667, so the kernel's own throughput, not the table's shape curve, bounds prefill-sized
-calls. The ceiling is the highest net rate measured, as a fraction of that GPU's dense fp8 peak;
-assumed to carry over to other Hopper parts as that fraction. It replaces the assumption that
-fused_moe shares the dense Triton block-fp8 matmul's ratio (~0.53 of the table at every shape).
+ceiling of its own (`step.fused_moe_fp8_peak_fraction`) on the rows it computes, each expert's
+padded to the kernel's row tile (moe_align_block_size; `StepModel.expert_flops`). With the step
+model's own memory-bound pieces (activation, casts, top-k sum) taken out, the measured call's GEMMs
+run at 235-242 TFLOPS on those padded rows from 64 to 256 rows per expert (160 -> 216 on the routed
+rows alone), flat where the table (DeepGEMM-grade) climbs from 283 to 667, so the kernel's own
+throughput, not the table's shape curve, bounds prefill-sized calls. The ceiling is the highest
+padded net rate measured, as a fraction of that GPU's dense fp8 peak; assumed to carry over to
+other Hopper parts as that fraction. It replaces the assumption that fused_moe shares the dense
+Triton block-fp8 matmul's ratio (~0.53 of the table at every shape).
 - FlashInfer TRT-LLM (Blackwell, DeepGEMM JIT off) and bf16 Triton fused_moe: no public
   prefill-size comparison found; priced at the table's rate (ratio 1).
 The ratio divides the table's GEMM time (`StepModel._gemm` / `_experts`); the weight-read floor

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import poisson
 
 from clusters import is_blackwell, load_cluster
 from cost_model.blocks import distinct_ranks, ep_wire_seconds
@@ -30,6 +31,8 @@ from cost_model.serving.constants import (
     weight_format,
 )
 from cost_model.serving.fused_moe import (
+    FUSED_MOE_BLOCK_M,
+    FUSED_MOE_BLOCK_M_SMALL,
     PREFILL_DATA,
     PREFILL_MIN_TOKENS,
     TUNED_CONFIG_SPEEDUP,
@@ -102,11 +105,13 @@ class StepModel:
         # when `kernel_path` measures a path against it)
         self.dense_eff, self.moe_eff = (step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit) if kernel_rates is None
                                         else (kernel_rates[0], np.full(len(c), float(kernel_rates[1]))))
-        # the routed experts' FLOP/s ceiling of the kernel each plan runs (Triton fused_moe at fp8:
-        # `kernel_path.fused_moe_ceiling_flops`; inf elsewhere, and when `kernel_path` measures it)
+        # the routed experts' FLOP/s ceiling of the kernel each plan runs (Triton fused_moe on fp8
+        # weights: `fused_moe_ceiling_flops`; inf elsewhere, sub-byte checkpoints included, whose MoE
+        # kernels are others, and while `fused_moe_fp8_peak_fraction` measures it)
+        fp8_weights = (weights or ("fp8" if fp8 else "bf16")) == "fp8"
         self.moe_ceiling = (np.array([fused_moe_ceiling_flops(cluster, fp8, bool(x), deepgemm_jit)
                                       for x in (False, True)])[(np.asarray(c.a2a) > 0).astype(int)]
-                            if fused_moe_ceiling else np.full(len(c), np.inf))
+                            if (fused_moe_ceiling and fp8_weights) else np.full(len(c), np.inf))
         # compute-bound kernels of a TBO prefill MoE layer run on the SMs DeepEP's kernels leave
         # (`_tbo_prefill`): time x sm_count / (sm_count - DeepEP's SMs) for DeepGEMM (SGLang's
         # setting) and, beside an all-to-all, for every other compute-bound kernel too
@@ -295,13 +300,29 @@ class StepModel:
         return gemms, act + np.where(normal, scatter + gather, np.where(a2a, 0.0, topk_sum))
 
     def expert_flops(self, tokens_inst):
-        """FLOPs of the routed experts' two GEMMs (gate + up, down) on one GPU per MoE layer for
-        `tokens_inst` tokens of the instance (the routed rows it computes)."""
+        """FLOPs the Triton fused_moe kernel runs for the routed experts' two GEMMs (gate + up, down)
+        on one GPU per MoE layer for `tokens_inst` tokens of the instance: on its padded rows.
+        moe_align_block_size pads each expert's rows to a multiple of the kernel's row tile
+        (FUSED_MOE_BLOCK_M), and the tiles compute the padding: with n rows routed to an active
+        expert (Poisson about the mean, uniform routing) it computes E[ceil(n / BM) | n >= 1] BM."""
         s, c = self.s, self.c
         if not s.num_experts:
             return np.zeros(len(c))
-        rows = tokens_inst * s.moe_router_topk / c.ep * self.imb
-        return 2.0 * rows * s.hidden_size * 3.0 * s.moe_ffn_hidden_size / c.moe_tp
+        rows = np.atleast_1d(np.asarray(tokens_inst * s.moe_router_topk / c.ep * self.imb, float))
+        active = np.maximum(np.atleast_1d(np.asarray(self.active_local_experts(tokens_inst), float)), 1e-9)
+        lam = np.maximum(rows / active, 1e-9)  # mean rows per active expert
+        # the row tile (`fused_moe` FUSED_MOE_BLOCK_M*): SGLang's tuned configs take the small one
+        # while the kernel's M (every token of the instance reaches each GPU's fused_moe) is at most
+        # its E (the GPU's local experts), the large one above; its default fp8 block config the
+        # large one at every M
+        M = np.atleast_1d(np.asarray(tokens_inst, float))
+        small = (M <= s.num_experts / np.asarray(c.ep, float)) & self.tuned_moe
+        bm = np.where(small, FUSED_MOE_BLOCK_M_SMALL, FUSED_MOE_BLOCK_M)
+        j = np.arange(0, int(np.ceil(float(np.max(lam / bm)) + 10.0 * np.sqrt(float(np.max(lam))) / float(np.min(bm)))) + 2)
+        # E[ceil(n / bm) | n >= 1] = sum_j P(n > j bm) / P(n >= 1)
+        tiles = poisson.sf(j[None, :] * bm[:, None], lam[:, None]).sum(axis=1) / -np.expm1(-lam)
+        padded = active * tiles * bm
+        return 2.0 * padded * s.hidden_size * 3.0 * s.moe_ffn_hidden_size / c.moe_tp
 
     def _comm(self, tokens_inst, decode: bool = False, legs=None):
         """Communication seconds on one GPU per (MoE layer, dense layer).
