@@ -318,9 +318,13 @@ class StepModel:
         M = np.atleast_1d(np.asarray(tokens_inst, float))
         small = (M <= s.num_experts / np.asarray(c.ep, float)) & self.tuned_moe
         bm = np.where(small, FUSED_MOE_BLOCK_M_SMALL, FUSED_MOE_BLOCK_M)
-        j = np.arange(0, int(np.ceil(float(np.max(lam / bm)) + 10.0 * np.sqrt(float(np.max(lam))) / float(np.min(bm)))) + 2)
-        # E[ceil(n / bm) | n >= 1] = sum_j P(n > j bm) / P(n >= 1)
-        tiles = poisson.sf(j[None, :] * bm[:, None], lam[:, None]).sum(axis=1) / -np.expm1(-lam)
+        # E[ceil(n / bm) | n >= 1] = sum_j P(n > j bm) / P(n >= 1), exactly up to 16 tiles a mean
+        # (the sum's terms vanish within 40 tiles there); beyond, lam / bm + 1/2 (n spreads over
+        # several tiles, its remainder about uniform), which keeps a ranking's arrays small
+        x = lam / bm
+        j = np.arange(0, 41, dtype=float)
+        exact = poisson.sf(j[None, :] * bm[:, None], np.minimum(lam, 16.0 * bm)[:, None]).sum(axis=1) / -np.expm1(-lam)
+        tiles = np.where(x > 16.0, x + 0.5, exact)
         padded = active * tiles * bm
         return 2.0 * padded * s.hidden_size * 3.0 * s.moe_ffn_hidden_size / c.moe_tp
 
