@@ -85,8 +85,7 @@ class StepModel:
     """Step-time functions of one model on one cluster (fixed precision) for plan columns `c`."""
 
     def __init__(self, spec, cluster, tables, c, *, fp8: bool, imbalance: float = 1.0, routing_skew: float = 0.0,
-                 deepgemm_jit: bool = True, weights: str | None = None, kernel_rates: tuple | None = None,
-                 fused_moe_ceiling: bool = True):
+                 deepgemm_jit: bool = True, weights: str | None = None, kernel_rates: tuple | None = None):
         # the boundary of the serving model: a NaN here would become a NaN clock in the simulator
         if not (math.isfinite(routing_skew) and routing_skew >= 0):
             raise InputError(f"routing skew must be a finite number >= 0, got {routing_skew}")
@@ -97,21 +96,23 @@ class StepModel:
         self.ops = TableOps(tables, cluster, np.full(len(c), fp8))
         # bytes per weight (routed experts, other linears) of the checkpoint's format (`constants`
         # WEIGHT_FORMAT_BYTES; default: fp8 or bf16 as `fp8` says)
-        self.wbytes = WEIGHT_FORMAT_BYTES[weights or ("fp8" if fp8 else "bf16")]
+        self.weights = weights or ("fp8" if fp8 else "bf16")
+        self.wbytes = WEIGHT_FORMAT_BYTES[self.weights]
         self.wexp, self.wlin = self.wbytes
         # the GEMM kernels SGLang runs (DeepGEMM, CUTLASS, Triton fused_moe, ...) next to the
         # tables' kernel: dense linears, and routed experts per plan (`kernel_path`)
-        # (`kernel_rates`: (dense, routed-expert) rates given instead, as the table's own rate 1.0
-        # when `kernel_path` measures a path against it)
-        self.dense_eff, self.moe_eff = (step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit) if kernel_rates is None
-                                        else (kernel_rates[0], np.full(len(c), float(kernel_rates[1]))))
-        # the routed experts' FLOP/s ceiling of the kernel each plan runs (Triton fused_moe on fp8
-        # weights: `fused_moe_ceiling_flops`; inf elsewhere, sub-byte checkpoints included, whose MoE
-        # kernels are others, and while `fused_moe_fp8_peak_fraction` measures it)
-        fp8_weights = (weights or ("fp8" if fp8 else "bf16")) == "fp8"
-        self.moe_ceiling = (np.array([fused_moe_ceiling_flops(cluster, fp8, bool(x), deepgemm_jit)
-                                      for x in (False, True)])[(np.asarray(c.a2a) > 0).astype(int)]
-                            if (fused_moe_ceiling and fp8_weights) else np.full(len(c), np.inf))
+        # and the routed experts' FLOP/s ceiling of the kernel each plan runs (Triton fused_moe on
+        # fp8 weights: `fused_moe_ceiling_flops`; inf elsewhere, sub-byte checkpoints included, whose
+        # MoE kernels are others). `kernel_rates`: (dense, routed-expert) rates given instead and no
+        # ceiling, the tables' own kernel, against which `fused_moe_fp8_peak_fraction` measures one
+        if kernel_rates is None:
+            self.dense_eff, self.moe_eff = step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit)
+            ceiling = np.array([fused_moe_ceiling_flops(cluster, fp8, bool(x), deepgemm_jit) for x in (False, True)])
+            self.moe_ceiling = (ceiling[(np.asarray(c.a2a) > 0).astype(int)] if self.weights == "fp8"
+                                else np.full(len(c), np.inf))
+        else:
+            self.dense_eff, self.moe_eff = kernel_rates[0], np.full(len(c), float(kernel_rates[1]))
+            self.moe_ceiling = np.full(len(c), np.inf)
         # compute-bound kernels of a TBO prefill MoE layer run on the SMs DeepEP's kernels leave
         # (`_tbo_prefill`): time x sm_count / (sm_count - DeepEP's SMs) for DeepGEMM (SGLang's
         # setting) and, beside an all-to-all, for every other compute-bound kernel too
@@ -263,9 +264,11 @@ class StepModel:
         down, _ = self.ops.grouped(active, m, h, f_loc, True)
         up, down = up / self.moe_eff, down / self.moe_eff  # the kernel SGLang runs (`kernel_path`)
         # ... at no more than that kernel's own throughput (Triton fused_moe at fp8), split in the
-        # GEMMs' FLOP ratio (up: 2 f_loc columns, down: f_loc)
-        ceil_s = self.expert_flops(tokens_inst) / self.moe_ceiling
-        up, down = np.maximum(up, ceil_s * 2.0 / 3.0), np.maximum(down, ceil_s / 3.0)
+        # GEMMs' FLOP ratio (up: 2 f_loc columns, down: f_loc); the padded-row sums only where some
+        # plan has such a ceiling (this runs in every simulated step)
+        if np.isfinite(self.moe_ceiling).any():
+            ceil_s = self.expert_flops(tokens_inst) / self.moe_ceiling
+            up, down = np.maximum(up, ceil_s * 2.0 / 3.0), np.maximum(down, ceil_s / 3.0)
         g = np.maximum(active, 1.0)  # as `grouped` clamps it
         R = g * m  # rows the grouped GEMMs run
         a2a = c.a2a > 0
@@ -567,8 +570,7 @@ def fused_moe_fp8_peak_fraction() -> float:
             c = to_cols(effective_plans([ServePlan.parse("tp=1")], spec, cl))
             parts = []
             for rate in (1.0, 0.5):
-                sm = StepModel(spec, cl, load_tables(tables_dir_for(kind)), c, fp8=True, kernel_rates=(1.0, rate),
-                               fused_moe_ceiling=False)
+                sm = StepModel(spec, cl, load_tables(tables_dir_for(kind)), c, fp8=True, kernel_rates=(1.0, rate))
                 sm.expert_bw = np.inf  # the GEMMs' own time, not the weight-read floor
                 parts.append([float(np.ravel(x)[0]) for x in sm._expert_parts(np.array([T]))])
             (g1, other), (g2, _) = parts

@@ -21,7 +21,7 @@ from clusters import is_hopper
 from specs.errors import LayoutError
 from specs.pipeline import split_layers
 from specs.plan import Plan
-from specs.stack import StackProfile
+from specs.stack import GPU_FULL_TE211, StackProfile
 from specs.workload import Workload
 
 
@@ -283,7 +283,7 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
         elif p.cuda_graph_impl == "transformer_engine" and not profile.te_at_least("2.10.0"):
             # transformer_config.py: "TE version >= 2.10.0 is required for delay_wgrad_compute with partial cuda graph"
             why.append(f"with TE CUDA graphs needs TE >= 2.10.0 (stack {profile.name} has TE "
-                       f"{profile.transformer_engine}; gpu-full-te2.11 has it)")
+                       f"{profile.transformer_engine}; {GPU_FULL_TE211.name} has it)")
         if why:
             out.append(_r("delay-wgrad", "delay_wgrad (--delay-wgrad-compute) " + "; ".join(why)))
     out += _cuda_graph_reasons(m, p)
