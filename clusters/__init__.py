@@ -197,17 +197,23 @@ def torch_device_name(cluster) -> str:
     return name.replace(" ", "_")
 
 
+def check_precision_name(precision: str) -> str:
+    """`precision` when it names one (bf16, fp8 or a recipe), else the one-line error."""
+    if precision != "fp8" and precision not in PRECISIONS:
+        raise SpecError(f"unknown --precision {precision!r}: use fp8 or one of {', '.join(PRECISIONS)}")
+    return precision
+
+
 def precision_recipe(precision: str, cluster) -> str:
     """Map `--precision` (bf16 | fp8 | a recipe) to one recipe for this hardware."""
-    if precision in PRECISIONS:
+    if check_precision_name(precision) in PRECISIONS:
         return precision
     if precision == "fp8":
         if cluster.mxfp8:
             return "mxfp8"
         if cluster.fp8:
             return "fp8-blockwise" if is_hopper(cluster) else "fp8-tensorwise"
-        raise SpecError(f"--precision fp8: {cluster.device_name} has no fp8 support")
-    raise SpecError(f"unknown --precision {precision!r}: use bf16, fp8 or one of {', '.join(PRECISIONS)}")
+    raise SpecError(f"--precision fp8: {cluster.device_name} has no fp8 support")
 
 
 # The numbers the shipped tables of a kind are built from (cost_model/build_default_tables.py reads

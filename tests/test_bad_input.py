@@ -129,6 +129,11 @@ CASES = [
     ("plans-serve-skew-inf", ["plans", "--mode", "serve", *SERVE, "--rank", "--routing-skew", "inf"],
      "--routing-skew"),
     ("tune-serve-skew-nan", ["tune", "--mode", "serve", *SERVE, "--routing-skew", "nan"], "--routing-skew"),
+    # a misspelt --precision is refused even where a checkpoint's own format would win over it
+    ("predict-serve-precision-typo", ["predict", "--mode", "serve", "--model", "deepseek-v3", "--cluster", "h200-sxm",
+                                      "--isl", "16", "--osl", "4", "--precision", "fp9"], "--precision"),
+    ("emit-sglang-precision-typo", ["emit", "sglang", *SERVE, "--plan", "tp=1", "--precision", "int3",
+                                    "--out", "s.sh"], "--precision"),
     ("trial-memcap-nan", ["trial", *TRAIN, "--plan", "ep=2", "--memory-cap-gib", "nan"], "--memory-cap-gib"),
     ("serve-trial-rate-nan", ["serve-trial", *SERVE, "--plan", "tp=1", "--request-rate", "nan"], "--request-rate"),
     ("design-days-inf", ["design", "--cluster", "h100-sxm", "--gpus", "8", "--days", "inf"], "--days"),

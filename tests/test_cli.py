@@ -129,9 +129,11 @@ def test_predict_refuses_an_unrealizable_plan_with_its_reasons(capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     err = captured.err.strip().splitlines()
-    reasons = [line for line in err[1:] if line.strip().startswith("[")]
-    assert "not realizable" in err[0] and "--force" in err[0]
-    assert len(reasons) == len(err) - 1 >= 2  # one line per reason
+    # the first line names the problem on its own (the first reason), the others one a line
+    assert "not realizable" in err[0] and "--force" in err[0] and "more below" in err[0]
+    first = err[0].split("realizable on ", 1)[1].split(": ", 1)[1]
+    reasons = [first] + [line for line in err[1:] if line.strip().startswith("[")]
+    assert first.startswith("[") and len(reasons) == len(err) >= 2
     assert any("[heads-div-tp]" in r for r in reasons) and any("[world-div-tp-cp-pp]" in r for r in reasons)
 
 

@@ -312,12 +312,13 @@ def test_plans_serve_rank_concurrency_pins_the_sweep(capsys):
 
 def test_predict_serve_unrealizable_prints_no_numbers_without_force(capsys):
     """As `predict` does for a training plan: a serving plan SGLang cannot run is refused on stderr,
-    its reasons one a line, and stdout stays empty (no throughput for a plan that cannot start)."""
+    its first line naming the reason, and stdout stays empty (no throughput for a plan that cannot start)."""
     argv = ["predict", "--mode", "serve", *Q, "--gpus", "8", "--isl", "4000", "--osl", "1000", "--plan", "tp=8,attn_dp=3"]
     assert main(argv) == 2
     out = capsys.readouterr()
     assert out.out == ""
-    assert out.err.splitlines()[1].strip().startswith("attn-dp-divides-tp:")
+    err = out.err.splitlines()
+    assert len(err) == 1 and "realizable on SGLang 0.5.23: attn-dp-divides-tp:" in err[0] and "--force" in err[0]
     assert main([*argv, "--force"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("NOT REALIZABLE") and "output tok/s/GPU" in out

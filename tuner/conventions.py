@@ -57,10 +57,13 @@ class UnrealizablePlanError(UsageError):
 
 def unrealizable(reasons: list, target, *, one_line: bool = False, hint: str = "") -> UnrealizablePlanError:
     """The error for a plan with realizability `reasons` on `target` (a stack profile, or the name
-    of the serving stack): a header plus one line per reason, or (`one_line`) the reasons joined by "; "."""
+    of the serving stack): a first line naming the first reason, then one line per other reason, or
+    (`one_line`) the reasons joined by "; "."""
     head = f"plan is not realizable on {getattr(target, 'name', target)}"
     if one_line:
         return UnrealizablePlanError(f"{head}: " + "; ".join(str(r) for r in reasons), reasons)
-    n = f"{len(reasons)} reason{'s' if len(reasons) > 1 else ''}"
-    return UnrealizablePlanError(f"{head} ({n}{'; ' + hint if hint else ''}):\n" +
-                                 "\n".join(f"  {r}" for r in reasons), reasons)
+    # the first line names the problem on its own (the first reason); any others follow, one a line
+    more = [f"{len(reasons) - 1} more below"] if len(reasons) > 1 else []
+    note = "; ".join(more + ([hint] if hint else []))
+    first = f"{head}: {reasons[0]}" + (f" ({note})" if note else "") if reasons else head
+    return UnrealizablePlanError("\n".join([first] + [f"  {r}" for r in reasons[1:]]), reasons)

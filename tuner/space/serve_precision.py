@@ -11,7 +11,7 @@ is priced at the plan's kv_cache_dtype.
 """
 from __future__ import annotations
 
-from clusters import is_blackwell
+from clusters import check_precision_name, is_blackwell
 from specs.errors import UsageError
 from specs.quantization import checkpoint_quantization
 
@@ -24,7 +24,10 @@ KV_CACHE_FLAG = "auto"  # the server's default: the model's activation dtype (bf
 def resolve(args, model, cluster) -> dict:
     """{dtype, precision (what the serving cost model prices), quantization (the server's
     --quantization value, or None), source (one phrase)} on `cluster`: NVFP4 weights on a GPU
-    without Blackwell's FP4 kernels are refused (SGLang's modelopt_fp4 kernels are SM100 ones)."""
+    without Blackwell's FP4 kernels are refused (SGLang's modelopt_fp4 kernels are SM100 ones).
+    `--precision` is checked by name even where the checkpoint's own format wins: a misspelt value
+    is an error, not silently ignored."""
+    check_precision_name(getattr(args, "precision", "bf16") or "bf16")
     out = _resolve(args, model)
     if out["dtype"] == "nvfp4" and cluster.is_gpu and not is_blackwell(cluster):
         raise UsageError(f"NVFP4 weights need Blackwell GPUs (SGLang's modelopt_fp4 kernels); {cluster.kind} "
