@@ -7,7 +7,7 @@ without and with EP a2a overlap; then the overlap A/B (step ratio) per dispatche
 Raw seconds per step (calibration off). Measured references (not fitted): the overlap A/B on this
 workload, BF16 HybridEP, is -15% step time (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap
 SKILL.md "Measured Evidence"), BF16 alltoall without CUDA graphs or permute fusion -24% (the same
-file, "Correctness-first alltoall smoke", directional); no public DeepEP pair on this workload; fp8
+file, "Correctness-first alltoall smoke", directional; priced with permute_fusion=0 as it ran); no public DeepEP pair on this workload; fp8
 vs bf16 equal or slower (issue 22's sources).
 """
 from __future__ import annotations
@@ -52,23 +52,28 @@ def main() -> int:
     for prec in ("bf16", "fp8-tensorwise"):
         r = res[(prec, True)].step_time_s / res[(prec, False)].step_time_s - 1
         print(f"a2a overlap A/B {prec} hybridep: {r:+.1%} step time (measured bf16: -15%)")
-    measured = {"alltoall": "-24% (directional)", "deepep": "no public pair"}
-    for disp, backend in (("alltoall", None), ("flex", "deepep")):
+    # the alltoall smoke ran moe_permute_fusion=false (its note: TE fused permutation failed in
+    # bring-up): priced as it ran (permute_fusion=0), and with the fused kernels beside it
+    measured = {("alltoall", False): "-24% (directional, permute fusion off)", ("alltoall", True): "no public pair",
+                ("deepep", True): "no public pair"}
+    for disp, backend, pf in (("alltoall", None, False), ("alltoall", None, True), ("flex", "deepep", True)):
         steps = [predict(W(), Plan(tp=1, pp=1, ep=16, mbs=1, precision="bf16", dispatcher=disp,
-                                   a2a_overlap=a2a, grad_reduce_bf16=True,
+                                   a2a_overlap=a2a, grad_reduce_bf16=True, permute_fusion=pf,
                                    **({"flex_backend": backend} if backend else {})),
                          calibration=IDENTITY).step_time_s for a2a in (False, True)]
-        print(f"a2a overlap A/B bf16 {backend or disp}: {steps[1] / steps[0] - 1:+.1%} step time "
-              f"(measured: {measured[backend or disp]})")
+        print(f"a2a overlap A/B bf16 {backend or disp} permute_fusion={int(pf)}: {steps[1] / steps[0] - 1:+.1%} "
+              f"step time (measured: {measured[backend or disp, pf]})")
     for a in (False, True):
         r = res[("fp8-tensorwise", a)].step_time_s / res[("bf16", a)].step_time_s - 1
         print(f"fp8 vs bf16 (a2a={a}): {r:+.1%} step time (public: equal or slower)")
     # delay_wgrad under a2a overlap (the backward dispatch / combine also hide under the wgrad GEMMs
     # the first communication left); measured: the same alltoall smoke, 31.31 -> 31.20 s (directional)
-    measured = {"alltoall": "-0.35% (directional)", "deepep": "no public pair", "hybridep": "no public pair"}
+    measured = {"alltoall": "-0.35% (directional, permute fusion off)", "deepep": "no public pair",
+                "hybridep": "no public pair"}
     for disp, backend in (("alltoall", None), ("flex", "deepep"), ("flex", "hybridep")):
         steps = [predict(W(), Plan(tp=1, pp=1, ep=16, mbs=1, precision="bf16", dispatcher=disp, a2a_overlap=True,
-                                   delay_wgrad=d, grad_reduce_bf16=True, **({"flex_backend": backend} if backend else {})),
+                                   delay_wgrad=d, grad_reduce_bf16=True, permute_fusion=disp != "alltoall",
+                                   **({"flex_backend": backend} if backend else {})),
                          calibration=IDENTITY).step_time_s for d in (False, True)]
         print(f"delay_wgrad A/B bf16 {backend or disp} (a2a overlap on): {steps[1] / steps[0] - 1:+.1%} step time "
               f"(measured: {measured[backend or disp]})")

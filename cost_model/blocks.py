@@ -52,7 +52,7 @@ from cost_model.constants import (
     STARVED_COMM_RATE,
     WEIGHT_BYTES,
 )
-from cost_model.nongemm import comm_hbm_share, hbm_contention, rope_eager
+from cost_model.nongemm import comm_hbm_share, hbm_contention, permute_unfused, rope_eager
 from cost_model.ops import TableOps
 from cost_model.plans import GRAPH_BIT, MODULE_BIT, WHOLE_LAYER_GRAPH, PlanArrays
 from specs.ranks import group_size_stride
@@ -306,7 +306,19 @@ def router_permutation(x: Inputs) -> FwdBwd:
     # permutes inside its dispatch and combine kernels (Megatron's fused_a2a calls
     # dispatch_with_permute / combine_with_unpermute; Automodel docs/deepep_vs_hybridep_benchmark.md
     # §5.2), so no separate pass
-    perm_f = 2 * 2.0 * (Tsp + Tsp * K * x.imbalance) * h / ops.bw["permute"] * (x.pa.dispatch != 3)
+    TK = Tsp * K * x.imbalance
+    perm_f = 2 * 2.0 * (Tsp + TK) * h / ops.bw["permute"] * (x.pa.dispatch != 3)
+    perm_b = perm_f
+    # without permute_fusion (GPUs; megatron-core 0.16.1 moe_utils.permute / unpermute, bf16 rows):
+    # permute = index_select of the TK routed rows (read, write); unpermute = the rows times their
+    # probabilities (read, write), zeros, scatter_add (read the rows, accumulate T rows); backward:
+    # scatter_add's gather, the multiply's two gradients (rows; probabilities, reading rows and
+    # gradients), index_select's zeros + index_add. In bytes per hidden element: forward 10 TK + 6 T,
+    # backward 12 TK + 8 T, against the fused kernels' 4 TK + 4 T each way. CPU devices keep the
+    # permutation they were measured with (their stack floor and tables hold it)
+    unfused = permute_unfused(x.pa.dispatch, x.pa.permute_fusion) & x.ops.async_launch
+    perm_f = np.where(unfused, 2.0 * (5 * TK + 3 * Tsp) * h / ops.bw["permute"], perm_f)
+    perm_b = np.where(unfused, 2.0 * (6 * TK + 4 * Tsp) * h / ops.bw["permute"], perm_b)
     # the alltoall dispatcher regroups the received rows by local expert after the exchange and
     # back before the combine (megatron-core 0.16.1 token_dispatcher.py MoEAlltoAllTokenDispatcher
     # dispatch_postprocess / combine_preprocess: sort_chunks_by_idxs, or a transpose().contiguous()
@@ -315,7 +327,7 @@ def router_permutation(x: Inputs) -> FwdBwd:
     R = Tsp * K * x.imbalance * x.etp
     regroup = (x.pa.dispatch == 0) & (E / x.ep > 1)
     sort_f = 2 * 2 * 2.0 * R * h / ops.bw["permute"] * regroup
-    return FwdBwd(router_f + perm_f + sort_f, 2 * router_f + perm_f + sort_f)
+    return FwdBwd(router_f + perm_f + sort_f, 2 * router_f + perm_b + sort_f)
 
 
 def shared_experts(x: Inputs, tp: TPComm) -> Node:
@@ -520,6 +532,11 @@ def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: Node, mlp_node:
     # forward combine's bytes and vice versa
     bf1, sf1 = paired_exposure(disp, mlp_node.b, s, held)
     bf2, sf2 = paired_exposure(comb, attn_node.b, s, held)
+    # the combine node unpermutes after the combine (fine_grained_callables.py
+    # submodule_combine_forward: mlp.combine, then mlp.postprocess); unfused, its masked_select makes
+    # the host wait for the combine before it issues attn_b, so that pair runs one after the other
+    solo = permute_unfused(x.pa.dispatch, x.pa.permute_fusion)
+    bf2, sf2 = np.where(solo, comb, bf2), np.where(solo, 0.0, sf2)
     # delay_wgrad_compute: a node's backward runs as data gradients, then its weight gradients
     # (backward_dw), and the next communication on the stream waits only for the data gradients,
     # so the backward dispatch (after the forward dispatch) and the next layer's backward combine
@@ -549,7 +566,7 @@ def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: Node, mlp_node:
     hd = comm_hbm_share(ep.dispatch_bytes, disp, hbm)
     hc = comm_hbm_share(ep.combine_bytes, comb, hbm)
     # the same pairs as above; the backward's dispatch moves the forward combine's bytes
-    hf = hbm_contention(mb_mlp.b, disp, hd) + hbm_contention(mb_attn.b, comb, hc)
+    hf = hbm_contention(mb_mlp.b, disp, hd) + np.where(solo, 0.0, hbm_contention(mb_attn.b, comb, hc))
     hb = hbm_contention(mb_attn.f, disp, hc) + hbm_contention(mb_mlp.f, comb, hd)
     hall = comm_hbm_share(ep.dispatch_bytes + ep.combine_bytes, ep.f, hbm)
     hsf, hsb = hbm_contention(mb_shared.f, ep.f, hall), hbm_contention(mb_shared.b, ep.b, hall)
@@ -598,15 +615,18 @@ def fp8_quantize(x: Inputs, experts: RoutedExperts | None) -> Fp8Quantize:
                        FwdBwd(m_in * bpe, m_out * bpe))
 
 
-def moe_host_sync(x: Inputs, after: np.ndarray, after_gpu_s: np.ndarray) -> np.ndarray:
+def moe_host_sync(x: Inputs, after: np.ndarray, after_gpu_s: np.ndarray, extra_syncs=0.0) -> np.ndarray:
     """Seconds per MoE layer and microbatch (forward) the GPU idles after the dropless
     dispatcher's device-to-host sync of the token counts (`constants`, "MoE host
     synchronisation"): the round trip, the first launch, and what launching the `after` kernels
     takes beyond their `after_gpu_s` GPU seconds; the allgather dispatcher keeps the counts on the
-    device. GPUs only (CPU devices execute on the dispatching thread)."""
+    device. `extra_syncs` more syncs in the layer (the unfused permutation's masked_selects,
+    `nongemm.permute_syncs`) each idle the round trip and the next launch. GPUs only (CPU devices
+    execute on the dispatching thread)."""
     gap = x.ops.gap
     t = D2H_SYNC_S + gap + np.maximum(0.0, after * gap - after_gpu_s)
-    return np.where(x.pa.dispatch == 1, 0.0, t) * (1.0 if x.ops.async_launch else 0.0)
+    t = np.where(x.pa.dispatch == 1, 0.0, t) + extra_syncs * (D2H_SYNC_S + gap)
+    return t * (1.0 if x.ops.async_launch else 0.0)
 
 
 # ---- embedding and LM head -----------------------------------------------------------------------------

@@ -110,6 +110,7 @@ from cost_model.nongemm import (
     layer_kernels,
     layer_weights,
     lm_head_wgrad_main_grad,
+    permute_syncs,
     qk_norm,
     wgrad_main_grad,
 )
@@ -495,11 +496,14 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     lk = layer_kernels(spec, tp=x.tp, cp=x.cp, grouped=pa.grouped_gemm.astype(bool),
                        local_experts=experts.local_experts if experts is not None else z + 1,
                        precision=pa.precision, dispatch=pa.dispatch,
-                       blackwell=bool(getattr(cl, "mxfp8", False))) if gpu else None
+                       blackwell=bool(getattr(cl, "mxfp8", False)),
+                       permute_fused=pa.permute_fusion.astype(bool)) if gpu else None
+    # device-to-host syncs per MoE layer forward beyond the dispatcher's: the unfused permutation's
+    perm_syncs = permute_syncs(pa.dispatch, pa.permute_fusion.astype(bool)) if spec.is_moe else z
     # the GPU seconds after the sync: dispatch / combine as exposed, the experts, the shared expert
     # and the experts' fp8 casts
     sync = (moe_host_sync(x, host_moe_launches(lk, ops.gap) - lk.router - lk.preprocess,
-                          epx.total.f + expert_t.f + shared.f + q8.moe.f)
+                          epx.total.f + expert_t.f + shared.f + q8.moe.f, perm_syncs)
             if (gpu and spec.is_moe) else z)
 
     # -- one list of terms: the stage time and the breakdown both sum it -----------------------------
@@ -613,14 +617,16 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         # forward-backward), so the sync drains both: the segment is the layer's whole forward +
         # backward, GPU and host (issue 22: with the forward alone, extra forward compute hid the
         # backward's communication outside its segment and more work could shorten the step).
-        seg = nm * col((pa.dispatch != 1).astype(float) if spec.is_moe else z)
+        # (the unfused permutation's masked_selects sync too, under the allgather dispatcher as well)
+        seg = nm * col(((pa.dispatch != 1) | (perm_syncs > 0)).astype(float) if spec.is_moe else z)
         a2o = col(pa.a2a_overlap.astype(bool))
         u_moe = col(_chain(t.seconds for t in terms._of("moe"))) if spec.is_moe else col(z)
         u_f = np.where(a2o, u_moe, col(terms.unit_fwd("moe")) if spec.is_moe else col(z))
         k_layer = np.where(pa.a2a_overlap.astype(bool), KERNEL_PASSES * (k_attn + k_moe)
                            + GRAPH_LAUNCHES_PER_REGION * gr.regions_moe, k_attn + k_moe + gr.regions_moe)
         h_f = col(np.where(gr.full_iteration, 0.0, k_layer * ops.gap))
-        moe_wall = seg * np.maximum(u_f, h_f + D2H_SYNC_S)
+        n_sync = col(np.where(pa.dispatch != 1, 1.0, 0.0) + perm_syncs) if spec.is_moe else col(z)
+        moe_wall = seg * np.maximum(u_f, h_f + n_sync * D2H_SYNC_S)
 
         def wall(gpu, host):
             return moe_wall + np.maximum(gpu - seg * u_f, host - seg * h_f)

@@ -34,6 +34,7 @@ from cost_model.constants import (
     KERNELS_GEMM_ROUTER,
     KERNELS_NORM,
     KERNELS_PERMUTE,
+    KERNELS_PERMUTE_UNFUSED,
     KERNELS_PREPROCESS,
     KERNELS_RESIDUAL,
     KERNELS_ROPE,
@@ -43,6 +44,7 @@ from cost_model.constants import (
     KERNELS_TP_ATTENTION,
     KERNELS_TP_DENSE_MLP,
     LAUNCH_API_S,
+    PERMUTE_UNFUSED_SYNCS,
     TE_GEMM_STREAMS,
     WGRAD_OUTPUT_BYTES,
 )
@@ -136,10 +138,25 @@ def preprocess_kernels(dispatch):
     return np.asarray(KERNELS_PREPROCESS, float)[np.asarray(dispatch)]
 
 
-def permute_kernels(dispatch):
-    """Token permute + unpermute (moe_utils.permute / unpermute); HybridEP fuses them into its
-    dispatch and combine kernels."""
-    return np.where(np.asarray(dispatch) == HYBRIDEP, 0.0, float(KERNELS_PERMUTE))
+def permute_kernels(dispatch, fused=True):
+    """Token permute + unpermute (moe_utils.permute / unpermute): TE's fused kernels, or the
+    PyTorch ops without permute_fusion (`constants` KERNELS_PERMUTE_UNFUSED); HybridEP permutes
+    inside its dispatch and combine kernels either way."""
+    per = np.where(permute_unfused(dispatch, fused), float(KERNELS_PERMUTE_UNFUSED), float(KERNELS_PERMUTE))
+    return np.where(np.asarray(dispatch) == HYBRIDEP, 0.0, per)
+
+
+def permute_unfused(dispatch, fused):
+    """Whether the dispatcher permutes tokens with PyTorch ops (moe_utils.permute / unpermute):
+    permute_fusion off, and a dispatcher that calls them (all but HybridEP, which permutes inside
+    its own kernels). The one rule the bytes, kernels, syncs and overlap pairing read."""
+    return ~np.asarray(fused, bool) & (np.asarray(dispatch) != HYBRIDEP)
+
+
+def permute_syncs(dispatch, fused):
+    """Device-to-host syncs per MoE layer forward of the unfused permutation (its masked_selects;
+    `constants` PERMUTE_UNFUSED_SYNCS); none fused or under HybridEP."""
+    return np.where(permute_unfused(dispatch, fused), float(PERMUTE_UNFUSED_SYNCS), 0.0)
 
 
 def fp8_kernels(precision, operands):
@@ -182,7 +199,8 @@ class LayerKernels:
         return self.attn - self.attn_fp8, self.dense - self.dense_fp8, self.moe - self.moe_fp8 - streamed
 
 
-def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, blackwell=False) -> LayerKernels:
+def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, blackwell=False,
+                  permute_fused=True) -> LayerKernels:
     """Kernel counts of one layer of the TE spec, per block, by op (functions above)."""
     tp, cp = np.asarray(tp, float), np.asarray(cp, float)
     one = np.ones(np.broadcast(tp, cp, np.asarray(precision), np.asarray(dispatch)).shape)
@@ -203,7 +221,7 @@ def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, 
     shared = bool(spec.moe_shared_expert_ffn)
     router = (norm_kernels() + router_kernels(spec)) * one
     pre = preprocess_kernels(dispatch) * one
-    moe_ng = (router + pre + permute_kernels(dispatch) + activation_kernels(act_calls) + residual_kernels()
+    moe_ng = (router + pre + permute_kernels(dispatch, permute_fused) + activation_kernels(act_calls) + residual_kernels()
               + (activation_kernels(1) + residual_kernels() if shared else 0.0)
               + expert_bias_kernels(spec, local_experts))
     # fp8: fc1 and fc2 inputs of every expert GEMM kernel (each local expert has its own quantizer in

@@ -12,6 +12,9 @@ CPU_UNSUPPORTED: dict[str, tuple[str, str]] = {
     "grouped_gemm": (
         "grouped GEMM experts need CUDA kernels (TE GroupedLinear or the grouped_gemm package)",
         "GroupedMLP: 'Grouped GEMM is not available. Please run pip install ...grouped_gemm'"),
+    "permute_fusion": (
+        "fused token permutation (--moe-permute-fusion) needs TransformerEngine's fused permute kernels",
+        "TransformerConfig: 'fused permutation is not available. Please install TE >= 2.1.0.'"),
     "tp_sequence_parallel": (
         "TP>1 with MoE requires sequence parallelism, whose norms need TE/apex (torch norm refuses SP)",
         "WrappedTorchNorm: 'sequence parallel not supported by torch LayerNorm'"),
@@ -61,6 +64,8 @@ def cpu_rejections(plan, model=None) -> list[tuple[str, str]]:
     is_moe = model is None or getattr(model, "is_moe", True)
     if plan.grouped_gemm and is_moe:
         add("grouped_gemm")
+    if getattr(plan, "permute_fusion", False) and is_moe:
+        add("permute_fusion")
     if plan.tp > 1:
         add("tp_sequence_parallel")
     if plan.cp > 1:

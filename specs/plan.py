@@ -75,6 +75,12 @@ class Plan:
     cuda_graph_scope: tuple[str, ...] = ()  # () with an impl: whole layers
     # tier 3: kernels
     grouped_gemm: bool = True
+    # --moe-permute-fusion (TransformerConfig.moe_permute_fusion; TE >= 2.1): TE's fused permute /
+    # unpermute / chunk sort. Off, megatron-core's own default, the dispatcher permutes in PyTorch
+    # ops (moe_utils.permute / unpermute: masked_select, index_select, a probability multiply and a
+    # scatter_add), each masked_select a device-to-host sync. Default: on where the stack has TE (the
+    # Megatron-Bridge MoE recipes set it); never searched (the fused kernels only save work)
+    permute_fusion: bool = True
     dispatcher: str = "alltoall"
     flex_backend: str = ""
     precision: str = "bf16"
@@ -134,7 +140,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Plan)}
 _ALIASES = {"dist-opt": "dist_opt", "do": "dist_opt", "ogr": "overlap_grad_reduce",
             "opg": "overlap_param_gather", "grad_bf16": "grad_reduce_bf16", "fp8_param_gather": "fp8_param",
             "delay_wgrad_compute": "delay_wgrad",
-            "dispatch": "dispatcher", "gg": "grouped_gemm"}
+            "dispatch": "dispatcher", "gg": "grouped_gemm", "moe_permute_fusion": "permute_fusion"}
 
 
 def format_fields(fields: dict) -> str:

@@ -321,3 +321,36 @@ def test_delay_wgrad_matches_transformer_config(monkeypatch, overlap, graphs, te
         from tuner.emit.megatron import plan_args
         args = plan_args(w, p, profile)
         assert "--delay-wgrad-compute" in args and "--overlap-moe-expert-parallel-comm" in args
+
+
+@pytest.mark.parametrize("te,fused", [("", True), ("", False), ("2.1.0", True), ("2.0.0", True), ("2.9.0", False)])
+def test_permute_fusion_matches_transformer_config(monkeypatch, te, fused):
+    """permute_fusion (--moe-permute-fusion): TransformerConfig imports TE's fused_permute /
+    fused_unpermute / fused_sort_chunks_by_index from moe_utils and refuses the option where they are
+    missing (no TE: the import fails) or None (TE < 2.1: "fused permutation is not available").
+    TE is absent here, so a profile's TE is matched by giving moe_utils what that TE would."""
+    import megatron.core.transformer.moe.moe_utils as mu
+
+    from specs.stack import GPU_FULL
+    names = ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+             "fused_sort_chunks_by_index_with_probs", "fused_unpermute")
+    if te:
+        ok = tuple(int(x) for x in te.split(".")) >= (2, 1)
+        for name in names:
+            monkeypatch.setattr(mu, name, object() if ok else None, raising=False)
+    profile = dataclasses.replace(GPU_FULL, transformer_engine=te)
+    w = _workload(8, "tiny-moe-shared", gbs=64, seq=256)
+    p = Plan(ep=2, permute_fusion=fused)
+    ours = [r.sentence for r in check(w, p, profile) if r.code == "stack-missing" and "permute_fusion" in r.sentence]
+    m = w.model
+    try:
+        err = _config_verdict(num_moe_experts=m.num_experts, moe_router_topk=m.moe_router_topk,
+                              moe_ffn_hidden_size=m.moe_ffn_hidden_size, expert_model_parallel_size=2,
+                              moe_grouped_gemm=True, moe_permute_fusion=fused)
+    except ImportError as e:  # no TE at all: megatron-core cannot import the fused functions
+        err = f"import: {e}"
+    refused = err is not None and ("fused permutation is not available" in err or "fused_permute" in err)
+    assert bool(ours) == refused, (ours, err)
+    # the emitted flag is the plan's field, and it rebuilds the same TransformerConfig field
+    from tuner.emit.megatron import plan_args
+    assert ("--moe-permute-fusion" in plan_args(w, p, profile)) == fused

@@ -141,3 +141,70 @@ def test_delay_wgrad_only_widens_the_backward_windows(dispatch):
     wgrad = attention(x).proj_w + routed_experts(x).w  # Qwen3-30B-A3B: no shared expert
     layers, m = w.model.num_layers, 1024 // 16
     assert off.step_time_s - on.step_time_s <= float(wgrad[0]) * layers * m + 1e-9
+
+
+@pytest.mark.parametrize("dispatch", ["dispatcher=alltoall", "dispatcher=flex,flex_backend=deepep",
+                                      "dispatcher=allgather"])
+def test_unfused_permutation_costs_bytes_kernels_and_host_syncs(dispatch):
+    """permute_fusion=0 (megatron-core's PyTorch permute / unpermute): more bytes moved
+    (router_permutation), more kernels (kernel_latency), three more host syncs per MoE layer
+    forward (moe_host_sync); nothing else changes without a2a overlap, and it never shortens a step."""
+    w = _w()
+    fused = complete_plan(f"ep=16,{dispatch}", w, GPU_FULL)
+    assert fused.permute_fusion  # the completion default on a TE stack
+    on, off = cost_model.predict_many(w, [fused, fused.replace(permute_fusion=False)], calibration=IDENTITY)
+    grew = {k for k in on.breakdown_s if off.breakdown_s.get(k, 0.0) > on.breakdown_s[k] + 1e-12}
+    assert {"router_permutation", "kernel_latency", "moe_host_sync"} <= grew
+    moved = {k for k in on.breakdown_s if abs(off.breakdown_s.get(k, 0.0) - on.breakdown_s[k]) > 1e-12}
+    assert moved <= grew | {"cpu_launch_floor"}, moved
+    assert off.step_time_s > on.step_time_s
+
+
+def test_hybridep_permutes_in_its_own_kernels():
+    """HybridEP permutes inside its dispatch and combine: permute_fusion changes nothing there."""
+    w = _w()
+    base = complete_plan("ep=16,dispatcher=flex,flex_backend=hybridep,a2a_overlap=1", w, GPU_FULL)
+    on, off = cost_model.predict_many(w, [base, base.replace(permute_fusion=False)], calibration=IDENTITY)
+    assert off.step_time_s == on.step_time_s and off.breakdown_s == on.breakdown_s
+
+
+def test_unfused_unpermute_serialises_the_forward_combine_under_a2a_overlap():
+    """The combine node unpermutes right after the combine (fine_grained_callables.py
+    submodule_combine_forward); unfused, its masked_select holds the host until the combine is
+    done, so the other microbatch's attention backward is issued only then: the forward combine
+    of each paired chunk is exposed whole, and the overlap saves less than with the fused kernels."""
+    from cost_model.blocks import ep_dispatch_combine, routed_experts
+    from cost_model.model import _inputs
+    from cost_model.plans import PlanArrays
+    w = _w()
+    base = complete_plan("ep=16,dispatcher=alltoall", w, GPU_FULL)
+    steps = {}
+    for pf in (True, False):
+        p0 = base.replace(permute_fusion=pf)
+        plain, ovl = cost_model.predict_many(w, [p0, p0.replace(a2a_overlap=True)], calibration=IDENTITY)
+        steps[pf] = (plain, ovl)
+    saved = {pf: steps[pf][0].step_time_s - steps[pf][1].step_time_s for pf in steps}
+    assert 0 < saved[False] < saved[True]
+    # the exposed forward combine: at least the combine of every paired chunk
+    x = _inputs(w, PlanArrays.from_plans([base]), cost_model.resolve_tables(w), 1.0)
+    comb = float(ep_dispatch_combine(x, routed_experts(x)).combine[0])
+    m, layers = 1024 // 16, w.model.num_layers
+    ovl_off = steps[False][1].breakdown_s
+    assert ovl_off["ep_overlap_beyond"] >= comb * layers * (m - 1) * (1 - 1e-9)
+
+
+def test_an_unfused_permutation_cannot_sit_in_the_moe_preprocess_graph():
+    """The moe_preprocess CUDA graph holds dispatch_preprocess, which permutes: unfused, its
+    masked_select syncs with the host during capture (megatron_rules cuda-graph-sync); fused, or
+    under HybridEP (no permute of its own), the scope is accepted."""
+    from tuner.space.megatron_rules import check
+    w = _w()
+    g = "cuda_graph_impl=transformer_engine,cuda_graph_scope=moe_router+moe_preprocess"
+    codes = {}
+    for disp in ("dispatcher=alltoall", "dispatcher=flex,flex_backend=hybridep"):
+        for pf in (1, 0):
+            p = complete_plan(f"ep=16,{disp},{g},permute_fusion={pf}", w, GPU_FULL)
+            codes[disp, pf] = {r.code for r in check(w, p, GPU_FULL)}
+    assert "cuda-graph-sync" in codes["dispatcher=alltoall", 0]
+    assert "cuda-graph-sync" not in codes["dispatcher=alltoall", 1]
+    assert "cuda-graph-sync" not in codes["dispatcher=flex,flex_backend=hybridep", 0]

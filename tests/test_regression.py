@@ -97,6 +97,10 @@ REGENERATIONS = [
      "calibration refit 1.2614 -> 1.2696 (the DeepSeek-V3 shared row with its recipe's delay_wgrad, the Qwen3 "
      "25.09 row with current-scaling fp8): every step time x1.00651, nothing else",
      "f067ea2eebe4a77a9df42253fa8a7f71c6e9644ecb09f61d6315d26af50f7323"),
+    ("plan field permute_fusion (2026-12-06)", "`--keep-plans`: Megatron-LM's --moe-permute-fusion becomes a plan "
+     "field (default on where the stack has TE, as the script always passed it; never searched); canonical strings "
+     "gain permute_fusion=1 and the flag moves beside --moe-grouped-gemm; every prediction and plan count identical",
+     "fb123ad1832c17d0a23b9c2317119bc28c368bb54425dd58c499d758fabfe9e4"),
 ]
 
 

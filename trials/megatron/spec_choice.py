@@ -78,6 +78,9 @@ def layer_spec_choice(plan, installed: Installed, model=None) -> LayerSpecChoice
         add("fp8", f"fp8-blockwise needs TransformerEngine >= 2.3 (installed {te})")
     if plan.fp8 and te and plan.precision == "mxfp8" and _vt(te) < (2, 1):
         add("fp8", f"mxfp8 needs TransformerEngine >= 2.1 (installed {te})")
+    if is_moe and plan.permute_fusion and (not te or _vt(te) < (2, 1)):
+        add("permute_fusion", "permute_fusion (--moe-permute-fusion) needs TransformerEngine >= 2.1 "
+                              f"({'installed ' + te if te else 'not installed'})")
     if experts == "GroupedMLP" and not installed.grouped_gemm:
         add("grouped_gemm", "grouped GEMM experts need TransformerEngine (TEGroupedMLP) or the "
                             "grouped_gemm package (GroupedMLP); neither is installed")

@@ -16,7 +16,7 @@ FP8_RECIPE_FLAGS = FP8_RECIPES
 
 
 # Boolean plan fields and the Megatron-LM flag that switches each on.
-MOE_SWITCHES = (("grouped_gemm", "--moe-grouped-gemm"),
+MOE_SWITCHES = (("grouped_gemm", "--moe-grouped-gemm"), ("permute_fusion", "--moe-permute-fusion"),
                 ("shared_expert_overlap", "--moe-shared-expert-overlap"),
                 ("a2a_overlap", "--overlap-moe-expert-parallel-comm"), ("delay_wgrad", "--delay-wgrad-compute"))
 DP_SWITCHES = (("dist_opt", "--use-distributed-optimizer"),
@@ -104,8 +104,6 @@ def model_args(w: Workload, profile: StackProfile | None = None) -> list[str]:
         if m.moe_router_enable_expert_bias:
             # DeepSeek-V3 report: bias update speed 0.001 (Megatron's default, stated for the record)
             a += ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "1e-3"]
-        if te:
-            a += ["--moe-permute-fusion"]  # TE's fused permute/unpermute (Megatron-Bridge MoE recipes)
     if te:
         a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     return [str(x) for x in a]

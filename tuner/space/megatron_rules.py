@@ -21,7 +21,7 @@ from clusters import is_hopper
 from specs.errors import LayoutError
 from specs.pipeline import split_layers
 from specs.plan import Plan
-from specs.stack import GPU_FULL_TE211, StackProfile
+from specs.stack import GPU_FULL_TE211, PERMUTE_FUSION_MIN_TE, StackProfile
 from specs.workload import Workload
 
 
@@ -180,7 +180,8 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
 # these is about its parallel tier alone.
 _NEUTRAL = dict(recompute="none", recompute_modules=(), recompute_method="", recompute_layers=0, dist_opt=False,
                 overlap_grad_reduce=False, overlap_param_gather=False, fp8_param=False, shared_expert_overlap=False,
-                a2a_overlap=False, delay_wgrad=False, grouped_gemm=False, dispatcher="alltoall", flex_backend="", precision="bf16",
+                a2a_overlap=False, delay_wgrad=False, grouped_gemm=False, permute_fusion=False,
+                dispatcher="alltoall", flex_backend="", precision="bf16",
                 cuda_graph_impl="none", cuda_graph_scope=())
 
 
@@ -328,6 +329,9 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
         missing.append("flex/hybridep needs HybridEP")
     if p.grouped_gemm and m.is_moe and not profile.grouped_gemm:
         missing.append("grouped GEMM needs CUDA grouped-GEMM kernels")
+    if p.permute_fusion and m.is_moe and not profile.te_at_least(PERMUTE_FUSION_MIN_TE):
+        missing.append(f"permute_fusion (--moe-permute-fusion) needs TransformerEngine >= {PERMUTE_FUSION_MIN_TE} "
+                       "(its fused permute kernels; permute_fusion=0 runs the PyTorch permutation)")
     if p.dist_opt and not profile.dist_opt:
         missing.append("the distributed optimizer is CUDA-only")
     if p.overlap_grad_reduce and not profile.overlap_grad_reduce:
@@ -395,6 +399,13 @@ def _cuda_graph_reasons(m, p: Plan) -> list[Reason]:
                                          "(a device-to-host sync a graph cannot hold; the sync-free dropless dispatch "
                                          "that NVIDIA's newer full-iteration recipes use, moe_expert_rank_capacity_factor "
                                          "with moe_paged_stash, is not in megatron-core 0.16.1)"))
+    if (m.is_moe and "moe_preprocess" in scope and not p.permute_fusion
+            and not (p.dispatcher == "flex" and p.flex_backend == "hybridep")):
+        # moe_layer.py: the moe_preprocess graph holds dispatch_preprocess, which permutes the tokens;
+        # unfused (moe_utils.permute) that is masked_select, whose output size the host must read
+        out.append(_r("cuda-graph-sync", "the moe_preprocess CUDA graph captures the token permutation, and the "
+                                         "unfused one (permute_fusion=0: masked_select) syncs with the host, which a "
+                                         "graph cannot hold: permute_fusion=1 or no moe_preprocess scope"))
     return out
 
 

@@ -25,7 +25,7 @@ from clusters import precision_recipe
 from specs.errors import LayoutError
 from specs.pipeline import balanced_layout, split_layers
 from specs.plan import Plan
-from specs.stack import StackProfile
+from specs.stack import StackProfile, stack_defaults
 from specs.workload import Workload
 from tuner.space.megatron_rules import check_parallel, check_schedule_kernels, schedule_context
 
@@ -114,7 +114,10 @@ def default_space(workload: Workload, profile: StackProfile, precision: str = "b
         ggs = (True, False) if level == "full" else (profile.grouped_gemm,)
     else:
         dispatch, ggs = [("alltoall", "")], (False,)
-    kernels = tuple(dict(grouped_gemm=g, dispatcher=d, flex_backend=b, precision=pr)
+    # TE's fused permutation where the stack has it: never searched (the PyTorch permutation only
+    # adds kernels, bytes and host syncs; `permute_fusion=0` prices it when a user runs it)
+    pf = stack_defaults(profile, m.is_moe)["permute_fusion"]
+    kernels = tuple(dict(grouped_gemm=g, permute_fusion=pf, dispatcher=d, flex_backend=b, precision=pr)
                     for g in ggs for d, b in dispatch for pr in precs)
     return Space(tp, cp, pp, vpp, ep, etp, mbs, schedules, kernels, m.num_layers)
 
