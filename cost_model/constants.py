@@ -332,6 +332,13 @@ KERNELS_RESIDUAL = 1          # bias-dropout-add after the attention / MLP block
 KERNELS_ROUTER_SCORE = 5      # fp32 input cast, softmax/sigmoid, top-k, routing-map scatter, prob gather/normalise
 KERNELS_ROUTER_GROUP = 3      # group-limited routing (DeepSeek): group scores, group top-k, mask
 KERNELS_AUX_LOSS = 5          # load-balancing loss: tokens per expert, prob sums, product, scale, tracker copy
+# the same under router_fusion (TE PR 1883; megatron-core 0.16.1 router.py with fused=True): the fp32
+# input cast and one fused score / (group-limited) top-k / routing-map kernel; the aux loss as TE's
+# fused scores-for-aux-loss and fused aux-loss kernels beside the tokens-per-expert sum and the
+# tracker copy. 13 -> 6 forward kernels for DeepSeek-V3's router (Megatron-LM's DeepSeek-V3 GB200
+# notes count 72 -> 31 for fwd + bwd with their extra kernels: the same 0.43)
+KERNELS_ROUTER_FUSED = 2
+KERNELS_AUX_LOSS_FUSED = 4
 KERNELS_PREPROCESS = (5, 2, 3, 3)  # per dispatcher code: alltoall (counts, all-to-all of counts, D2H, cumsums),
 #                                    allgather (counts, D2H), flex DeepEP / HybridEP (metadata, notify, D2H)
 KERNELS_PERMUTE = 4           # permute (index sort + gather) and unpermute (weighted scatter-add); none

@@ -497,7 +497,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
                        local_experts=experts.local_experts if experts is not None else z + 1,
                        precision=pa.precision, dispatch=pa.dispatch,
                        blackwell=bool(getattr(cl, "mxfp8", False)),
-                       permute_fused=pa.permute_fusion.astype(bool)) if gpu else None
+                       permute_fused=pa.permute_fusion.astype(bool),
+                       router_fused=pa.router_fusion.astype(bool)) if gpu else None
     # device-to-host syncs per MoE layer forward beyond the dispatcher's: the unfused permutation's
     perm_syncs = permute_syncs(pa.dispatch, pa.permute_fusion.astype(bool)) if spec.is_moe else z
     # the GPU seconds after the sync: dispatch / combine as exposed, the experts, the shared expert

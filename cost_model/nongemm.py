@@ -23,6 +23,7 @@ from cost_model.constants import (
     KERNEL_PASSES,
     KERNELS_ACTIVATION,
     KERNELS_AUX_LOSS,
+    KERNELS_AUX_LOSS_FUSED,
     KERNELS_CORE_ATTENTION,
     KERNELS_CP_PER_STEP,
     KERNELS_EP_COMM,
@@ -39,6 +40,7 @@ from cost_model.constants import (
     KERNELS_RESIDUAL,
     KERNELS_ROPE,
     KERNELS_ROPE_EAGER,
+    KERNELS_ROUTER_FUSED,
     KERNELS_ROUTER_GROUP,
     KERNELS_ROUTER_SCORE,
     KERNELS_TP_ATTENTION,
@@ -121,15 +123,17 @@ def expert_bias_kernels(spec, local_experts):
     return KERNELS_EXPERT_BIAS_PER_EXPERT * np.asarray(local_experts, float) + KERNELS_EXPERT_BIAS_CAT
 
 
-def router_kernels(spec):
+def router_kernels(spec, fused=False):
     """Router non-GEMM kernels: score, top-k and the routing map (moe/router.py TopKRouter.routing),
-    group-limited routing's extra selection, and the load-balancing loss when it is on."""
+    group-limited routing's extra selection, and the load-balancing loss when it is on; under
+    router_fusion TE's fused kernels (`constants` KERNELS_ROUTER_FUSED, KERNELS_AUX_LOSS_FUSED)."""
+    aux = float(getattr(spec, "moe_aux_loss_coeff", 0.0) or 0.0) > 0
     k = KERNELS_ROUTER_SCORE
     if int(getattr(spec, "moe_router_num_groups", 0) or 0):
         k += KERNELS_ROUTER_GROUP
-    if float(getattr(spec, "moe_aux_loss_coeff", 0.0) or 0.0) > 0:
-        k += KERNELS_AUX_LOSS
-    return k
+    k += KERNELS_AUX_LOSS if aux else 0
+    kf = KERNELS_ROUTER_FUSED + (KERNELS_AUX_LOSS_FUSED if aux else 0)
+    return np.where(np.asarray(fused, bool), float(kf), float(k))
 
 
 def preprocess_kernels(dispatch):
@@ -200,7 +204,7 @@ class LayerKernels:
 
 
 def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, blackwell=False,
-                  permute_fused=True) -> LayerKernels:
+                  permute_fused=True, router_fused=False) -> LayerKernels:
     """Kernel counts of one layer of the TE spec, per block, by op (functions above)."""
     tp, cp = np.asarray(tp, float), np.asarray(cp, float)
     one = np.ones(np.broadcast(tp, cp, np.asarray(precision), np.asarray(dispatch)).shape)
@@ -219,7 +223,7 @@ def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, 
     launches = expert_gemm_launches(blackwell, precision, grouped, local_experts)
     act_calls = np.where(np.asarray(grouped, bool), 1.0, np.maximum(np.asarray(local_experts, float), 1.0))
     shared = bool(spec.moe_shared_expert_ffn)
-    router = (norm_kernels() + router_kernels(spec)) * one
+    router = (norm_kernels() + router_kernels(spec, router_fused)) * one
     pre = preprocess_kernels(dispatch) * one
     moe_ng = (router + pre + permute_kernels(dispatch, permute_fused) + activation_kernels(act_calls) + residual_kernels()
               + (activation_kernels(1) + residual_kernels() if shared else 0.0)

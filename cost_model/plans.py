@@ -13,7 +13,8 @@ from specs.plan import CUDA_GRAPH_SCOPES, DISPATCHERS, PRECISIONS, RECOMPUTE, RE
 
 INT_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute_layers", "pp_first", "pp_last")
 BOOL_FIELDS = ("dist_opt", "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_bf16", "shared_expert_overlap",
-               "a2a_overlap", "delay_wgrad", "grouped_gemm", "permute_fusion", "pp_embedding", "pp_loss", "fp8_param")
+               "a2a_overlap", "delay_wgrad", "grouped_gemm", "permute_fusion", "router_fusion",
+               "pp_embedding", "pp_loss", "fp8_param")
 # Plan fields stored as integer codes, and the PlanArrays column each one lands in
 CODED_FIELDS = {"recompute": "recompute", "recompute_modules": "recompute_modules",
                 "recompute_method": "recompute_block", "dispatcher": "dispatch", "flex_backend": "dispatch",

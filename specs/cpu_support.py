@@ -15,6 +15,10 @@ CPU_UNSUPPORTED: dict[str, tuple[str, str]] = {
     "permute_fusion": (
         "fused token permutation (--moe-permute-fusion) needs TransformerEngine's fused permute kernels",
         "TransformerConfig: 'fused permutation is not available. Please install TE >= 2.1.0.'"),
+    "router_fusion": (
+        "the fused router (--moe-router-fusion) needs TransformerEngine's fused top-k kernels",
+        "moe_utils.topk_routing_with_score_function: 'fused_topk_with_score_function is not available. "
+        "Please install TE >= 2.7.0.'"),
     "tp_sequence_parallel": (
         "TP>1 with MoE requires sequence parallelism, whose norms need TE/apex (torch norm refuses SP)",
         "WrappedTorchNorm: 'sequence parallel not supported by torch LayerNorm'"),
@@ -66,6 +70,8 @@ def cpu_rejections(plan, model=None) -> list[tuple[str, str]]:
         add("grouped_gemm")
     if getattr(plan, "permute_fusion", False) and is_moe:
         add("permute_fusion")
+    if getattr(plan, "router_fusion", False) and is_moe:
+        add("router_fusion")
     if plan.tp > 1:
         add("tp_sequence_parallel")
     if plan.cp > 1:

@@ -81,6 +81,12 @@ class Plan:
     # scatter_add), each masked_select a device-to-host sync. Default: on where the stack has TE (the
     # Megatron-Bridge MoE recipes set it); never searched (the fused kernels only save work)
     permute_fusion: bool = True
+    # --moe-router-fusion (TransformerConfig.moe_router_fusion; TE >= 2.7, PR 1883): the router's
+    # score function, (group-limited) top-k and routing map in one TE kernel, the aux-loss scores and
+    # loss in two more (Megatron-LM's DeepSeek-V3 GB200 notes: 72 -> 31 router kernels). Default: on
+    # where the stack has TE >= 2.7 (every Megatron-Bridge MoE perf config of the shared rows sets it);
+    # never searched (the fused kernels only remove launches)
+    router_fusion: bool = True
     dispatcher: str = "alltoall"
     flex_backend: str = ""
     precision: str = "bf16"
@@ -140,7 +146,8 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Plan)}
 _ALIASES = {"dist-opt": "dist_opt", "do": "dist_opt", "ogr": "overlap_grad_reduce",
             "opg": "overlap_param_gather", "grad_bf16": "grad_reduce_bf16", "fp8_param_gather": "fp8_param",
             "delay_wgrad_compute": "delay_wgrad",
-            "dispatch": "dispatcher", "gg": "grouped_gemm", "moe_permute_fusion": "permute_fusion"}
+            "dispatch": "dispatcher", "gg": "grouped_gemm", "moe_permute_fusion": "permute_fusion",
+            "moe_router_fusion": "router_fusion"}
 
 
 def format_fields(fields: dict) -> str:

@@ -222,6 +222,9 @@ def launch_env(plan, cluster) -> dict:
 # megatron-core 0.16.1 transformer_config.py: moe_permute_fusion raises "fused permutation is not
 # available. Please install TE >= 2.1.0." without TE's fused_permute / fused_unpermute / fused_sort_chunks_by_index
 PERMUTE_FUSION_MIN_TE = "2.1.0"
+# megatron-core 0.16.1 moe_utils.topk_routing_with_score_function / compute_routing_scores_for_aux_loss
+# with fused=True: "fused_topk_with_score_function is not available. Please install TE >= 2.7.0."
+ROUTER_FUSION_MIN_TE = "2.7.0"
 
 
 def stack_defaults(profile: StackProfile, is_moe: bool = True) -> dict:
@@ -229,7 +232,8 @@ def stack_defaults(profile: StackProfile, is_moe: bool = True) -> dict:
     return dict(dist_opt=profile.dist_opt, overlap_grad_reduce=profile.overlap_grad_reduce,
                 overlap_param_gather=profile.dist_opt and profile.overlap_grad_reduce,
                 grouped_gemm=profile.grouped_gemm and is_moe,
-                permute_fusion=profile.te_at_least(PERMUTE_FUSION_MIN_TE) and is_moe)
+                permute_fusion=profile.te_at_least(PERMUTE_FUSION_MIN_TE) and is_moe,
+                router_fusion=profile.te_at_least(ROUTER_FUSION_MIN_TE) and is_moe)
 
 
 def cpu_defaults(fields: dict) -> dict:

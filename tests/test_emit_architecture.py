@@ -199,8 +199,9 @@ def test_same_architecture_presets_differ_only_in_name_and_source(name, twin):
 
 def _script(name, profile=GPU_NO_TE):
     w = Workload(load_model(name), load_cluster("h100-sxm", 8), 8, 4096)
-    # TE's fused permutation where the profile has it, as completion sets it (specs.stack.stack_defaults)
-    return megatron_script(w, Plan(permute_fusion=stack_defaults(profile)["permute_fusion"]), profile)
+    # TE's fused permutation and router where the profile has them, as completion sets them (stack_defaults)
+    sd = stack_defaults(profile)
+    return megatron_script(w, Plan(permute_fusion=sd["permute_fusion"], router_fusion=sd["router_fusion"]), profile)
 
 
 @pytest.mark.parametrize("name", HF_PRESETS)

@@ -108,14 +108,15 @@ def test_layer_spec_choice_without_te_refuses_what_would_run_differently():
     assert not c.use_te and "fp8" in _codes(c) and "TransformerEngine" in c.reason()
     assert "grouped_gemm" in _codes(layer_spec_choice(Plan(grouped_gemm=True), PLAIN, MODEL))
     with_gg = Installed(megatron_core="0.16.1", grouped_gemm=True, cuda=True, devices=8)
-    c = layer_spec_choice(Plan(grouped_gemm=True, permute_fusion=False), with_gg, MODEL)
+    c = layer_spec_choice(Plan(grouped_gemm=True, permute_fusion=False, router_fusion=False), with_gg, MODEL)
     assert c.experts == "GroupedMLP" and c.realizable  # what `--transformer-impl local` builds too
     assert "tp_sequence_parallel" in _codes(layer_spec_choice(Plan(tp=2, grouped_gemm=False), PLAIN, MODEL))
     assert "context_parallel" in _codes(layer_spec_choice(Plan(cp=2, grouped_gemm=False), PLAIN, MODEL))
     flex = Plan(ep=8, grouped_gemm=False, dispatcher="flex", flex_backend="hybridep")
     assert "flex_dispatcher" in _codes(layer_spec_choice(flex, PLAIN, MODEL))
     assert layer_spec_choice(flex, TE29, MODEL).realizable
-    assert layer_spec_choice(Plan(grouped_gemm=False, permute_fusion=False), PLAIN, MODEL).realizable  # plain bf16 runs
+    assert layer_spec_choice(Plan(grouped_gemm=False, permute_fusion=False, router_fusion=False), PLAIN,
+                             MODEL).realizable  # plain bf16 runs
     # TE's fused permutation needs TE >= 2.1 (TransformerConfig's own check)
     assert "permute_fusion" in _codes(layer_spec_choice(Plan(grouped_gemm=False), PLAIN, MODEL))
     # TE installed but no GPU: TE kernels cannot run, so the local spec (and the CPU table)
@@ -152,7 +153,7 @@ def test_backend_refuses_against_an_injected_gpu_stack():
     r = b.run(Plan(tp=2, grouped_gemm=False), _Workload(2), Resources(2, 60))
     assert r.kind == "unrealizable" and "sequence parallel" in r.message
     one = MegatronBackend(installed=Installed(megatron_core="0.16.1", cuda=True, devices=1))
-    r = one.run(Plan(ep=2, grouped_gemm=False, permute_fusion=False), _Workload(2), Resources(2, 60))
+    r = one.run(Plan(ep=2, grouped_gemm=False, permute_fusion=False, router_fusion=False), _Workload(2), Resources(2, 60))
     assert r.kind == "unrealizable" and "2 ranks need 2 GPUs, 1 visible" in r.message
 
 

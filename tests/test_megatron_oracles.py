@@ -354,3 +354,32 @@ def test_permute_fusion_matches_transformer_config(monkeypatch, te, fused):
     # the emitted flag is the plan's field, and it rebuilds the same TransformerConfig field
     from tuner.emit.megatron import plan_args
     assert ("--moe-permute-fusion" in plan_args(w, p, profile)) == fused
+
+
+@pytest.mark.parametrize("te,fused", [("", True), ("", False), ("2.6.0", True), ("2.7.0", True), ("2.9.0", False)])
+def test_router_fusion_matches_megatron_core(monkeypatch, te, fused):
+    """router_fusion (--moe-router-fusion): megatron-core checks it where the router runs, not in
+    TransformerConfig: moe_utils.topk_routing_with_score_function(fused=True) raises unless TE's
+    fused_topk_with_score_function exists, which megatron-core's TE extension defines from TE 2.7.
+    TE is absent here, so a profile's TE is matched by giving moe_utils what that TE would."""
+    import megatron.core.transformer.moe.moe_utils as mu
+
+    from specs.stack import GPU_FULL
+    if te:
+        ok = tuple(int(x) for x in te.split(".")) >= (2, 7)
+        monkeypatch.setattr(mu, "HAVE_TE", True)
+        monkeypatch.setattr(mu, "fused_topk_with_score_function",
+                            (lambda logits, topk, **kw: ("fused", topk)) if ok else None, raising=False)
+    profile = dataclasses.replace(GPU_FULL, transformer_engine=te)
+    w = _workload(8, "tiny-moe-shared", gbs=64, seq=256)
+    p = Plan(ep=2, router_fusion=fused)
+    ours = [r.sentence for r in check(w, p, profile) if r.code == "stack-missing" and "router_fusion" in r.sentence]
+    logits = torch.randn(16, w.model.num_experts)
+    try:
+        mu.topk_routing_with_score_function(logits, w.model.moe_router_topk, fused=fused)
+        err = None
+    except ValueError as e:
+        err = str(e)
+    assert bool(ours) == (err is not None and "fused_topk_with_score_function" in err), (ours, err)
+    from tuner.emit.megatron import plan_args
+    assert ("--moe-router-fusion" in plan_args(w, p, profile)) == fused

@@ -197,3 +197,22 @@ def test_te_cpp_loop_launches_cost_the_host_the_launch_call_only():
     assert float(one.looped[0]) == 0 and float(host_moe_launches(one, gap)[0]) == float(one.moe[0])
     # a host whose per-op time is below the launch call's: the loops cost one op each, no more
     assert float(host_moe_launches(lk, 2e-6)[0]) == float(lk.moe[0])
+
+
+@pytest.mark.parametrize("name,saved", [("qwen3-30b-a3b", 4), ("deepseek-v3", 7)])
+def test_router_fusion_fuses_the_router_kernels(name, saved):
+    """router_fusion (TE's fused top-k and aux-loss kernels): Qwen3 (softmax top-k + aux loss)
+    5 + 5 -> 2 + 4 forward kernels, DeepSeek-V3 (group-limited sigmoid top-k + aux loss) 13 -> 6;
+    the graph scope moe_router holds the same fewer kernels. A step never gets longer with it, and
+    only the kernel-slot and host-launch terms move."""
+    spec = load_model(name)
+    args = dict(tp=np.array([1.0]), cp=np.array([1.0]), grouped=np.array([True]), local_experts=np.array([8.0]),
+                precision=np.array([0]), dispatch=np.array([ALLTOALL]))
+    off, on = layer_kernels(spec, **args), layer_kernels(spec, router_fused=np.array([True]), **args)
+    assert float(off.moe[0] - on.moe[0]) == saved and float(off.router[0] - on.router[0]) == saved
+    w = _w("qwen3-30b-a3b", "h100-sxm", 16, 1024, 4096)
+    p = Plan(tp=1, pp=1, ep=16, mbs=1)
+    a, b = (predict(w, p.replace(router_fusion=rf), calibration=IDENTITY) for rf in (False, True))
+    assert b.step_time_s <= a.step_time_s
+    moved = {k for k in a.breakdown_s if abs(a.breakdown_s[k] - b.breakdown_s.get(k, 0.0)) > 1e-12}
+    assert moved <= {"kernel_latency", "cpu_launch_floor", "moe_host_sync"}, moved

@@ -115,8 +115,9 @@ def test_stack_rules():
     cpu = wl(model="tiny-moe", kind="cpu-local", gpus=2, gbs=16, seq=256)
     prof = cpu_profile()
     assert "stack-cpu" in codes(cpu, _plan("ep=2"), prof)  # grouped GEMM on CPU
-    assert check(cpu, P("ep=2,grouped_gemm=0,permute_fusion=0,dist_opt=0,overlap_grad_reduce=0,overlap_param_gather=0"), prof) == []
-    assert "stack-cpu" in codes(cpu, P("tp=2,grouped_gemm=0,permute_fusion=0,dist_opt=0,overlap_grad_reduce=0,overlap_param_gather=0"), prof)
+    assert check(cpu, P("ep=2,grouped_gemm=0,permute_fusion=0,router_fusion=0,dist_opt=0,overlap_grad_reduce=0,overlap_param_gather=0"), prof) == []
+    assert "stack-cpu" in codes(cpu, P("tp=2,grouped_gemm=0,permute_fusion=0,router_fusion=0,dist_opt=0,"
+                                       "overlap_grad_reduce=0,overlap_param_gather=0"), prof)
 
 
 @pytest.mark.parametrize("model,gpus,gbs,plan,precision", [
@@ -143,10 +144,11 @@ def test_deepseek_v3_pp8_vpp4_gets_balanced_layout():
 
 # ---- CPU rules: one source, one line each ------------------------------------------------------------
 CLEAN_CPU = dict(dist_opt=False, overlap_grad_reduce=False, overlap_param_gather=False, grouped_gemm=False,
-                 permute_fusion=False)
+                 permute_fusion=False, router_fusion=False)
 TRIGGER = {  # a plan that needs exactly one feature the CPU stack lacks
     "grouped_gemm": dict(ep=2, grouped_gemm=True),
     "permute_fusion": dict(ep=2, permute_fusion=True),
+    "router_fusion": dict(ep=2, router_fusion=True),
     "tp_sequence_parallel": dict(tp=2),
     "context_parallel": dict(cp=2),
     "flex_dispatcher": dict(ep=2, dispatcher="flex", flex_backend="deepep"),

@@ -101,6 +101,12 @@ REGENERATIONS = [
      "field (default on where the stack has TE, as the script always passed it; never searched); canonical strings "
      "gain permute_fusion=1 and the flag moves beside --moe-grouped-gemm; every prediction and plan count identical",
      "fb123ad1832c17d0a23b9c2317119bc28c368bb54425dd58c499d758fabfe9e4"),
+    ("plan field router_fusion (2026-12-06)", "`--keep-plans`: Megatron-LM's --moe-router-fusion becomes a plan "
+     "field (on where the stack has TE >= 2.7; every shared row's Megatron-Bridge perf config set it): the router's "
+     "13 forward kernels (DeepSeek-V3) become 6; GPU calibration refit 1.2696 -> 1.2742. Step times x1.0011..x1.0035 "
+     "(the scale, less the fused kernels' device slots), launch-bound gpt-oss-120b on B200 and qwen3-235b on GB200 "
+     "down to x0.981 / x0.984; plan counts identical; canonical strings gain router_fusion=1",
+     "80bb8edfa2981bcd31087713b0ca1f4eeb2b512cb4f99d9719b64c80252ac58f"),
 ]
 
 

@@ -64,7 +64,7 @@ def test_short_form_is_what_the_user_left_out():
     assert short_form(p, cpu, cpu_profile()) == "ep=2"
     # (overlap_param_gather follows dist_opt and overlap_grad_reduce: no need to write it)
     assert set(parse_fields(short_form(p, cpu, GPU_FULL))) == {"ep", "dist_opt", "overlap_grad_reduce", "grouped_gemm",
-                                                                  "permute_fusion"}
+                                                                  "permute_fusion", "router_fusion"}
 
 
 def test_realizable_plans_have_short_forms():

@@ -97,6 +97,7 @@ def transformer_config(model, plan, *, on_gpu: bool, seq: int, overrides: dict |
             moe_grouped_gemm=plan.grouped_gemm,
             # (a fused plan on a stack without TE is refused before this is built: spec_choice)
             moe_permute_fusion=plan.permute_fusion and use_te,
+            moe_router_fusion=plan.router_fusion and use_te,
             moe_shared_expert_overlap=plan.shared_expert_overlap,
             overlap_moe_expert_parallel_comm=plan.a2a_overlap,
             delay_wgrad_compute=plan.delay_wgrad,

@@ -81,6 +81,9 @@ def layer_spec_choice(plan, installed: Installed, model=None) -> LayerSpecChoice
     if is_moe and plan.permute_fusion and (not te or _vt(te) < (2, 1)):
         add("permute_fusion", "permute_fusion (--moe-permute-fusion) needs TransformerEngine >= 2.1 "
                               f"({'installed ' + te if te else 'not installed'})")
+    if is_moe and plan.router_fusion and (not te or _vt(te) < (2, 7)):
+        add("router_fusion", "router_fusion (--moe-router-fusion) needs TransformerEngine >= 2.7 "
+                             f"({'installed ' + te if te else 'not installed'})")
     if experts == "GroupedMLP" and not installed.grouped_gemm:
         add("grouped_gemm", "grouped GEMM experts need TransformerEngine (TEGroupedMLP) or the "
                             "grouped_gemm package (GroupedMLP); neither is installed")

@@ -17,6 +17,7 @@ FP8_RECIPE_FLAGS = FP8_RECIPES
 
 # Boolean plan fields and the Megatron-LM flag that switches each on.
 MOE_SWITCHES = (("grouped_gemm", "--moe-grouped-gemm"), ("permute_fusion", "--moe-permute-fusion"),
+                ("router_fusion", "--moe-router-fusion"),
                 ("shared_expert_overlap", "--moe-shared-expert-overlap"),
                 ("a2a_overlap", "--overlap-moe-expert-parallel-comm"), ("delay_wgrad", "--delay-wgrad-compute"))
 DP_SWITCHES = (("dist_opt", "--use-distributed-optimizer"),

@@ -11,7 +11,7 @@ Defaults (fields the user did not give):
   pp_loss, even `pp_layout=-`) is kept, so a canonical string completes to exactly the plan it names.
 - schedule: no recompute; distributed optimizer, overlap_grad_reduce and overlap_param_gather on
   where the stack has them (off on CPU); no shared-expert or EP-A2A overlap.
-- kernels: grouped GEMM and TE's fused token permutation where the stack has them, alltoall dispatcher, and the precision of
+- kernels: grouped GEMM and TE's fused token permutation and router where the stack has them, alltoall dispatcher, and the precision of
   `--precision`: bf16, or for `fp8` the recipe the hardware runs best (mxfp8 on Blackwell,
   blockwise on Hopper, tensorwise elsewhere with fp8); `precision=fp8` in the plan means the same.
 
@@ -117,7 +117,7 @@ def effective_plan(plan: Plan, model) -> Plan:
     if plan.pp == 1:
         d.update(pp_first=0, pp_last=0, pp_layout="", pp_embedding=False, pp_loss=False)
     if not getattr(model, "is_moe", True):
-        d.update(grouped_gemm=False, permute_fusion=False, dispatcher="alltoall", flex_backend="",
+        d.update(grouped_gemm=False, permute_fusion=False, router_fusion=False, dispatcher="alltoall", flex_backend="",
                  shared_expert_overlap=False, a2a_overlap=False, delay_wgrad=False)
     if all(getattr(plan, k) == v for k, v in d.items()):
         return plan  # the common case, and cheap: rankers call this for thousands of plans
@@ -133,7 +133,8 @@ _GROUPS = (("recompute", "recompute_modules", "recompute_method", "recompute_lay
            ("shared_expert_overlap", "a2a_overlap", "delay_wgrad"),
            ("cuda_graph_impl", "cuda_graph_scope"),
            ("grouped_gemm", "dispatcher", "flex_backend", "precision"))
-# (permute_fusion is in no group: never searched, it keeps what the user gave or the stack default)
+# (permute_fusion and router_fusion are in no group: never searched, each keeps what the user gave or
+# the stack default)
 _SPLIT = ("pp_first", "pp_last", "pp_layout", "pp_embedding", "pp_loss")
 # Predicted throughputs this close (relative) are a tie; a tie goes to the plan nearest the defaults.
 _TIE = 1e-9

@@ -21,7 +21,7 @@ from clusters import is_hopper
 from specs.errors import LayoutError
 from specs.pipeline import split_layers
 from specs.plan import Plan
-from specs.stack import GPU_FULL_TE211, PERMUTE_FUSION_MIN_TE, StackProfile
+from specs.stack import GPU_FULL_TE211, PERMUTE_FUSION_MIN_TE, ROUTER_FUSION_MIN_TE, StackProfile
 from specs.workload import Workload
 
 
@@ -180,7 +180,7 @@ def check_parallel(w: Workload, p: Plan, profile: StackProfile) -> list[Reason]:
 # these is about its parallel tier alone.
 _NEUTRAL = dict(recompute="none", recompute_modules=(), recompute_method="", recompute_layers=0, dist_opt=False,
                 overlap_grad_reduce=False, overlap_param_gather=False, fp8_param=False, shared_expert_overlap=False,
-                a2a_overlap=False, delay_wgrad=False, grouped_gemm=False, permute_fusion=False,
+                a2a_overlap=False, delay_wgrad=False, grouped_gemm=False, permute_fusion=False, router_fusion=False,
                 dispatcher="alltoall", flex_backend="", precision="bf16",
                 cuda_graph_impl="none", cuda_graph_scope=())
 
@@ -332,6 +332,9 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
     if p.permute_fusion and m.is_moe and not profile.te_at_least(PERMUTE_FUSION_MIN_TE):
         missing.append(f"permute_fusion (--moe-permute-fusion) needs TransformerEngine >= {PERMUTE_FUSION_MIN_TE} "
                        "(its fused permute kernels; permute_fusion=0 runs the PyTorch permutation)")
+    if p.router_fusion and m.is_moe and not profile.te_at_least(ROUTER_FUSION_MIN_TE):
+        missing.append(f"router_fusion (--moe-router-fusion) needs TransformerEngine >= {ROUTER_FUSION_MIN_TE} "
+                       "(its fused top-k and aux-loss kernels; router_fusion=0 runs the PyTorch router)")
     if p.dist_opt and not profile.dist_opt:
         missing.append("the distributed optimizer is CUDA-only")
     if p.overlap_grad_reduce and not profile.overlap_grad_reduce:

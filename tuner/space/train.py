@@ -114,10 +114,12 @@ def default_space(workload: Workload, profile: StackProfile, precision: str = "b
         ggs = (True, False) if level == "full" else (profile.grouped_gemm,)
     else:
         dispatch, ggs = [("alltoall", "")], (False,)
-    # TE's fused permutation where the stack has it: never searched (the PyTorch permutation only
-    # adds kernels, bytes and host syncs; `permute_fusion=0` prices it when a user runs it)
-    pf = stack_defaults(profile, m.is_moe)["permute_fusion"]
-    kernels = tuple(dict(grouped_gemm=g, permute_fusion=pf, dispatcher=d, flex_backend=b, precision=pr)
+    # TE's fused permutation and router where the stack has them: never searched (the PyTorch ops only
+    # add kernels, bytes and host syncs; `permute_fusion=0` / `router_fusion=0` price them when a user
+    # runs them)
+    sd = stack_defaults(profile, m.is_moe)
+    pf, rf = sd["permute_fusion"], sd["router_fusion"]
+    kernels = tuple(dict(grouped_gemm=g, permute_fusion=pf, router_fusion=rf, dispatcher=d, flex_backend=b, precision=pr)
                     for g in ggs for d, b in dispatch for pr in precs)
     return Space(tp, cp, pp, vpp, ep, etp, mbs, schedules, kernels, m.num_layers)
 

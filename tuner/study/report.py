@@ -401,7 +401,7 @@ def _short(plan: str) -> str:
     """Non-default fields of a canonical training plan as the plan string spells them (so the
     next-step commands parse), for tables; the schedule flags on by default are left out."""
     from specs.plan import Plan
-    skip = ("dist_opt", "overlap_grad_reduce", "overlap_param_gather", "grouped_gemm", "permute_fusion")
+    skip = ("dist_opt", "overlap_grad_reduce", "overlap_param_gather", "grouped_gemm", "permute_fusion", "router_fusion")
     dflt = dict(f.split("=", 1) for f in Plan().canonical().split(","))
     parts = [f for f in Plan.parse(plan).canonical().split(",") if f.split("=", 1)[0] not in skip
              and dflt.get(f.split("=", 1)[0]) != f.split("=", 1)[1]]
