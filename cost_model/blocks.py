@@ -52,7 +52,7 @@ from cost_model.constants import (
     STARVED_COMM_RATE,
     WEIGHT_BYTES,
 )
-from cost_model.nongemm import comm_hbm_share, hbm_contention, permute_unfused, rope_eager
+from cost_model.nongemm import comm_hbm_share, dispatcher_syncs, hbm_contention, permute_unfused, rope_eager
 from cost_model.ops import TableOps
 from cost_model.plans import GRAPH_BIT, MODULE_BIT, WHOLE_LAYER_GRAPH, PlanArrays
 from specs.ranks import group_size_stride
@@ -625,7 +625,7 @@ def moe_host_sync(x: Inputs, after: np.ndarray, after_gpu_s: np.ndarray, extra_s
     execute on the dispatching thread)."""
     gap = x.ops.gap
     t = D2H_SYNC_S + gap + np.maximum(0.0, after * gap - after_gpu_s)
-    t = np.where(x.pa.dispatch == 1, 0.0, t) + extra_syncs * (D2H_SYNC_S + gap)
+    t = dispatcher_syncs(x.pa.dispatch) * t + extra_syncs * (D2H_SYNC_S + gap)
     return t * (1.0 if x.ops.async_launch else 0.0)
 
 

@@ -342,6 +342,7 @@ KERNELS_AUX_LOSS_FUSED = 4
 KERNELS_PREPROCESS = (5, 2, 3, 3)  # per dispatcher code: alltoall (counts, all-to-all of counts, D2H, cumsums),
 #                                    allgather (counts, D2H), flex DeepEP / HybridEP (metadata, notify, D2H)
 KERNELS_PERMUTE = 4           # permute (index sort + gather) and unpermute (weighted scatter-add); none
+#                               under HybridEP, which permutes inside its dispatch / combine kernels
 # the same two ops unfused (permute_fusion=0; megatron-core 0.16.1 moe_utils.permute / unpermute, the
 # dropless path with probabilities): permute = routing-map transpose, arange, masked_select of the token
 # indices, probabilities transpose + masked_select, index_select; unpermute = probabilities and
@@ -349,7 +350,6 @@ KERNELS_PERMUTE = 4           # permute (index sort + gather) and unpermute (wei
 # (mask count, scan, select: ATen's nonzero-based masked_select) and one device-to-host sync of its size
 KERNELS_PERMUTE_UNFUSED = 18
 PERMUTE_UNFUSED_SYNCS = 3     # the three masked_selects' device-to-host syncs per MoE layer forward
-#                               under HybridEP, which permutes inside its dispatch / combine kernels
 KERNELS_EP_COMM = 2           # dispatch + combine kernels (NCCL all-to-all, DeepEP / HybridEP, all-gather/RS)
 KERNELS_ACTIVATION = 1        # fused (Sw)iGLU per activation call
 KERNELS_GEMM_ATTENTION = 2    # QKV and output projection GEMMs (MLA: its 5 projections)

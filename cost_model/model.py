@@ -104,6 +104,7 @@ from cost_model.flops import model_flops_per_token
 from cost_model.memory import OFFLOAD_MODULES, col, memory_by_stage, offload_bytes, stage_params
 from cost_model.nongemm import (
     dispatcher_preprocess,
+    dispatcher_syncs,
     hidden_comm_hbm,
     host_moe_launches,
     latency,
@@ -619,14 +620,14 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         # backward, GPU and host (issue 22: with the forward alone, extra forward compute hid the
         # backward's communication outside its segment and more work could shorten the step).
         # (the unfused permutation's masked_selects sync too, under the allgather dispatcher as well)
-        seg = nm * col(((pa.dispatch != 1) | (perm_syncs > 0)).astype(float) if spec.is_moe else z)
+        n_sync = col(dispatcher_syncs(pa.dispatch) + perm_syncs if spec.is_moe else z)
+        seg = nm * (n_sync > 0)
         a2o = col(pa.a2a_overlap.astype(bool))
         u_moe = col(_chain(t.seconds for t in terms._of("moe"))) if spec.is_moe else col(z)
         u_f = np.where(a2o, u_moe, col(terms.unit_fwd("moe")) if spec.is_moe else col(z))
         k_layer = np.where(pa.a2a_overlap.astype(bool), KERNEL_PASSES * (k_attn + k_moe)
                            + GRAPH_LAUNCHES_PER_REGION * gr.regions_moe, k_attn + k_moe + gr.regions_moe)
         h_f = col(np.where(gr.full_iteration, 0.0, k_layer * ops.gap))
-        n_sync = col(np.where(pa.dispatch != 1, 1.0, 0.0) + perm_syncs) if spec.is_moe else col(z)
         moe_wall = seg * np.maximum(u_f, h_f + n_sync * D2H_SYNC_S)
 
         def wall(gpu, host):

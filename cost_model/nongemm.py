@@ -52,7 +52,7 @@ from cost_model.constants import (
 )
 from specs.ranks import group_size_stride
 
-HYBRIDEP = 3  # cost_model.plans.DISPATCH_CODES: alltoall 0, allgather 1, deepep 2, hybridep 3
+ALLGATHER, HYBRIDEP = 1, 3  # cost_model.plans.DISPATCH_CODES: alltoall 0, allgather 1, deepep 2, hybridep 3
 
 
 # ---- kernels per op (forward; the backward launches KERNEL_PASSES - 1 times as many) ------------
@@ -155,6 +155,12 @@ def permute_unfused(dispatch, fused):
     permute_fusion off, and a dispatcher that calls them (all but HybridEP, which permutes inside
     its own kernels). The one rule the bytes, kernels, syncs and overlap pairing read."""
     return ~np.asarray(fused, bool) & (np.asarray(dispatch) != HYBRIDEP)
+
+
+def dispatcher_syncs(dispatch):
+    """Device-to-host syncs per MoE layer forward of the dropless dispatcher's token counts: one,
+    but none under allgather, which keeps the counts on the device (`blocks.moe_host_sync`)."""
+    return np.where(np.asarray(dispatch) == ALLGATHER, 0.0, 1.0)
 
 
 def permute_syncs(dispatch, fused):

@@ -267,7 +267,7 @@ class StepModel:
         # GEMMs' FLOP ratio (up: 2 f_loc columns, down: f_loc); the padded-row sums only where some
         # plan has such a ceiling (this runs in every simulated step)
         if np.isfinite(self.moe_ceiling).any():
-            ceil_s = self.expert_flops(tokens_inst) / self.moe_ceiling
+            ceil_s = self.expert_flops(tokens_inst, rows, active) / self.moe_ceiling
             up, down = np.maximum(up, ceil_s * 2.0 / 3.0), np.maximum(down, ceil_s / 3.0)
         g = np.maximum(active, 1.0)  # as `grouped` clamps it
         R = g * m  # rows the grouped GEMMs run
@@ -302,17 +302,23 @@ class StepModel:
         gather = (R + recv) * h * 2.0 / self.hbm_bw
         return gemms, act + np.where(normal, scatter + gather, np.where(a2a, 0.0, topk_sum))
 
-    def expert_flops(self, tokens_inst):
+    def expert_flops(self, tokens_inst, rows=None, active=None):
         """FLOPs the Triton fused_moe kernel runs for the routed experts' two GEMMs (gate + up, down)
         on one GPU per MoE layer for `tokens_inst` tokens of the instance: on its padded rows.
         moe_align_block_size pads each expert's rows to a multiple of the kernel's row tile
         (FUSED_MOE_BLOCK_M), and the tiles compute the padding: with n rows routed to an active
-        expert (Poisson about the mean, uniform routing) it computes E[ceil(n / BM) | n >= 1] BM."""
+        expert (Poisson about the mean, uniform routing) it computes E[ceil(n / BM) | n >= 1] BM.
+        `rows`, `active`: the routed rows and active local experts `_expert_parts` already has for
+        the same tokens (computed here when not given)."""
         s, c = self.s, self.c
         if not s.num_experts:
             return np.zeros(len(c))
-        rows = np.atleast_1d(np.asarray(tokens_inst * s.moe_router_topk / c.ep * self.imb, float))
-        active = np.maximum(np.atleast_1d(np.asarray(self.active_local_experts(tokens_inst), float)), 1e-9)
+        if rows is None:
+            rows = tokens_inst * s.moe_router_topk / c.ep * self.imb
+        if active is None:
+            active = self.active_local_experts(tokens_inst)
+        rows = np.atleast_1d(np.asarray(rows, float))
+        active = np.maximum(np.atleast_1d(np.asarray(active, float)), 1e-9)
         lam = np.maximum(rows / active, 1e-9)  # mean rows per active expert
         # the row tile (`fused_moe` FUSED_MOE_BLOCK_M*): SGLang's tuned configs take the small one
         # while the kernel's M (every token of the instance reaches each GPU's fused_moe) is at most

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from specs.cpu_support import cpu_rejections
-from specs.stack import FP8_RECIPES, Installed
+from specs.stack import FP8_RECIPES, PERMUTE_FUSION_MIN_TE, ROUTER_FUSION_MIN_TE, Installed
 
 
 @dataclass(frozen=True)
@@ -78,12 +78,11 @@ def layer_spec_choice(plan, installed: Installed, model=None) -> LayerSpecChoice
         add("fp8", f"fp8-blockwise needs TransformerEngine >= 2.3 (installed {te})")
     if plan.fp8 and te and plan.precision == "mxfp8" and _vt(te) < (2, 1):
         add("fp8", f"mxfp8 needs TransformerEngine >= 2.1 (installed {te})")
-    if is_moe and plan.permute_fusion and (not te or _vt(te) < (2, 1)):
-        add("permute_fusion", "permute_fusion (--moe-permute-fusion) needs TransformerEngine >= 2.1 "
-                              f"({'installed ' + te if te else 'not installed'})")
-    if is_moe and plan.router_fusion and (not te or _vt(te) < (2, 7)):
-        add("router_fusion", "router_fusion (--moe-router-fusion) needs TransformerEngine >= 2.7 "
-                             f"({'installed ' + te if te else 'not installed'})")
+    for name, flag, need in (("permute_fusion", "--moe-permute-fusion", PERMUTE_FUSION_MIN_TE),
+                             ("router_fusion", "--moe-router-fusion", ROUTER_FUSION_MIN_TE)):
+        if is_moe and getattr(plan, name) and (not te or _vt(te) < _vt(need)):
+            add(name, f"{name} ({flag}) needs TransformerEngine >= {need} "
+                      f"({'installed ' + te if te else 'not installed'})")
     if experts == "GroupedMLP" and not installed.grouped_gemm:
         add("grouped_gemm", "grouped GEMM experts need TransformerEngine (TEGroupedMLP) or the "
                             "grouped_gemm package (GroupedMLP); neither is installed")
