@@ -272,3 +272,28 @@ def test_serving_runs_through_the_one_study_skeleton(env, tmp_path):
     assert sum("baseline" in r["roles"] for r in done) == 1 and sum("searched" in r["roles"] for r in done) == 2
     assert all(r["measured_ttft_p90_s"] == 0.2 and r["predicted_raw_ttft_p90_s"] > 0 for r in done)
     assert result.verdict_line.startswith(("PASS:", "FAIL:")) and "## Verdict" in result.report.read_text()
+
+
+def test_a_second_ctrl_c_while_abandoning_leaves_no_trial_running(monkeypatch):
+    """A user's second Ctrl-C lands while the loop marks its running trials interrupted: every
+    trial is still marked and the in-flight set emptied (before, the second KeyboardInterrupt broke
+    off between the storage writes and a trial stayed RUNNING until its heartbeat went stale)."""
+    from types import SimpleNamespace
+    marked = []
+
+    def mark(study, trial, why="tuner interrupted"):
+        _thread.interrupt_main()  # the second Ctrl-C, mid-write
+        time.sleep(0.05)
+        marked.append(trial)
+
+    monkeypatch.setattr(study_mod, "mark_interrupted", mark)
+    loop = object.__new__(TrialLoop)  # abandon reads only the study and the in-flight trials
+    loop.study = None
+    loop.in_flight = {"ref-a": SimpleNamespace(trial="a"), "ref-b": SimpleNamespace(trial="b")}
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        loop.abandon()
+        time.sleep(0.05)  # a dropped interrupt stays dropped after the block
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
+    assert marked == ["a", "b"] and loop.in_flight == {}

@@ -16,9 +16,12 @@ trials' heartbeats going stale (see tuner/study/storage.py). Progress goes to th
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -337,16 +340,20 @@ class TrialLoop:
             return {"ok": False, "kind": "crash", "message": f"ray task failed: {e}"}
 
     def abandon(self) -> None:
-        """Mark running trials interrupted (their plans stay eligible once) and cancel their tasks."""
+        """Mark running trials interrupted (their plans stay eligible once) and cancel their tasks.
+        A second Ctrl-C while it runs is dropped: the first is being honoured, and one landing
+        between the storage writes left a trial RUNNING until its heartbeat went stale (a
+        whole-suite run under load, 2026-12-06)."""
         import ray
-        for run in self.in_flight.values():
-            study_mod.mark_interrupted(self.study, run.trial)
-        for ref in self.in_flight:
-            try:
-                ray.cancel(ref, force=True)
-            except Exception as e:  # noqa: BLE001 - best effort on the way out
-                logger.warning("could not cancel a trial task: %s", e)
-        self.in_flight.clear()
+        with _sigint_ignored():
+            for run in self.in_flight.values():
+                study_mod.mark_interrupted(self.study, run.trial)
+            for ref in self.in_flight:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception as e:  # noqa: BLE001 - best effort on the way out
+                    logger.warning("could not cancel a trial task: %s", e)
+            self.in_flight.clear()
 
     def finish(self) -> None:
         """Stop the heartbeat and close the progress bar."""
@@ -375,3 +382,16 @@ class TrialLoop:
                 "predicted_step_time_high_s": hi if math.isfinite(hi) else None,
                 "calibration_id": cal.id if self.sampler.cal_report is not None else self.prereg["hashes"]["calibration_id"],
                 "sampler_mean_step_time_s": mean, "sampler_sigma": sigma}
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored for the block (main thread only: signal handlers can be set only there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
