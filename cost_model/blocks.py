@@ -386,14 +386,16 @@ def distinct_domains(spec, E, topk, ep, per):
     return (nd - 1.0) * (1.0 - p)
 
 
-def ep_wire_seconds(spec, ops, disp, tokens, h, fp8, ep, etp, imb=1.0):
+def ep_wire_seconds(spec, ops, disp, tokens, h, fp8_wire, ep, etp, imb=1.0):
     """(dispatch s, combine s, dispatch bytes, combine bytes), fwd, of `tokens` tokens per GPU
     over the EP group by the all-to-all backend `disp` (0/1 alltoall, 2 DeepEP, 3 HybridEP: the flex backends' normal
-    kernels). The one rule for what goes on each fabric (training and serving both call it)."""
+    kernels). The one rule for what goes on each fabric (training and serving both call it).
+    `fp8_wire`: the stack quantizes before a flex dispatch (1 B per element + a 4-B scale per 128),
+    as SGLang's DeepEP does for fp8 models; the combine is bf16 either way."""
     E, K = max(spec.num_experts, 1), max(spec.moe_router_topk, 1)
     # copies of a token on the wire: topk (alltoall) or the distinct destination ranks (flex)
     copies = np.where(disp >= 2, distinct_ranks(spec, E, K, ep), float(K))
-    tok_d = np.where((disp >= 2) & fp8, 1.0 + 4.0 / 128, 2.0) * h  # bytes per dispatched token
+    tok_d = np.where((disp >= 2) & fp8_wire, 1.0 + 4.0 / 128, 2.0) * h  # bytes per dispatched token
     d_bytes = tok_d * tokens * copies * imb
     c_bytes = 2.0 * tokens * copies * h * imb
     # cross-domain share: alltoall (NCCL) sends every copy; flex sends once per remote domain.
@@ -419,7 +421,10 @@ def ep_dispatch_combine(x: Inputs, experts: RoutedExperts) -> FwdBwd:
     ep, Tsp, h, imb = x.ep, x.tokens_sp, x.hidden, x.imbalance
     eti = pa.etp
     disp = pa.dispatch
-    ep_d, ep_c, d_bytes, c_bytes = ep_wire_seconds(spec, ops, disp, Tsp, h, x.fp8, ep, eti, imb)
+    # megatron-core dispatches the bf16 hidden states under every fp8 recipe (0.16.1 and main,
+    # fused_a2a.py: HybridEP asserts `not fp8_dispatch`, "does not support fp8 dispatch now";
+    # DeepEP's FusedDispatch hands `x` to buffer.dispatch as it is); the experts quantize after
+    ep_d, ep_c, d_bytes, c_bytes = ep_wire_seconds(spec, ops, disp, Tsp, h, np.zeros_like(x.fp8, dtype=bool), ep, eti, imb)
     # allgather dispatcher: every EP rank gathers all tokens of the group, reduce-scatters back
     ag = ops.collective("all_gather", 2.0 * Tsp * h * ep, ep, eti)
     rs = ops.collective("reduce_scatter", 2.0 * Tsp * h * ep, ep, eti)

@@ -142,13 +142,14 @@ def test_megatron_moe_layer_anchors_within_25pct():
 def test_published_rows_within_20pct_after_calibration():
     from cost_model.fit_default_calibration import fit
     cal, rep = fit()
-    assert rep["max_abs_rel_err"] <= 0.20, rep["rows"]
-    # leave-one-out 0.25, not 0.20, since the Qwen3 25.09 row runs its recipe's current-scaling fp8
-    # (fit_default_calibration OVERRIDES; it was priced with delayed scaling's cheaper casts): the
-    # model then misses that row's speed against the 26.04 row by ~18% (docs/DESIGN.md, "Still
-    # unexplained"), which leaving it out exposes (+21.7%); the others stay within 9%
-    assert rep["loo_max_abs_rel_err"] <= 0.25, rep["rows"]
-    assert sorted(abs(r["loo_rel_err"]) for r in rep["rows"])[-2] <= 0.10, rep["rows"]
+    assert 0.85 <= cal.scale <= 1.25, cal.scale  # issue 22: the shipped scale stays a correction, not a model
+    assert rep["max_abs_rel_err"] <= 0.15, rep["rows"]
+    # leave-one-out: the Qwen3 25.09 row (alltoall EP8 in a node, PP2, drop-and-pad) is measured ~15%
+    # faster per token than the 26.04 row (HybridEP EP16 across two nodes) and the model misses most of
+    # that (docs/DESIGN.md, "Still unexplained"): left out it is +16.7%; GPT-OSS-120B (bf16 alltoall)
+    # is the most under-predicted row once the flex dispatch is bf16 (-13.6%)
+    assert rep["loo_max_abs_rel_err"] <= 0.20, rep["rows"]
+    assert sorted(abs(r["loo_rel_err"]) for r in rep["rows"])[-2] <= 0.15, rep["rows"]
 
 
 def test_flex_sends_once_per_remote_domain():

@@ -333,3 +333,19 @@ def test_gpt_oss_clamp_and_expert_bias_are_priced_and_the_head_stays_bf16():
     assert full["recompute"][0] > plain["recompute"][0]  # the clamp re-runs inside moe_act's checkpoint
     head = [_bd(_w(), [Plan(ep=16, precision=p)])["breakdown_s"]["lm_head_ce"][0] for p in ("bf16", "fp8-tensorwise")]
     assert head[1] == pytest.approx(head[0], rel=1e-12)
+
+
+def test_training_flex_dispatch_moves_bf16_under_every_fp8_recipe():
+    """megatron-core hands DeepEP / HybridEP the bf16 hidden states whatever the fp8 recipe (the
+    experts quantize after the dispatch): HybridEP's own buffer refuses fp8 dispatch, so the
+    dispatch bytes and seconds are those of bf16 for every precision; serving (SGLang's fp8 DeepEP
+    dispatch) is the caller that sends fp8 (`blocks.ep_wire_seconds(fp8_wire=...)`)."""
+    from megatron.core.transformer.moe import fused_a2a
+    with pytest.raises(AssertionError, match="does not support fp8 dispatch"):
+        fused_a2a.init_hybrid_ep_buffer(None, 2048, 4096, 8, 32, 32, True)
+    w = _w("qwen3-30b-a3b", gpus=16, gbs=64)
+    for backend in ("deepep", "hybridep"):
+        plans = [Plan(ep=16, dispatcher="flex", flex_backend=backend, precision=p)
+                 for p in ("bf16", "fp8-tensorwise", "fp8-blockwise", "fp8-delayed")]
+        ep = _bd(w, plans)["breakdown_s"]["ep_dispatch_combine"]
+        assert ep[0] > 0 and all(e == pytest.approx(ep[0], rel=1e-12) for e in ep), (backend, ep)

@@ -107,6 +107,11 @@ REGENERATIONS = [
      "(the scale, less the fused kernels' device slots), launch-bound gpt-oss-120b on B200 and qwen3-235b on GB200 "
      "down to x0.981 / x0.984; plan counts identical; canonical strings gain router_fusion=1",
      "80bb8edfa2981bcd31087713b0ca1f4eeb2b512cb4f99d9719b64c80252ac58f"),
+    ("bf16 flex dispatch under fp8 (2026-12-06)", "`--keep-plans`: megatron-core dispatches bf16 hidden states "
+     "through DeepEP / HybridEP under every fp8 recipe (fused_a2a.py: HybridEP asserts not fp8_dispatch); the model "
+     "sent 1 B + scales per element. GPU calibration refit 1.2742 -> 1.2158: every step x0.9542 (the scale alone), "
+     "fp8 flex deepseek-v3 plans up to x1.023; plans, scripts and counts identical",
+     "68c093ef7041f8e41aa5118b4df1039238cc0fb1f83d946ad76d23304326575b"),
 ]
 
 
