@@ -216,3 +216,25 @@ def test_fused_moe_computes_its_padded_rows():
     assert tuned.tuned_moe[0]
     small = float(tuned.expert_flops(np.array([2.0]))[0]) / per_row
     assert small == pytest.approx(float(tuned.active_local_experts(np.array([2.0]))[0]) * FUSED_MOE_BLOCK_M_SMALL, rel=0.01)
+
+
+def test_deepep_normal_dispatch_is_fp8_only_with_deepgemm_jit():
+    """SGLang quantizes the hidden states before DeepEP's normal-mode dispatch only when DeepGEMM's
+    JIT is on (the pinned 0.5.23 source is the oracle); with it off the dispatch moves bf16 tokens,
+    so the same plan's dispatch takes longer while the combine (bf16 either way) does not move."""
+    import importlib.util
+
+    # read, not imported: the module's imports reach torchvision, which this stack does not install
+    root = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
+    src = (root / "srt/layers/moe/token_dispatcher/deepep.py").read_text()
+    normal = src[src.index("class _DeepEPDispatcherImplNormal"):]
+    normal = normal[normal.index("def dispatch_a"):normal.index("def _dispatch_core")]
+    assert "if deep_gemm_wrapper.ENABLE_JIT_DEEPGEMM and self.use_fp8:" in normal
+    from cost_model.serving.kernel_path import deepep_normal_fp8_wire
+    assert deepep_normal_fp8_wire(H200, True, True) and not deepep_normal_fp8_wire(H200, True, False)
+    assert not deepep_normal_fp8_wire(H200, False, True)
+    c = to_cols(effective_plans([ServePlan.parse("tp=8,attn_dp=8,ep=8,a2a=deepep,deepep_mode=normal")], DSV3, H200))
+    legs = {jit: StepModel(DSV3, H200, load_tables(tables_dir_for("h200-sxm")), c, fp8=True, deepgemm_jit=jit)
+            ._ep_legs(np.array([8192.0])) for jit in (True, False)}
+    (d_on, c_on), (d_off, c_off) = legs[True], legs[False]
+    assert float(d_off[0]) > 1.5 * float(d_on[0]) and float(c_off[0]) == pytest.approx(float(c_on[0]))

@@ -83,6 +83,15 @@ def moe_path(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True) -> str:
     return "triton_fused_moe"
 
 
+def deepep_normal_fp8_wire(cluster, fp8: bool, deepgemm_jit: bool = True) -> bool:
+    """Whether DeepEP's normal-mode dispatch carries fp8 tokens (1 B + a 4-B scale per 128): SGLang
+    0.5.x quantizes before that dispatch only `if deep_gemm_wrapper.ENABLE_JIT_DEEPGEMM and
+    self.use_fp8` (layers/moe/token_dispatcher/deepep.py `_DeepEPDispatcherImplNormal.dispatch_a`),
+    so with DeepGEMM's JIT off (or on a GPU it does not support) the hidden states go as bf16. The
+    low-latency kernels take `use_fp8` alone (fp8 either way)."""
+    return bool(fp8 and dense_path(cluster, fp8, deepgemm_jit) == "deep_gemm")
+
+
 def paths(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True) -> dict[str, str]:
     """{"dense": path, "experts": path} of one plan, as a prediction reports them (CPU: "cpu")."""
     if not getattr(cluster, "is_gpu", True):

@@ -39,7 +39,7 @@ from cost_model.serving.fused_moe import (
     expert_bandwidth_efficiency,
     ships_tuned_config,
 )
-from cost_model.serving.kernel_path import dense_path, moe_path, step_efficiencies
+from cost_model.serving.kernel_path import deepep_normal_fp8_wire, dense_path, moe_path, step_efficiencies
 from cost_model.serving.memory import kv_bytes_per_token
 from cost_model.serving.plans import effective_plans, to_cols
 from cost_model.tables import load_tables, tables_dir_for
@@ -93,6 +93,8 @@ class StepModel:
             raise InputError(f"routing imbalance must be a finite number >= 1, got {imbalance}")
         self.s, self.cl, self.c = spec, cluster, c
         self.fp8 = fp8
+        # the normal-mode DeepEP dispatch's token format (fp8 only with DeepGEMM's JIT on)
+        self.fp8_wire = deepep_normal_fp8_wire(cluster, fp8, deepgemm_jit)
         self.ops = TableOps(tables, cluster, np.full(len(c), fp8))
         # bytes per weight (routed experts, other linears) of the checkpoint's format (`constants`
         # WEIGHT_FORMAT_BYTES; default: fp8 or bf16 as `fp8` says)
@@ -369,13 +371,13 @@ class StepModel:
         global _LL
         s, c, o = self.s, self.c, self.ops
         h = s.hidden_size
-        # DeepEP: tokens of this GPU go to top-k experts (fp8 dispatch, bf16 combine)
+        # DeepEP: tokens of this GPU go to top-k experts (low-latency: fp8 dispatch, bf16 combine)
         mine = tokens_inst / c.tp * s.moe_router_topk * self.imb
         bd, bc = mine * h * 1.0, mine * h * 2.0
         # normal kernels: each token crosses RDMA once per node it reaches and fans out over
         # NVLink there, the bytes the DeepEP README's rates count (`blocks.ep_wire_seconds`, the
         # rule the training model uses); charging every top-k copy on RDMA overprices them ~2x
-        d, cb, _, _ = ep_wire_seconds(s, o, np.where(c.a2a > 0, 2, 0), tokens_inst / c.tp, h, np.full(len(c), self.fp8),
+        d, cb, _, _ = ep_wire_seconds(s, o, np.where(c.a2a > 0, 2, 0), tokens_inst / c.tp, h, np.full(len(c), self.fp8_wire),
                                       c.ep, 1, self.imb)
         if _LL is None:
             _LL = _low_latency_rates()
