@@ -36,9 +36,9 @@ NSIGHT_IDLE_PER_DRAIN_S = (24.714 - 22.821) / (48 * 64 * 2)
 
 
 def with_drain_idle(r_s: float):
-    def priced(x, after, after_gpu_s):
+    def priced(x, after, after_gpu_s, extra_syncs=0.0):
         extra = r_s * DRAINS[x.pa.dispatch] * (1.0 - x.pa.a2a_overlap.astype(float))
-        return moe_host_sync(x, after, after_gpu_s) + extra * (1.0 if x.ops.async_launch else 0.0)
+        return moe_host_sync(x, after, after_gpu_s, extra_syncs) + extra * (1.0 if x.ops.async_launch else 0.0)
     return priced
 
 
