@@ -141,7 +141,10 @@ COMM_SMS = (NCCL_COMM_SMS, NCCL_COMM_SMS, DEEPEP_SMS, HYBRIDEP_NUM_SMS)
 # - DeepEP holds: it launches every kernel cooperatively (cudaLaunchAttributeCooperative,
 #   deepseek-ai/DeepEP csrc/kernels/launch.cuh SETUP_LAUNCH_CONFIG), all its CTAs resident at once,
 #   so it runs on its SMs at full speed and the compute beside it on the SMs left (arXiv 2603.07685
-#   §4.2.3: DeepEP's 20 SMs cost the GEMMs beside it ~20% efficiency).
+#   §4.2.3: DeepEP's 20 SMs cost the GEMMs beside it ~20% efficiency); and it launches on its own
+#   high-priority stream (csrc/deep_ep.cpp: comm_stream(at::cuda::getStreamFromPool(true)), every
+#   kernel enqueued there), so the block scheduler hands it SMs first as the compute's CTAs retire,
+#   where Megatron's own comm stream (pipeline_parallel/utils.py) has the default priority.
 # - HybridEP is starved: it launches its dispatch / combine kernels as plain grids (DeepEP branch
 #   hybrid-ep csrc/hybrid_ep/backend/hybrid_ep_backend.cuh `dispatch_kernel_ptr<<<NUM_OF_BLOCKS_TOTAL,
 #   ...>>>`), whose CTAs wait for SMs like any kernel's; Megatron-core 0.16.1 reserves no SMs on its
