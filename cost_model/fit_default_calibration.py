@@ -111,6 +111,14 @@ def row_case(r):
     return w, p, measured, label, opts
 
 
+def regime(plan) -> str:
+    """The regime a row's residual belongs to (issue 22: the residual is reported per regime):
+    precision, EP a2a overlap, CUDA graphs, dispatcher."""
+    disp = plan.flex_backend if plan.dispatcher == "flex" else plan.dispatcher
+    graphs = "graphs " + plan.cuda_graph_impl if plan.cuda_graph_impl != "none" else "eager"
+    return f"{plan.precision}, {'a2a overlap' if plan.a2a_overlap else 'no overlap'}, {graphs}, {disp}"
+
+
 def pairs(tables=None):
     from cost_model import predict
     out = []
@@ -136,10 +144,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     cal, rep = fit()
     print(f"scale = {cal.scale:.4f}  ({cal.label})")
-    print(f"{'row':62s} {'raw s':>8s} {'meas s':>8s} {'cal err':>8s} {'LOO err':>8s}")
+    print(f"{'row':62s} {'raw s':>8s} {'meas s':>8s} {'cal err':>8s} {'LOO err':>8s}  regime")
+    regimes = {row_case(x)[3]: regime(row_case(x)[1]) for x in rows()}
     for r in rep["rows"]:
         print(f"{r['label']:62s} {r['raw_pred_s']:8.3f} {r['measured_s']:8.3f} "
-              f"{r['calibrated_rel_err']:+8.1%} {r['loo_rel_err']:+8.1%}")
+              f"{r['calibrated_rel_err']:+8.1%} {r['loo_rel_err']:+8.1%}  {regimes.get(r['label'], '')}")
     if a.write:
         cal.save(DEFAULT_GPU_CALIBRATION)
         print(f"wrote {DEFAULT_GPU_CALIBRATION} id={cal.id}")
