@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     cal, rep = fit()
     print(f"scale = {cal.scale:.4f}  ({cal.label})")
     print(f"{'row':62s} {'raw s':>8s} {'meas s':>8s} {'cal err':>8s} {'LOO err':>8s}  regime")
-    regimes = {row_case(x)[3]: regime(row_case(x)[1]) for x in rows()}
+    regimes = {label: regime(plan) for _w, plan, _m, label, _o in map(row_case, rows())}
     for r in rep["rows"]:
         print(f"{r['label']:62s} {r['raw_pred_s']:8.3f} {r['measured_s']:8.3f} "
               f"{r['calibrated_rel_err']:+8.1%} {r['loo_rel_err']:+8.1%}  {regimes.get(r['label'], '')}")
