@@ -106,6 +106,8 @@ def _make_inputs(d: Path) -> None:
         "escape-kind.yaml": _cluster(kind="../../../escape-kind", is_gpu="false"),
         "calibration.json": "{not json",
         "runs.csv": "n_tot,n_act,s,g,d,loss\n1,1,0.5,1,1,2.0\n",
+        "header-only.csv": "x,y\n",
+        "empty.csv": "",
     }
     for name, text in files.items():
         (d / name).parent.mkdir(parents=True, exist_ok=True)
@@ -193,6 +195,10 @@ CASES = [
     ("tables-cut-short", ["predict", *TRAIN, "--tables", "{in}/tables-cut"], "rows"),
     ("calibration-not-json", ["predict", *TRAIN, "--calibration", "{in}/calibration.json"], "calibration"),
     ("calibrate-csv-latin1", ["calibrate", "--measurements", "{in}/latin1.csv"], "UTF-8"),
+    # a measurements file of the wrong kind names what it lacks (its header decides, rows or not)
+    ("calibrate-csv-header-only", ["calibrate", "--measurements", "{in}/header-only.csv"], "'plan' column"),
+    ("calibrate-measurements-json", ["calibrate", "--measurements", "{in}/calibration.json"], "'plan' column"),
+    ("calibrate-csv-empty", ["calibrate", "--measurements", "{in}/empty.csv"], "empty"),
     ("law-runs-latin1", ["law", "fit", "--runs", "{in}/latin1.csv"], "UTF-8"),
     # output paths that cannot be written
     ("emit-out-under-file", ["emit", "megatron", *TRAIN, "--plan", "ep=2", "--out", "{in}/afile/run.sh"], "afile"),

@@ -68,12 +68,18 @@ def load_csv(path: str | Path, time_column: str | None = None) -> list[dict]:
     keys = (time_column,) if time_column else TIME_KEYS
     text = read_text(path, "measurements CSV", CalibrateError)
     try:
-        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        rows = list(reader)
     except csv.Error as e:
         raise CalibrateError(f"{path}: not a CSV file ({e})") from None
-    if rows and "plan" not in rows[0]:
-        raise CalibrateError(f"{path}: no 'plan' column (have {', '.join(rows[0])})")
-    if rows and not any(k in rows[0] for k in keys):
+    # the header decides, rows or not: a file of the wrong kind (JSON, a header of other columns)
+    # names what it lacks instead of counting zero usable runs
+    cols = [c for c in (reader.fieldnames or []) if c is not None]
+    if not cols:
+        raise CalibrateError(f"{path}: empty (a CSV with a 'plan' column and a measured step time column)")
+    if "plan" not in cols:
+        raise CalibrateError(f"{path}: no 'plan' column (have {', '.join(cols)})")
+    if not any(k in cols for k in keys):
         raise CalibrateError(f"{path}: no measured step time column ({' or '.join(keys)})")
     return clean_rows(rows, keys)
 
