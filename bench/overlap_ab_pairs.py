@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.modelzoo_rows import TP2_EP32, TP2_EP32_STEP_S  # noqa: E402
 from clusters import load_cluster  # noqa: E402
 from cost_model import predict  # noqa: E402
 from cost_model.calibration import IDENTITY  # noqa: E402
@@ -45,9 +46,7 @@ PAIRS = [
 ]
 for imb in (1.0, 1.3):
     PAIRS.append((f"Qwen3-235B 256xH100 bf16 DeepEP TP2 PP8 VPP4 EP32 (imbalance {imb})", QWEN235,
-                  dict(tp=2, pp=8, vpp=4, ep=32, mbs=1, precision="bf16", dispatcher="flex", flex_backend="deepep",
-                       recompute="selective", recompute_modules=("layernorm", "moe_act"), pp_embedding=True, pp_loss=True),
-                  (19.7, 17.6), {"imbalance": imb}))
+                  dict(TP2_EP32, mbs=1, precision="bf16"), TP2_EP32_STEP_S, {"imbalance": imb}))
 
 
 def main() -> int:

@@ -424,7 +424,7 @@ def ep_dispatch_combine(x: Inputs, experts: RoutedExperts) -> FwdBwd:
     # megatron-core dispatches the bf16 hidden states under every fp8 recipe (0.16.1 and main,
     # fused_a2a.py: HybridEP asserts `not fp8_dispatch`, "does not support fp8 dispatch now";
     # DeepEP's FusedDispatch hands `x` to buffer.dispatch as it is); the experts quantize after
-    ep_d, ep_c, d_bytes, c_bytes = ep_wire_seconds(spec, ops, disp, Tsp, h, np.zeros_like(x.fp8, dtype=bool), ep, eti, imb)
+    ep_d, ep_c, d_bytes, c_bytes = ep_wire_seconds(spec, ops, disp, Tsp, h, False, ep, eti, imb)
     # allgather dispatcher: every EP rank gathers all tokens of the group, reduce-scatters back
     ag = ops.collective("all_gather", 2.0 * Tsp * h * ep, ep, eti)
     rs = ops.collective("reduce_scatter", 2.0 * Tsp * h * ep, ep, eti)

@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     regimes = {label: regime(plan) for _w, plan, _m, label, _o in map(row_case, rows())}
     for r in rep["rows"]:
         print(f"{r['label']:62s} {r['raw_pred_s']:8.3f} {r['measured_s']:8.3f} "
-              f"{r['calibrated_rel_err']:+8.1%} {r['loo_rel_err']:+8.1%}  {regimes.get(r['label'], '')}")
+              f"{r['calibrated_rel_err']:+8.1%} {r['loo_rel_err']:+8.1%}  {regimes[r['label']]}")
     if a.write:
         cal.save(DEFAULT_GPU_CALIBRATION)
         print(f"wrote {DEFAULT_GPU_CALIBRATION} id={cal.id}")

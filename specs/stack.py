@@ -219,12 +219,28 @@ def launch_env(plan, cluster) -> dict:
     return env
 
 
-# megatron-core 0.16.1 transformer_config.py: moe_permute_fusion raises "fused permutation is not
-# available. Please install TE >= 2.1.0." without TE's fused_permute / fused_unpermute / fused_sort_chunks_by_index
-PERMUTE_FUSION_MIN_TE = "2.1.0"
-# megatron-core 0.16.1 moe_utils.topk_routing_with_score_function / compute_routing_scores_for_aux_loss
-# with fused=True: "fused_topk_with_score_function is not available. Please install TE >= 2.7.0."
-ROUTER_FUSION_MIN_TE = "2.7.0"
+@dataclass(frozen=True)
+class TeFusion:
+    """A MoE plan field that switches on TransformerEngine's fused kernels: its Megatron-LM flag,
+    the TE version that has them, what they are and what runs without them."""
+    flag: str
+    min_te: str
+    kernels: str
+    without: str
+
+
+# The one table the stack defaults, the plan rules (tuner/space/megatron_rules.py) and the trial's
+# layer-spec check (trials/megatron/spec_choice.py) read; plan field -> TeFusion
+TE_FUSIONS = {
+    # megatron-core 0.16.1 transformer_config.py: moe_permute_fusion raises "fused permutation is not
+    # available. Please install TE >= 2.1.0." without TE's fused_permute / fused_unpermute / fused_sort_chunks_by_index
+    "permute_fusion": TeFusion("--moe-permute-fusion", "2.1.0", "its fused permute kernels",
+                               "permute_fusion=0 runs the PyTorch permutation"),
+    # megatron-core 0.16.1 moe_utils.topk_routing_with_score_function / compute_routing_scores_for_aux_loss
+    # with fused=True: "fused_topk_with_score_function is not available. Please install TE >= 2.7.0."
+    "router_fusion": TeFusion("--moe-router-fusion", "2.7.0", "its fused top-k and aux-loss kernels",
+                              "router_fusion=0 runs the PyTorch router"),
+}
 
 
 def stack_defaults(profile: StackProfile, is_moe: bool = True) -> dict:
@@ -232,8 +248,7 @@ def stack_defaults(profile: StackProfile, is_moe: bool = True) -> dict:
     return dict(dist_opt=profile.dist_opt, overlap_grad_reduce=profile.overlap_grad_reduce,
                 overlap_param_gather=profile.dist_opt and profile.overlap_grad_reduce,
                 grouped_gemm=profile.grouped_gemm and is_moe,
-                permute_fusion=profile.te_at_least(PERMUTE_FUSION_MIN_TE) and is_moe,
-                router_fusion=profile.te_at_least(ROUTER_FUSION_MIN_TE) and is_moe)
+                **{name: profile.te_at_least(f.min_te) and is_moe for name, f in TE_FUSIONS.items()})
 
 
 def cpu_defaults(fields: dict) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from specs.cpu_support import cpu_rejections
-from specs.stack import FP8_RECIPES, PERMUTE_FUSION_MIN_TE, ROUTER_FUSION_MIN_TE, Installed
+from specs.stack import FP8_RECIPES, TE_FUSIONS, Installed
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,9 @@ def layer_spec_choice(plan, installed: Installed, model=None) -> LayerSpecChoice
         add("fp8", f"fp8-blockwise needs TransformerEngine >= 2.3 (installed {te})")
     if plan.fp8 and te and plan.precision == "mxfp8" and _vt(te) < (2, 1):
         add("fp8", f"mxfp8 needs TransformerEngine >= 2.1 (installed {te})")
-    for name, flag, need in (("permute_fusion", "--moe-permute-fusion", PERMUTE_FUSION_MIN_TE),
-                             ("router_fusion", "--moe-router-fusion", ROUTER_FUSION_MIN_TE)):
-        if is_moe and getattr(plan, name) and (not te or _vt(te) < _vt(need)):
-            add(name, f"{name} ({flag}) needs TransformerEngine >= {need} "
+    for name, f in TE_FUSIONS.items():
+        if is_moe and getattr(plan, name) and (not te or _vt(te) < _vt(f.min_te)):
+            add(name, f"{name} ({f.flag}) needs TransformerEngine >= {f.min_te} "
                       f"({'installed ' + te if te else 'not installed'})")
     if experts == "GroupedMLP" and not installed.grouped_gemm:
         add("grouped_gemm", "grouped GEMM experts need TransformerEngine (TEGroupedMLP) or the "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 
 from specs.plan import Plan
-from specs.stack import FP8_RECIPES, HYBRIDEP_NUM_SMS, StackProfile, launch_env
+from specs.stack import FP8_RECIPES, HYBRIDEP_NUM_SMS, TE_FUSIONS, StackProfile, launch_env
 from specs.workload import Workload
 
 # plan precision -> (--fp8-format, --fp8-recipe): one table for the emitted script and the trial
@@ -16,8 +16,7 @@ FP8_RECIPE_FLAGS = FP8_RECIPES
 
 
 # Boolean plan fields and the Megatron-LM flag that switches each on.
-MOE_SWITCHES = (("grouped_gemm", "--moe-grouped-gemm"), ("permute_fusion", "--moe-permute-fusion"),
-                ("router_fusion", "--moe-router-fusion"),
+MOE_SWITCHES = (("grouped_gemm", "--moe-grouped-gemm"), *((name, f.flag) for name, f in TE_FUSIONS.items()),
                 ("shared_expert_overlap", "--moe-shared-expert-overlap"),
                 ("a2a_overlap", "--overlap-moe-expert-parallel-comm"), ("delay_wgrad", "--delay-wgrad-compute"))
 DP_SWITCHES = (("dist_opt", "--use-distributed-optimizer"),

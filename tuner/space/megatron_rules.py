@@ -21,7 +21,7 @@ from clusters import is_hopper
 from specs.errors import LayoutError
 from specs.pipeline import split_layers
 from specs.plan import Plan
-from specs.stack import GPU_FULL_TE211, PERMUTE_FUSION_MIN_TE, ROUTER_FUSION_MIN_TE, StackProfile
+from specs.stack import GPU_FULL_TE211, TE_FUSIONS, StackProfile
 from specs.workload import Workload
 
 
@@ -329,12 +329,9 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
         missing.append("flex/hybridep needs HybridEP")
     if p.grouped_gemm and m.is_moe and not profile.grouped_gemm:
         missing.append("grouped GEMM needs CUDA grouped-GEMM kernels")
-    if p.permute_fusion and m.is_moe and not profile.te_at_least(PERMUTE_FUSION_MIN_TE):
-        missing.append(f"permute_fusion (--moe-permute-fusion) needs TransformerEngine >= {PERMUTE_FUSION_MIN_TE} "
-                       "(its fused permute kernels; permute_fusion=0 runs the PyTorch permutation)")
-    if p.router_fusion and m.is_moe and not profile.te_at_least(ROUTER_FUSION_MIN_TE):
-        missing.append(f"router_fusion (--moe-router-fusion) needs TransformerEngine >= {ROUTER_FUSION_MIN_TE} "
-                       "(its fused top-k and aux-loss kernels; router_fusion=0 runs the PyTorch router)")
+    for name, f in TE_FUSIONS.items():
+        if getattr(p, name) and m.is_moe and not profile.te_at_least(f.min_te):
+            missing.append(f"{name} ({f.flag}) needs TransformerEngine >= {f.min_te} ({f.kernels}; {f.without})")
     if p.dist_opt and not profile.dist_opt:
         missing.append("the distributed optimizer is CUDA-only")
     if p.overlap_grad_reduce and not profile.overlap_grad_reduce:

@@ -74,7 +74,7 @@ def load_csv(path: str | Path, time_column: str | None = None) -> list[dict]:
         raise CalibrateError(f"{path}: not a CSV file ({e})") from None
     # the header decides, rows or not: a file of the wrong kind (JSON, a header of other columns)
     # names what it lacks instead of counting zero usable runs
-    cols = [c for c in (reader.fieldnames or []) if c is not None]
+    cols = reader.fieldnames or []
     if not cols:
         raise CalibrateError(f"{path}: empty (a CSV with a 'plan' column and a measured step time column)")
     if "plan" not in cols:
