@@ -583,7 +583,6 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     st = _stages(spec, pa, x.vpp)
     nd, nm, smask = st.dense, st.moe, st.mask
     stage_compute = terms.stage_compute(st)
-    stage_compute_nr = terms.stage_compute(dataclasses.replace(st, recompute_fraction=0.0 * st.recompute_fraction))
     stage_fwd = terms.stage_fwd(st)
     # CPU floor: kernels per microbatch x dispatch gap (structural kernel counts, fwd; bwd = 2x)
     # CUDA graphs: a graphed region's kernels become one replay per pass (`blocks.cuda_graphs`);
@@ -600,11 +599,9 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
                             + st.loss * KERNELS_LM_HEAD_LOSS)
     kern_fwd = kern / KERNEL_PASSES + launches  # the forward launches once (one replay per region), the backward twice
     kern = kern + GRAPH_LAUNCHES_PER_REGION * launches
-    kern_nr = kern  # without recompute's launches (the DP overlap windows below)
     kern = kern + (pa.recompute > 0)[:, None] * st.layers * col(k_attn + gr.attn) * st.recompute_fraction
     no_host = col(gr.full_iteration)
-    kern, kern_fwd, kern_nr = np.where(no_host, 0.0, kern), np.where(no_host, 0.0, kern_fwd), np.where(no_host, 0.0, kern_nr)
-    floor_nr = kern_nr * ops.gap
+    kern, kern_fwd = np.where(no_host, 0.0, kern), np.where(no_host, 0.0, kern_fwd)
     floor = kern * ops.gap
     fwd_floor = kern_fwd * ops.gap
     if ops.async_launch:
@@ -644,20 +641,18 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     # the DP overlap windows are wall time, not GPU seconds: on a launch-bound stage extra compute
     # (recompute, a longer forward) runs under the launch floor and lengthens no window
     if ops.async_launch:
-        # issue 22 item 7 / 25: how the stage's wall time C splits into the forward window (the param
-        # all-gather hides under it) and the backward window (C - forward: the grad reduce-scatter)
-        # must not move with the work, or more work hides more communication than it adds. On a
-        # launch-bound stage the split is the floor's own (the forward issues 1/KERNEL_PASSES of the
-        # launches); the wall time beyond the floor is shared in the ratio of the GPU seconds. Taken
-        # twice, with and without recompute (its extra wall time all backward), and the larger kept:
-        # recompute then never widens the backward window by more than it lengthens C, and no knob
-        # of tests/test_properties.py (seq, gbs, imbalance, top-k, layers, MTP) shortens a step.
-        fl, sc = floor[rows, slow], stage_compute[rows, slow]
-        with_rc = fl / KERNEL_PASSES + stage_fwd[rows, slow] / np.maximum(sc, 1e-30) * np.maximum(0.0, C - fl)
-        fl0, sc0 = floor_nr[rows, slow], stage_compute_nr[rows, slow]
-        c0 = (wall(stage_compute_nr, floor_nr) * smask)[rows, slow]  # the same host timeline as C
-        without_rc = fl0 / KERNEL_PASSES + stage_fwd[rows, slow] / np.maximum(sc0, 1e-30) * (c0 - fl0)
-        fwd_win = np.maximum(with_rc, np.minimum(without_rc, C))
+        # issue 22 item 7: the forward window (the param all-gather hides under it) and the backward
+        # window (C - forward: the grad reduce-scatter) are fixed shares of the stage's wall time C,
+        # so they move only as C does: more work (or recompute) lengthening C by dC widens the two
+        # windows by dC together, hiding at most dC more, while the m microbatches add m dC. The
+        # share is structural, 1/KERNEL_PASSES: the forward issues a third of the launches and does
+        # a third of the GEMM work. Not the GPU seconds' ratio: on a host-bound stage whose C did not
+        # move, more routed work moved that ratio and the wider backward window hid more of the grad
+        # reduce-scatter (tests/test_properties.py regression cases 7-8). Not 1/(3 + recompute
+        # share) either: the backward window then grew by more than C, and full recompute on a
+        # launch-bound stage predicted a shorter step (tests/test_rank_top.py). Full recompute's
+        # forward window is a little wide by this share (its backward re-runs the forward).
+        fwd_win = C / KERNEL_PASSES
     else:
         fwd_win = fwd_wall[rows, slow]
     bwd_wall = C - fwd_win
@@ -668,21 +663,15 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     # every stage syncs its own gradients and runs its own optimizer step, and the step waits for
     # all of them (grad-norm clipping). The optimizer is the slowest stage's (max over stages: one
     # chosen stage let an MTP layer on the last stage move the choice to a cheaper one and shorten
-    # the step, tests/test_properties.py). The DP collectives are those of the stage holding the
-    # most parameters (the slowest stage's, which a little more work elsewhere can change, would
-    # understate them).
-    big = np.argmax(params.dense + params.expert, axis=1)
-    Pd, Pe = params.dense[rows, big], params.expert[rows, big]
-    # the param all-gather hides under the forward's wall time, not its GPU seconds (the same reason
-    # as bwd_wall): on a launch-bound stage extra forward work widens no window (issue 22 item 7)
-    dpc = dp_collectives(x, Pd, Pe, fwd_win, bwd_wall)
+    # the step, tests/test_properties.py). So are the DP collectives: each stage's exposed reduce-
+    # scatter and all-gather, the compute slowed by the SMs and the HBM bandwidth its hidden ones
+    # take, summed, under the same windows, and the step waits for the stage where that sum is the
+    # largest (one chosen stage, the one holding the most parameters, let an MTP layer on the loss
+    # stage move the choice to a stage whose dense / expert mix exposed less, and a maximum taken per
+    # term let the HBM term fall when bytes joined a slower collective: test_properties.py
+    # regression cases 9-10; per stage the sum never falls with more bytes or a longer C)
     S = params.dense.shape[1]
-    # the compute slowed by the SMs and the HBM bandwidth the hidden DP collectives take: every
-    # stage's own, the step waiting for the most slowed (max over stages: more parameters on any
-    # stage never shortens it)
-    if ops.async_launch:
-        per_stage = [dp_collectives(x, params.dense[:, s], params.expert[:, s], fwd_win, bwd_wall) for s in range(S)]
-        dpc.sm_share = np.max(np.stack([d.sm_share for d in per_stage], axis=1) * smask, axis=1)
+    per_stage = [dp_collectives(x, params.dense[:, s], params.expert[:, s], fwd_win, bwd_wall) for s in range(S)]
     # the HBM bandwidth hidden communication takes from the memory-bound compute under it (GPUs;
     # issue 22): the interleaved schedule's overlapped PP send/recv (under the m microbatches'
     # compute of the stage with the most memory-bound seconds: which stage is slowest can move with
@@ -693,11 +682,16 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         mb_stage = _chain(terms.breakdown(st, MEMBOUND_COMPONENTS).values()) * smask
         p2p_sm = pp_p2p_sm_share(cl, pipe.hidden)
         p2p_hbm = hidden_comm_hbm(pipe.p2p_bytes, pipe.one, pipe.hidden, m * np.max(mb_stage, axis=1), hbm)
-        dp_hbm = np.max(np.stack([hidden_comm_hbm(d.grad_bytes, d.grad_s, d.hidden_grad, mb_stage[:, s], hbm)
-                                  + hidden_comm_hbm(d.gather_bytes, d.gather_s, d.hidden_gather, mb_stage[:, s], hbm)
-                                  for s, d in enumerate(per_stage)], axis=1) * smask, axis=1)
+        dp_hbm_s = np.stack([hidden_comm_hbm(d.grad_bytes, d.grad_s, d.hidden_grad, mb_stage[:, s], hbm)
+                             + hidden_comm_hbm(d.gather_bytes, d.gather_s, d.hidden_gather, mb_stage[:, s], hbm)
+                             for s, d in enumerate(per_stage)], axis=1)
     else:
-        p2p_sm = p2p_hbm = dp_hbm = z
+        p2p_sm = p2p_hbm = z
+        dp_hbm_s = np.zeros((pa.n, S))
+    parts = {k: np.stack([getattr(d, k) for d in per_stage], axis=1) for k in ("grad", "param_gather", "sm_share")}
+    dps = np.argmax((parts["grad"] + parts["param_gather"] + parts["sm_share"] + dp_hbm_s) * smask, axis=1)
+    dpc = dataclasses.replace(per_stage[0], **{k: v[rows, dps] for k, v in parts.items()})
+    dp_hbm = dp_hbm_s[rows, dps]
     opt_t = np.max(np.stack([optimizer_step(x, params.dense[:, s], params.expert[:, s], st.layers[:, s])
                              for s in range(params.dense.shape[1])], axis=1), axis=1)
 

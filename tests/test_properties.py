@@ -184,6 +184,54 @@ def test_allgather_regression_more_work_never_shortens(plan, knob):
     assert b >= a * (1 - REL), f"{knob}: {a:.6g} s -> {b:.6g} s"
 
 
+# 7-10: found by a wider scan (8 workloads, the "full" plan space) than the pools above.
+# 7-8: the DP windows split the stage's wall time by the GPU seconds' ratio: on a host-bound stage
+#      (per-expert GEMMs, the dropless syncs) more routed work moved that ratio without moving C, and
+#      the wider backward window hid more of the grad reduce-scatter (GPT-OSS-120B on 64 H100).
+# 9:   the DP collectives were the stage's with the most parameters: one more MTP layer on the loss
+#      stage made it that stage, whose dense / expert mix exposed less (DeepSeek-V3 on 256 B200).
+# 10:  found against the first fix of 9, a maximum over stages taken per DP term: the HBM term fell
+#      when an MTP layer's bytes joined a slower reduce-scatter (GPT-OSS-120B on 64 H100); the step
+#      takes the stage whose DP terms sum the largest.
+_GPT_OSS = ("gpt-oss-120b", "h100-sxm", 64, 1280, 4096)
+_DSV3_B200 = ("deepseek-v3", "b200", 256, 4096, 4096)
+_HOST_BOUND = ("tp=1,cp=2,pp=2,vpp=4,ep=2,etp=1,mbs=1,recompute=none,dist_opt=0,overlap_grad_reduce=1,"
+               "overlap_param_gather=0,a2a_overlap=1,delay_wgrad=1,pp_layout=Etttt|(ttttt|)*5tttt|tttL,"
+               "grouped_gemm=0,dispatcher=flex,flex_backend=hybridep,precision=bf16")
+WIDE_REGRESSIONS = [
+    (_GPT_OSS, _HOST_BOUND, "imbalance"),
+    (_GPT_OSS, _HOST_BOUND, "topk"),
+    (_DSV3_B200, "tp=1,pp=4,vpp=2,ep=16,etp=4,mbs=1,recompute=selective,recompute_modules=moe,dist_opt=1,"
+     "overlap_grad_reduce=1,overlap_param_gather=0,shared_expert_overlap=1,pp_layout=Ettttttt|(tttttttt|)*6ttttttL,grouped_gemm=0,"
+     "dispatcher=alltoall,precision=mxfp8", "mtp"),
+    (_GPT_OSS, "tp=1,cp=4,pp=4,vpp=6,ep=8,etp=1,mbs=1,recompute=selective,dist_opt=1,overlap_grad_reduce=1,"
+     "overlap_param_gather=0,pp_layout=Et|(tt|)*13(t|)*9L,dispatcher=flex,flex_backend=deepep,precision=bf16", "mtp"),
+]
+
+
+@pytest.mark.parametrize("wl,plan,knob", WIDE_REGRESSIONS)
+def test_wide_scan_regression_more_work_never_shortens(wl, plan, knob):
+    model, kind, gpus, gbs, seq = wl
+    w = Workload(load_model(model), load_cluster(kind, gpus), gbs, seq)
+    p = Plan.parse(plan)
+    assert _realizable(w, p), p.canonical()
+    w2, p2, kw = KNOBS[knob](w, p)
+    a, b = _step(w, p), _step(w2, p2, **kw)
+    assert b >= a * (1 - REL), f"{knob}: {a:.9g} s -> {b:.9g} s"
+
+
+def test_wide_scan_regression_full_recompute_never_shortens_a_launch_bound_step():
+    """11: with the forward window at 1/(3 + recompute share) of the stage's wall time, the backward
+    window of a launch-bound stage under full recompute grew by more than the recompute lengthened
+    it, and hid more of the grad all-reduce (qwen3-30b-a3b EP1 on 16 B200, seq 512)."""
+    w, _ = _pool(_B200_SEQ512)
+    p = Plan.parse("tp=1,pp=1,ep=1,mbs=1,recompute=full,recompute_method=uniform,recompute_layers=1,dist_opt=0,"
+                   "overlap_grad_reduce=1,overlap_param_gather=0,grouped_gemm=1")
+    q = p.replace(recompute="none", recompute_modules=(), recompute_method="", recompute_layers=0)
+    assert _realizable(w, p) and _realizable(w, q)
+    assert _step(w, p) >= _step(w, q) * (1 - REL)
+
+
 # -- memory per GPU ----------------------------------------------------------------------------------------
 
 @PROPS

@@ -112,6 +112,14 @@ REGENERATIONS = [
      "sent 1 B + scales per element. GPU calibration refit 1.2742 -> 1.2158: every step x0.9542 (the scale alone), "
      "fp8 flex deepseek-v3 plans up to x1.023; plans, scripts and counts identical",
      "68c093ef7041f8e41aa5118b4df1039238cc0fb1f83d946ad76d23304326575b"),
+    ("DP windows and stages (2026-12-06)", "`--keep-plans`: the DP overlap windows are a fixed share of the "
+     "stage's wall time (forward 1/3) instead of a split by the GPU seconds' ratio, and the step waits for the "
+     "stage whose DP terms (exposed reduce-scatter and all-gather, SM and HBM shares) sum the largest, not the "
+     "stage with the most parameters (tests/test_properties.py wide-scan regressions). 11 of 50 step times move, "
+     "-0.35% .. +0.29% (deepseek-v3 +0.0007% .. +0.29%, gpt-oss-120b -0.35% .. -0.015%, qwen3-235b +0.015% .. "
+     "+0.11%; mixtral's DP breakdown only); the shared rows' raw steps and the calibration (1.2158) unchanged; "
+     "plans, scripts and counts identical",
+     "6749ab597b9ea50b665d62c40e420851a656c64100458317f0357ba4476a1b8f"),
 ]
 
 
