@@ -14,7 +14,6 @@ a 2-core host. The counterexamples it found are kept as tests (tests/test_proper
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import random
 import sys
 from pathlib import Path
@@ -28,7 +27,16 @@ from clusters import load_cluster  # noqa: E402
 from specs.models import load_model  # noqa: E402
 from specs.stack import GPU_FULL  # noqa: E402
 from specs.workload import Workload  # noqa: E402
-from tuner.space.megatron_rules import check  # noqa: E402
+from tests.invariants import (  # noqa: E402 - the property tests' own rules
+    KNOBS,
+    REL,
+    layers_apply,
+    memory_breaks,
+    realizable,
+    step,
+    twice_the_gpus,
+)
+from tuner.rank.train import _RECOMPUTE_RESET  # noqa: E402
 from tuner.space.train import default_space, iter_realizable  # noqa: E402
 
 WORKLOADS = [  # model, cluster kind, GPUs, gbs, seq, precision
@@ -41,25 +49,9 @@ WORKLOADS = [  # model, cluster kind, GPUs, gbs, seq, precision
     ("qwen3-30b-a3b", "h100-sxm", 16, 1024, 4096, "fp8"),
     ("gpt-oss-20b", "h100-sxm", 8, 256, 4096, "bf16"),
 ]
-REL = 1e-9  # batched table lookups can differ in the last bits
-
-
-def _with_model(w, **kw):
-    return Workload(dataclasses.replace(w.model, **kw), w.cluster, w.gbs, w.seq)
-
-
-KNOBS = {  # the same workload with more work, and predict() options
-    "seq": lambda w: (Workload(w.model, w.cluster, w.gbs, 2 * w.seq), {}),
-    "gbs": lambda w: (Workload(w.model, w.cluster, 2 * w.gbs, w.seq), {}),
-    "imbalance 2": lambda w: (w, {"imbalance": 2.0}),
-    "imbalance 1.3": lambda w: (w, {"imbalance": 1.3}),
-    "topk": lambda w: (_with_model(w, moe_router_topk=min(w.model.num_experts, w.model.moe_router_topk + 1)), {}),
-    "mtp": lambda w: (_with_model(w, mtp_num_layers=w.model.mtp_num_layers + 1), {}),
-}
-
-
-def _one(w, p, key="step_time_s"):
-    return float(cost_model.predict_arrays(w, [p])[key][0])
+# the tests' knobs, and a milder imbalance beside their 2.0
+SCAN_KNOBS = {**{k: v for k, v in KNOBS.items() if k != "layers"},
+              "imbalance 1.3": lambda w, p: (w, p, {"imbalance": 1.3})}
 
 
 def scan(w, precision, rng, n):
@@ -70,40 +62,31 @@ def scan(w, precision, rng, n):
         if len(pool) >= n:
             break
     fails = {}
+
+    def fail(name, p):
+        fails.setdefault(name, [0, p.canonical()])[0] += 1
+
     base = cost_model.predict_arrays(w, pool)
-    for name, more in KNOBS.items():
-        w2, kw = more(w)
-        bad = np.nonzero(cost_model.predict_arrays(w2, pool, **kw)["step_time_s"] < base["step_time_s"] * (1 - REL))[0]
-        if len(bad):
-            fails[name] = (len(bad), pool[bad[0]].canonical())
-    layers = [p for p in pool[:300] if not p.pp_layout]  # an explicit layout names every layer
-    for p in layers:
-        k, m = p.pp * p.vpp, w.model
-        w2 = Workload(dataclasses.replace(m, num_layers=m.num_layers + k, moe_layers=tuple(m.moe_layers) + (True,) * k),
-                      w.cluster, w.gbs, w.seq)
-        if not check(w2, p, GPU_FULL) and _one(w2, p) < _one(w, p) * (1 - REL):
-            fails.setdefault("layers", [0, p.canonical()])[0] += 1
-    w2 = Workload(w.model, load_cluster(w.cluster.kind, 2 * w.world), w.gbs, w.seq)
-    ok = [p for p in pool if not check(w2, p, GPU_FULL)]
+    for name, more in SCAN_KNOBS.items():  # vectorised: the knob changes the workload, not the plan
+        w2, _, kw = more(w, pool[0])
+        for j in np.nonzero(cost_model.predict_arrays(w2, pool, **kw)["step_time_s"] < base["step_time_s"] * (1 - REL))[0]:
+            fail(name, pool[j])
+    for p in pool[:300]:
+        if layers_apply(w, p):
+            w2, p2, kw = KNOBS["layers"](w, p)
+            if step(w2, p2, **kw) < step(w, p) * (1 - REL):
+                fail("layers", p)
+    w2 = twice_the_gpus(w)
+    ok = [p for p in pool if realizable(w2, p)]
     if ok:
         m1 = cost_model.predict_arrays(w, ok)["peak_memory_gib"]
-        bad = np.nonzero(cost_model.predict_arrays(w2, ok)["peak_memory_gib"] > m1 * (1 + REL))[0]
-        if len(bad):
-            fails["memory, 2x GPUs"] = (len(bad), ok[bad[0]].canonical())
+        for j in np.nonzero(cost_model.predict_arrays(w2, ok)["peak_memory_gib"] > m1 * (1 + REL))[0]:
+            fail("memory, 2x GPUs", ok[j])
     for j, p in enumerate(pool[:400]):
-        mem = float(base["peak_memory_gib"][j])
-        if p.recompute != "none":
-            q = p.replace(recompute="none", recompute_modules=(), recompute_method="", recompute_layers=0)
-            if not check(w, q, GPU_FULL):
-                if mem > _one(w, q, "peak_memory_gib") * (1 + REL):
-                    fails.setdefault("memory, recompute", [0, p.canonical()])[0] += 1
-                if float(base["step_time_s"][j]) < _one(w, q) * (1 - REL):
-                    fails.setdefault("step, recompute", [0, p.canonical()])[0] += 1
-        if p.dist_opt and mem > _one(w, p.replace(dist_opt=False, overlap_param_gather=False), "peak_memory_gib") * (1 + REL):
-            fails.setdefault("memory, distributed optimizer", [0, p.canonical()])[0] += 1
-        big = p.replace(mbs=2 * p.mbs)
-        if not check(w, big, GPU_FULL) and _one(w, big, "peak_memory_gib") < mem * (1 - REL):
-            fails.setdefault("memory, 2x mbs", [0, p.canonical()])[0] += 1
+        for name in memory_breaks(w, p, float(base["peak_memory_gib"][j])):
+            fail("memory, " + name, p)
+        if p.recompute != "none" and float(base["step_time_s"][j]) < step(w, p.replace(**_RECOMPUTE_RESET)) * (1 - REL):
+            fail("step, recompute", p)
     return len(pool), fails
 
 

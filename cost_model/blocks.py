@@ -783,8 +783,9 @@ def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarra
                    stage_fwd_s: np.ndarray, stage_bwd_s: np.ndarray) -> DPComm:
     """Grad reduce-scatter (fp32 main grads; all-reduce without the distributed optimizer) and
     param all-gather (bf16, or fp8 with --fp8-param-gather; distributed optimizer) over the DP x CP group (dense parameters) and
-    the expert-DP group (experts) of the slowest stage; with overlap, exposed beyond the backward
-    resp. forward of one microbatch (`stage_bwd_s`: the backward's wall time), at least the last bucket."""
+    the expert-DP group (experts) of one stage's parameters; with overlap, exposed beyond the
+    backward resp. forward window of one microbatch (`stage_bwd_s`, `stage_fwd_s`: wall time), at
+    least the last bucket."""
     ops, pa = x.ops, x.pa
     Pd, Pe = dense_params, expert_params
     dpc_size, dpc_stride = x.dp * x.cp, x.tp  # DP x CP group: tp-strided, contiguous over cp and dp

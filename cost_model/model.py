@@ -36,8 +36,9 @@ this module gathers the inputs, calls the blocks and assembles the step:
   C_s = max(compute_s, kernels_s * dispatch gap); compute_s + kernels_s * gap on CPU devices (synchronous), gap of the trial stack
   (`dispatch_gap` mode "stack") when measured.
 * DP: grad reduce-scatter (fp32 main grads) + param all-gather (dist-opt) or all-reduce, over the
-  DP x CP group (dense) and expert-DP group (experts), exposed beyond the overlap window (backward
-  resp. forward of one microbatch on the stage) when overlap is on, at least the last bucket.
+  DP x CP group (dense) and expert-DP group (experts), exposed beyond the overlap window (on GPUs
+  2/3 resp. 1/3 of one microbatch's stage wall time) when overlap is on, at least the last bucket;
+  each stage its own, and the step waits for the stage whose DP terms sum the largest.
 * Recompute: full (uniform, or `block` of recompute_layers per virtual chunk) re-runs the layer
   forward; selective re-runs the listed modules' forward.
 * Memory per stage: weights (bf16, +1 B/param fp8 weight cache), fp32 main grads, Adam (fp32
@@ -53,7 +54,6 @@ this module gathers the inputs, calls the blocks and assembles the step:
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -583,7 +583,6 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     st = _stages(spec, pa, x.vpp)
     nd, nm, smask = st.dense, st.moe, st.mask
     stage_compute = terms.stage_compute(st)
-    stage_fwd = terms.stage_fwd(st)
     # CPU floor: kernels per microbatch x dispatch gap (structural kernel counts, fwd; bwd = 2x)
     # CUDA graphs: a graphed region's kernels become one replay per pass (`blocks.cuda_graphs`);
     # a full-iteration graph launches nothing per kernel
@@ -634,7 +633,6 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         def wall(gpu, host):
             return gpu + host
     stage_time = wall(stage_compute, floor) * smask
-    fwd_wall = wall(stage_fwd, fwd_floor)
     slow = np.argmax(stage_time, axis=1)
     rows = np.arange(pa.n)
     C = stage_time[rows, slow]
@@ -654,7 +652,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         # forward window is a little wide by this share (its backward re-runs the forward).
         fwd_win = C / KERNEL_PASSES
     else:
-        fwd_win = fwd_wall[rows, slow]
+        # CPU: the forward's own GPU seconds and dispatch time (the host adds, it never runs ahead)
+        fwd_win = wall(terms.stage_fwd(st), fwd_floor)[rows, slow]
     bwd_wall = C - fwd_win
 
     # -- per step: pipeline, DP collectives, optimizer -------------------------------------------------
@@ -688,15 +687,15 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     else:
         p2p_sm = p2p_hbm = z
         dp_hbm_s = np.zeros((pa.n, S))
-    parts = {k: np.stack([getattr(d, k) for d in per_stage], axis=1) for k in ("grad", "param_gather", "sm_share")}
-    dps = np.argmax((parts["grad"] + parts["param_gather"] + parts["sm_share"] + dp_hbm_s) * smask, axis=1)
-    dpc = dataclasses.replace(per_stage[0], **{k: v[rows, dps] for k, v in parts.items()})
-    dp_hbm = dp_hbm_s[rows, dps]
+    dp_grad, dp_gather, dp_sm = (np.stack([getattr(d, k) for d in per_stage], axis=1)
+                                 for k in ("grad", "param_gather", "sm_share"))
+    dps = np.argmax((dp_grad + dp_gather + dp_sm + dp_hbm_s) * smask, axis=1)
+    dp_grad, dp_gather, dp_sm, dp_hbm = (v[rows, dps] for v in (dp_grad, dp_gather, dp_sm, dp_hbm_s))
     opt_t = np.max(np.stack([optimizer_step(x, params.dense[:, s], params.expert[:, s], st.layers[:, s])
-                             for s in range(params.dense.shape[1])], axis=1), axis=1)
+                             for s in range(S)], axis=1), axis=1)
 
     # -- step ---------------------------------------------------------------------------------------
-    raw = (m * C + pipe.bubble + pipe.p2p + dpc.grad + dpc.param_gather + dpc.sm_share + opt_t
+    raw = (m * C + pipe.bubble + pipe.p2p + dp_grad + dp_gather + dp_sm + opt_t
            + p2p_sm + p2p_hbm + dp_hbm)
     step = raw * calibration_scale
     tokens = workload.gbs * workload.seq
@@ -739,8 +738,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
                 bd[name] = part
                 left = left - part
             bd["cpu_stack_floor"] = np.maximum(0.0, left)  # the rest, measured in situ (calibration: stack_floor)
-        bd.update(pipeline_bubble=pipe.bubble, pp_p2p=pipe.p2p, dp_grad_reduce_scatter=dpc.grad,
-                  dp_param_all_gather=dpc.param_gather, dp_overlap_sm_share=dpc.sm_share, optimizer_step=opt_t,
+        bd.update(pipeline_bubble=pipe.bubble, pp_p2p=pipe.p2p, dp_grad_reduce_scatter=dp_grad,
+                  dp_param_all_gather=dp_gather, dp_overlap_sm_share=dp_sm, optimizer_step=opt_t,
                   pp_p2p_sm_share=p2p_sm, pp_p2p_hbm_share=p2p_hbm, dp_overlap_hbm_share=dp_hbm,
                   calibration=raw * (calibration_scale - 1.0))
         out["breakdown_s"] = bd

@@ -19,7 +19,6 @@ GPU seconds instead of its wall time (review tests-review.md section 0.1, issue 
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import numpy as np
@@ -34,14 +33,13 @@ from specs.errors import PlanSyntaxError
 from specs.models import load_model
 from specs.plan import DISPATCHERS, FLEX_BACKENDS, PRECISIONS, RECOMPUTE, RECOMPUTE_METHODS, RECOMPUTE_MODULES, Plan
 from specs.serve_plan import ServePlan
-from specs.stack import GPU_FULL, cpu_profile
 from specs.workload import Workload
-from tuner.space.megatron_rules import check
+from tests.invariants import KNOBS, REL, layers_apply, mem, memory_breaks, profile, realizable, step, twice_the_gpus
+from tuner.rank.train import _RECOMPUTE_RESET
 from tuner.space.train import default_space, iter_realizable
 
 PROPS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-REL = 1e-9  # batched table lookups can differ in the last bits
 
 # (model, cluster kind, gpus, gbs, seq, precision, shards, stride): a sample of the realizable plans,
 # every stride-th of shard 0 of `shards` (the whole space where it is small).
@@ -60,64 +58,25 @@ def _home(monkeypatch, tmp_path):
     monkeypatch.setenv("MOETUNE_HOME", str(tmp_path))
 
 
-def _profile(kind):
-    return cpu_profile() if kind == "cpu-local" else GPU_FULL
-
-
 @functools.lru_cache(maxsize=None)
 def _pool(name):
     model, kind, gpus, gbs, seq, precision, shards, stride = WORKLOADS[name]
     w = Workload(load_model(model), load_cluster(kind, gpus), gbs, seq)
-    space = default_space(w, _profile(kind), precision, level="core")
-    plans = [p for i, p in enumerate(iter_realizable(space, w, _profile(kind), 0, shards)) if i % stride == 0][:2000]
+    space = default_space(w, profile(kind), precision, level="core")
+    plans = [p for i, p in enumerate(iter_realizable(space, w, profile(kind), 0, shards)) if i % stride == 0][:2000]
     assert len(plans) > 50, name
     return w, tuple(plans)
 
 
-def _step(w, plan, **kw):
-    return float(cost_model.predict_arrays(w, [plan], **kw)["step_time_s"][0])
-
-
-def _mem(w, plan):
-    return float(cost_model.predict_arrays(w, [plan])["peak_memory_gib"][0])
-
-
-def _with_model(w, **kw):
-    return Workload(dataclasses.replace(w.model, **kw), w.cluster, w.gbs, w.seq)
-
-
-def _more_layers(w, plan):
-    """pp*vpp more MoE layers at the end (every stage gets one more per virtual stage)."""
-    k = plan.pp * plan.vpp
-    m = w.model
-    return Workload(dataclasses.replace(m, num_layers=m.num_layers + k, moe_layers=m.moe_layers + (True,) * k),
-                    w.cluster, w.gbs, w.seq)
-
-
-def _realizable(w, plan):
-    kind = w.cluster.kind
-    return not check(w, plan, _profile(kind))
-
-
 # -- more work never predicts a shorter step ------------------------------------------------------------
-
-KNOBS = {
-    "seq": lambda w, p: (Workload(w.model, w.cluster, w.gbs, 2 * w.seq), p, {}),
-    "gbs": lambda w, p: (Workload(w.model, w.cluster, 2 * w.gbs, w.seq), p, {}),
-    "imbalance": lambda w, p: (w, p, {"imbalance": 2.0}),
-    "topk": lambda w, p: (_with_model(w, moe_router_topk=min(w.model.num_experts, w.model.moe_router_topk + 1)), p, {}),
-    "layers": lambda w, p: (_more_layers(w, p), p, {}),
-    "mtp": lambda w, p: (_with_model(w, mtp_num_layers=w.model.mtp_num_layers + 1), p, {}),
-}
-
 
 def _more_work_never_shortens(name, idx, knob):
     w, plans = _pool(name)
     p = plans[idx % len(plans)]
     w2, p2, kw = KNOBS[knob](w, p)
-    if knob == "layers" and (p.pp_layout or not _realizable(w2, p2)):
+    if knob == "layers" and not layers_apply(w, p):
         return  # an explicit layout names every layer: more layers is another plan
-    a, b = _step(w, p), _step(w2, p2, **kw)
+    a, b = step(w, p), step(w2, p2, **kw)
     assert b >= a * (1 - REL), f"{knob}: {a:.6g} s -> {b:.6g} s for {p.canonical()} on {name}"
 
 
@@ -134,7 +93,7 @@ def test_more_routing_imbalance_never_shortens_allgather(name, idx, imb, more):
     """Imbalance is continuous: any two levels, the higher never faster (the all-gather bug's knob)."""
     w, plans = _pool(name)
     p = plans[idx % len(plans)]
-    a, b = _step(w, p, imbalance=imb), _step(w, p, imbalance=imb + more)
+    a, b = step(w, p, imbalance=imb), step(w, p, imbalance=imb + more)
     assert b >= a * (1 - REL), (p.canonical(), name, imb, more)
 
 
@@ -180,7 +139,7 @@ def test_allgather_regression_more_work_never_shortens(plan, knob):
     w, _ = _pool(_B200_SEQ512)
     p = Plan.parse(plan)
     w2, p2, kw = KNOBS[knob](w, p)
-    a, b = _step(w, p), _step(w2, p2, **kw)
+    a, b = step(w, p), step(w2, p2, **kw)
     assert b >= a * (1 - REL), f"{knob}: {a:.6g} s -> {b:.6g} s"
 
 
@@ -214,9 +173,9 @@ def test_wide_scan_regression_more_work_never_shortens(wl, plan, knob):
     model, kind, gpus, gbs, seq = wl
     w = Workload(load_model(model), load_cluster(kind, gpus), gbs, seq)
     p = Plan.parse(plan)
-    assert _realizable(w, p), p.canonical()
+    assert realizable(w, p), p.canonical()
     w2, p2, kw = KNOBS[knob](w, p)
-    a, b = _step(w, p), _step(w2, p2, **kw)
+    a, b = step(w, p), step(w2, p2, **kw)
     assert b >= a * (1 - REL), f"{knob}: {a:.9g} s -> {b:.9g} s"
 
 
@@ -227,9 +186,9 @@ def test_wide_scan_regression_full_recompute_never_shortens_a_launch_bound_step(
     w, _ = _pool(_B200_SEQ512)
     p = Plan.parse("tp=1,pp=1,ep=1,mbs=1,recompute=full,recompute_method=uniform,recompute_layers=1,dist_opt=0,"
                    "overlap_grad_reduce=1,overlap_param_gather=0,grouped_gemm=1")
-    q = p.replace(recompute="none", recompute_modules=(), recompute_method="", recompute_layers=0)
-    assert _realizable(w, p) and _realizable(w, q)
-    assert _step(w, p) >= _step(w, q) * (1 - REL)
+    q = p.replace(**_RECOMPUTE_RESET)
+    assert realizable(w, p) and realizable(w, q)
+    assert step(w, p) >= step(w, q) * (1 - REL)
 
 
 # -- memory per GPU ----------------------------------------------------------------------------------------
@@ -239,10 +198,10 @@ def test_wide_scan_regression_full_recompute_never_shortens_a_launch_bound_step(
 def test_more_gpus_never_more_memory_per_gpu(name, idx):
     w, plans = _pool(name)
     p = plans[idx % len(plans)]
-    w2 = Workload(w.model, load_cluster(w.cluster.kind, 2 * w.world), w.gbs, w.seq)
-    if not _realizable(w2, p):
+    w2 = twice_the_gpus(w)
+    if not realizable(w2, p):
         return
-    assert _mem(w2, p) <= _mem(w, p) * (1 + REL), (p.canonical(), name)
+    assert mem(w2, p) <= mem(w, p) * (1 + REL), (p.canonical(), name)
 
 
 @PROPS
@@ -250,15 +209,7 @@ def test_more_gpus_never_more_memory_per_gpu(name, idx):
 def test_recompute_and_dist_opt_never_more_memory_larger_mbs_never_less(name, idx):
     w, plans = _pool(name)
     p = plans[idx % len(plans)]
-    m = _mem(w, p)
-    if p.recompute != "none":
-        assert m <= _mem(w, p.replace(recompute="none", recompute_modules=(), recompute_method="",
-                                      recompute_layers=0)) * (1 + REL), p.canonical()
-    if p.dist_opt:
-        assert m <= _mem(w, p.replace(dist_opt=False, overlap_param_gather=False)) * (1 + REL), p.canonical()
-    big = p.replace(mbs=2 * p.mbs)
-    if _realizable(w, big):
-        assert _mem(w, big) >= m * (1 - REL), p.canonical()
+    assert not memory_breaks(w, p), (memory_breaks(w, p), p.canonical())
 
 
 # -- calibration and batching ------------------------------------------------------------------------------
