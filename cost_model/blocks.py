@@ -50,9 +50,18 @@ from cost_model.constants import (
     ROPE_EAGER_BWD_BYTES_PER_ELEMENT,
     ROPE_EAGER_FWD_BYTES_PER_ELEMENT,
     STARVED_COMM_RATE,
+    TOKEN_DROP_BWD_BYTES_PER_SCORE,
+    TOKEN_DROP_FWD_BYTES_PER_SCORE,
     WEIGHT_BYTES,
 )
-from cost_model.nongemm import comm_hbm_share, dispatcher_syncs, hbm_contention, permute_unfused, rope_eager
+from cost_model.nongemm import (
+    comm_hbm_share,
+    dispatcher_syncs,
+    drop_and_pad,
+    hbm_contention,
+    permute_unfused,
+    rope_eager,
+)
 from cost_model.ops import TableOps
 from cost_model.plans import GRAPH_BIT, MODULE_BIT, WHOLE_LAYER_GRAPH, PlanArrays
 from specs.ranks import group_size_stride
@@ -80,7 +89,7 @@ class Inputs:
     fp8: np.ndarray  # bool: an fp8 recipe
     tokens: np.ndarray  # T: tokens of one microbatch on this CP rank (rows of TP-gathered GEMMs)
     tokens_sp: np.ndarray  # T / tp: sequence-parallel tokens per GPU
-    imbalance: float
+    imbalance: np.ndarray  # [P] routed load of the busiest expert over the mean (`nongemm.routed_load`)
     zero: np.ndarray
     grad_bytes: np.ndarray | float = 4.0  # [P] main-gradient bytes per parameter (fp32; 2 with bf16 grad reduction)
     offload_modules: tuple = ()  # megatron-core fine-grained activation offloading (memory.OFFLOAD_MODULES)
@@ -302,6 +311,11 @@ def router_permutation(x: Inputs) -> FwdBwd:
     E, K = max(spec.num_experts, 1), max(spec.moe_router_topk, 1)
     router_f = (4.0 * Tsp * E * 6) / ops.bw["router"] + 2.0 * Tsp * E * h / (
         ops.router_gemm_bf16_tflops(Tsp, E, h) * 1e12 / FP32_ROUTER_GEMM_SLOWDOWN)
+    # token drop (a capacity factor): the capacity top-k, mask and masked probabilities over the
+    # [tokens, experts] scores (`constants` TOKEN_DROP_*_BYTES_PER_SCORE)
+    drops = np.asarray(x.pa.capacity_factor, float) > 0
+    drop_f = drops * TOKEN_DROP_FWD_BYTES_PER_SCORE * Tsp * E / ops.bw["router"]
+    drop_b = drops * TOKEN_DROP_BWD_BYTES_PER_SCORE * Tsp * E / ops.bw["router"]
     # permute (read Tsp rows, write the routed copies) and unpermute (the reverse); HybridEP
     # permutes inside its dispatch and combine kernels (Megatron's fused_a2a calls
     # dispatch_with_permute / combine_with_unpermute; Automodel docs/deepep_vs_hybridep_benchmark.md
@@ -327,7 +341,7 @@ def router_permutation(x: Inputs) -> FwdBwd:
     R = Tsp * K * x.imbalance * x.etp
     regroup = (x.pa.dispatch == 0) & (E / x.ep > 1)
     sort_f = 2 * 2 * 2.0 * R * h / ops.bw["permute"] * regroup
-    return FwdBwd(router_f + perm_f + sort_f, 2 * router_f + perm_b + sort_f)
+    return FwdBwd(router_f + drop_f + perm_f + sort_f, 2 * router_f + drop_b + perm_b + sort_f)
 
 
 def shared_experts(x: Inputs, tp: TPComm) -> Node:
@@ -630,7 +644,7 @@ def moe_host_sync(x: Inputs, after: np.ndarray, after_gpu_s: np.ndarray, extra_s
     execute on the dispatching thread)."""
     gap = x.ops.gap
     t = D2H_SYNC_S + gap + np.maximum(0.0, after * gap - after_gpu_s)
-    t = dispatcher_syncs(x.pa.dispatch) * t + extra_syncs * (D2H_SYNC_S + gap)
+    t = dispatcher_syncs(x.pa.dispatch, drop_and_pad(x.pa)) * t + extra_syncs * (D2H_SYNC_S + gap)
     return t * (1.0 if x.ops.async_launch else 0.0)
 
 

@@ -344,6 +344,18 @@ KERNELS_ROUTER_FUSED = 2
 KERNELS_AUX_LOSS_FUSED = 4
 KERNELS_PREPROCESS = (5, 2, 3, 3)  # per dispatcher code: alltoall (counts, all-to-all of counts, D2H, cumsums),
 #                                    allgather (counts, D2H), flex DeepEP / HybridEP (metadata, notify, D2H)
+# drop-and-pad (a capacity factor with padding): the alltoall dispatcher knows every size in advance
+# (token_dispatcher.py preprocess under drop_and_pad: no counts, no all-to-all of counts, no D2H;
+# one device fill of the per-expert counts); HybridEP keeps its metadata and notify kernels, not the D2H
+KERNELS_PREPROCESS_DROP_PAD = (1, 2, 3, 2)
+# token drop (any capacity factor): moe_utils.apply_router_token_dropping after the top-k: top-k over
+# the token dimension per expert (a transposed copy and the radix select), zeros, scatter of the kept
+# indices, the bool mask, the masked routing map, probabilities x mask
+KERNELS_TOKEN_DROP = 6
+# its bytes per router score (one fp32 [tokens, experts] element): forward transpose 8, select 8,
+# zeros 4, bool 5, map 2, multiply 9; backward the multiply's gradient 9
+TOKEN_DROP_FWD_BYTES_PER_SCORE = 36.0
+TOKEN_DROP_BWD_BYTES_PER_SCORE = 9.0
 KERNELS_PERMUTE = 4           # permute (index sort + gather) and unpermute (weighted scatter-add); none
 #                               under HybridEP, which permutes inside its dispatch / combine kernels
 # the same two ops unfused (permute_fusion=0; megatron-core 0.16.1 moe_utils.permute / unpermute, the

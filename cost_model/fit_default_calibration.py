@@ -54,11 +54,13 @@ OVERRIDES = {
         "account_for_embedding/loss_in_pipeline_split=False, so the LM head sits on the last of 4 even "
         "stages as the model places it; attention: " + HF_GPT_OSS),
     ("qwen3-30b-a3b", "h100-sxm", "25.09"): (
-        dict(dispatcher="alltoall", precision="fp8-tensorwise", grad_reduce_bf16=True), {}, {},
+        dict(dispatcher="alltoall", precision="fp8-tensorwise", grad_reduce_bf16=True, capacity_factor=1.0,
+             pad_to_capacity=True), {}, {},
         "25.09 row says 'token drop': NVIDIA-NeMo/Megatron-Bridge cac49dcd7 (2025-09-27, 'qwen3 perf configs' for "
         "25.09) scripts/performance/run_script.py applies utils/moe_token_drop.py apply_moe_token_drop "
         "(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True, alltoall dispatcher) to "
-        "qwen3_30b_a3b: every expert computes exactly the balanced load. fp8 = current scaling (tensorwise): "
+        "qwen3_30b_a3b: every expert computes exactly the balanced load (plan capacity_factor=1, "
+        "pad_to_capacity=1: no token counts to the host). fp8 = current scaling (tensorwise): "
         "that commit's configs/qwen3/qwen3_30b_a3b_llm_pretrain.yaml perf_matrix lists only bf16 and fp8_cs for "
         "h100 (the layout of this row: pp2 vp24 ep8 gbs512, mbs 2 under fp8_cs), and the 25.11 summary labels "
         "the same H100 layout FP8-CS (the 25.09 table names no recipe; argument_parser.py's --fp8_recipe "

@@ -105,6 +105,7 @@ from cost_model.memory import OFFLOAD_MODULES, col, memory_by_stage, offload_byt
 from cost_model.nongemm import (
     dispatcher_preprocess,
     dispatcher_syncs,
+    drop_and_pad,
     hidden_comm_hbm,
     host_moe_launches,
     latency,
@@ -113,6 +114,7 @@ from cost_model.nongemm import (
     lm_head_wgrad_main_grad,
     permute_syncs,
     qk_norm,
+    routed_load,
     wgrad_main_grad,
 )
 from cost_model.ops import TableOps
@@ -420,7 +422,7 @@ def _inputs(workload, pa: PlanArrays, tables, imbalance) -> Inputs:
     T = seq * mbs / cp
     return Inputs(spec=workload.model, pa=pa, ops=ops, world=W, seq=seq, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep,
                   etp=etp, dp=dp, edp=edp, microbatches=np.ceil(gbs / (dp * mbs)), fp8=fp8, tokens=T,
-                  tokens_sp=T / tp, imbalance=imbalance, zero=np.zeros(pa.n))
+                  tokens_sp=T / tp, imbalance=routed_load(pa, imbalance), zero=np.zeros(pa.n))
 
 
 def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HBM_RESERVE_FRACTION,
@@ -499,7 +501,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
                        precision=pa.precision, dispatch=pa.dispatch,
                        blackwell=bool(getattr(cl, "mxfp8", False)),
                        permute_fused=pa.permute_fusion.astype(bool),
-                       router_fused=pa.router_fusion.astype(bool)) if gpu else None
+                       router_fused=pa.router_fusion.astype(bool), capacity_factor=pa.capacity_factor,
+                       drop_pad=drop_and_pad(pa)) if gpu else None
     # device-to-host syncs per MoE layer forward beyond the dispatcher's: the unfused permutation's
     perm_syncs = permute_syncs(pa.dispatch, pa.permute_fusion.astype(bool)) if spec.is_moe else z
     # the GPU seconds after the sync: dispatch / combine as exposed, the experts, the shared expert
@@ -616,7 +619,7 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         # backward, GPU and host (issue 22: with the forward alone, extra forward compute hid the
         # backward's communication outside its segment and more work could shorten the step).
         # (the unfused permutation's masked_selects sync too, under the allgather dispatcher as well)
-        n_sync = col(dispatcher_syncs(pa.dispatch) + perm_syncs if spec.is_moe else z)
+        n_sync = col(dispatcher_syncs(pa.dispatch, drop_and_pad(pa)) + perm_syncs if spec.is_moe else z)
         seg = nm * (n_sync > 0)
         a2o = col(pa.a2a_overlap.astype(bool))
         u_moe = col(_chain(t.seconds for t in terms._of("moe"))) if spec.is_moe else col(z)

@@ -37,12 +37,14 @@ from cost_model.constants import (
     KERNELS_PERMUTE,
     KERNELS_PERMUTE_UNFUSED,
     KERNELS_PREPROCESS,
+    KERNELS_PREPROCESS_DROP_PAD,
     KERNELS_RESIDUAL,
     KERNELS_ROPE,
     KERNELS_ROPE_EAGER,
     KERNELS_ROUTER_FUSED,
     KERNELS_ROUTER_GROUP,
     KERNELS_ROUTER_SCORE,
+    KERNELS_TOKEN_DROP,
     KERNELS_TP_ATTENTION,
     KERNELS_TP_DENSE_MLP,
     LAUNCH_API_S,
@@ -52,7 +54,7 @@ from cost_model.constants import (
 )
 from specs.ranks import group_size_stride
 
-ALLGATHER, HYBRIDEP = 1, 3  # cost_model.plans.DISPATCH_CODES: alltoall 0, allgather 1, deepep 2, hybridep 3
+ALLGATHER, DEEPEP, HYBRIDEP = 1, 2, 3  # cost_model.plans.DISPATCH_CODES: alltoall 0, allgather 1, deepep 2, hybridep 3
 
 
 # ---- kernels per op (forward; the backward launches KERNEL_PASSES - 1 times as many) ------------
@@ -136,10 +138,35 @@ def router_kernels(spec, fused=False):
     return np.where(np.asarray(fused, bool), float(kf), float(k))
 
 
-def preprocess_kernels(dispatch):
+def preprocess_kernels(dispatch, drop_pad=False):
     """The dispatcher's metadata preprocess (token_dispatcher.py dispatch_preprocess / the flex
-    dispatcher's setup_metadata) per dispatcher code."""
-    return np.asarray(KERNELS_PREPROCESS, float)[np.asarray(dispatch)]
+    dispatcher's setup_metadata) per dispatcher code; under drop-and-pad (`drop_and_pad`) what is
+    left of it (`constants` KERNELS_PREPROCESS_DROP_PAD)."""
+    d = np.asarray(dispatch)
+    return np.where(np.asarray(drop_pad, bool), np.asarray(KERNELS_PREPROCESS_DROP_PAD, float)[d],
+                    np.asarray(KERNELS_PREPROCESS, float)[d])
+
+
+def drop_and_pad(pa) -> np.ndarray:
+    """[P] bool: Megatron's drop-and-pad MoE (plan capacity_factor > 0 with pad_to_capacity). The
+    one rule the load, kernels, syncs and preprocess read."""
+    return (np.asarray(pa.capacity_factor, float) > 0) & np.asarray(pa.pad_to_capacity, bool)
+
+
+def routed_load(pa, imbalance) -> np.ndarray:
+    """[P] routed tokens of the busiest expert over the mean, as each plan's routing leaves it:
+    `imbalance` dropless; token drop caps every expert at its capacity (capacity_factor x the mean,
+    moe_utils.get_capacity), min(imbalance, factor); drop-and-pad fills every expert to exactly its
+    capacity (padding rows are computed, and the alltoall dispatcher sends them: its input splits
+    are capacity rows per expert)."""
+    cf = np.asarray(pa.capacity_factor, float)
+    imb = np.asarray(imbalance, float)
+    return np.where(cf > 0, np.where(drop_and_pad(pa), cf, np.minimum(imb, cf)), imb)
+
+
+def token_drop_kernels(capacity_factor):
+    """Router kernels token drop adds (`constants` KERNELS_TOKEN_DROP) where a capacity factor is set."""
+    return np.where(np.asarray(capacity_factor, float) > 0, float(KERNELS_TOKEN_DROP), 0.0)
 
 
 def permute_kernels(dispatch, fused=True):
@@ -157,10 +184,15 @@ def permute_unfused(dispatch, fused):
     return ~np.asarray(fused, bool) & (np.asarray(dispatch) != HYBRIDEP)
 
 
-def dispatcher_syncs(dispatch):
-    """Device-to-host syncs per MoE layer forward of the dropless dispatcher's token counts: one,
-    but none under allgather, which keeps the counts on the device (`blocks.moe_host_sync`)."""
-    return np.where(np.asarray(dispatch) == ALLGATHER, 0.0, 1.0)
+def dispatcher_syncs(dispatch, drop_pad=False):
+    """Device-to-host syncs per MoE layer forward of the dispatcher's token counts: one, but none
+    under allgather, which keeps the counts on the device, and none under drop-and-pad on the
+    alltoall or HybridEP dispatcher, whose sizes are the capacities (token_dispatcher.py: the
+    alltoall `_maybe_dtoh_and_synchronize` skips drop_and_pad; HybridEP is given
+    num_permuted_tokens; DeepEP refuses padding) (`blocks.moe_host_sync`)."""
+    d = np.asarray(dispatch)
+    none = (d == ALLGATHER) | (np.asarray(drop_pad, bool) & (d != DEEPEP))
+    return np.where(none, 0.0, 1.0)
 
 
 def permute_syncs(dispatch, fused):
@@ -210,8 +242,9 @@ class LayerKernels:
 
 
 def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, blackwell=False,
-                  permute_fused=True, router_fused=False) -> LayerKernels:
-    """Kernel counts of one layer of the TE spec, per block, by op (functions above)."""
+                  permute_fused=True, router_fused=False, capacity_factor=0.0, drop_pad=False) -> LayerKernels:
+    """Kernel counts of one layer of the TE spec, per block, by op (functions above); token drop
+    and drop-and-pad as the plan's `capacity_factor` and `drop_pad` ([P] or scalars) set them."""
     tp, cp = np.asarray(tp, float), np.asarray(cp, float)
     one = np.ones(np.broadcast(tp, cp, np.asarray(precision), np.asarray(dispatch)).shape)
     # attention: input norm (in LayerNormLinear), q/k norms, RoPE, projections, core, residual
@@ -229,8 +262,8 @@ def layer_kernels(spec, *, tp, cp, grouped, local_experts, precision, dispatch, 
     launches = expert_gemm_launches(blackwell, precision, grouped, local_experts)
     act_calls = np.where(np.asarray(grouped, bool), 1.0, np.maximum(np.asarray(local_experts, float), 1.0))
     shared = bool(spec.moe_shared_expert_ffn)
-    router = (norm_kernels() + router_kernels(spec, router_fused)) * one
-    pre = preprocess_kernels(dispatch) * one
+    router = (norm_kernels() + router_kernels(spec, router_fused) + token_drop_kernels(capacity_factor)) * one
+    pre = preprocess_kernels(dispatch, drop_pad) * one
     moe_ng = (router + pre + permute_kernels(dispatch, permute_fused) + activation_kernels(act_calls) + residual_kernels()
               + (activation_kernels(1) + residual_kernels() if shared else 0.0)
               + expert_bias_kernels(spec, local_experts))
@@ -280,7 +313,8 @@ def dispatcher_preprocess(x) -> tuple[np.ndarray, np.ndarray]:
     T = x.tokens_sp
     zero = 0.0 * T
     routing_map = ops.collective("all_gather", T * E * x.ep, ep_size, ep_stride)
-    counts = ops.collective("all_gather", 8.0 * E * x.ep + zero, ep_size, ep_stride)
+    # drop-and-pad: the counts are the capacities, nothing to gather (token_dispatcher.py preprocess)
+    counts = np.where(drop_and_pad(pa), 0.0, ops.collective("all_gather", 8.0 * E * x.ep + zero, ep_size, ep_stride))
     probs_a2a = ops.collective("all_to_all", 4.0 * T * K * x.imbalance, ep_size, ep_stride)
     probs_ag = ops.collective("all_gather", 4.0 * T * E * x.ep, ep_size, ep_stride)
     probs_rs = ops.collective("reduce_scatter", 4.0 * T * E * x.ep, ep_size, ep_stride)

@@ -14,14 +14,15 @@ from specs.plan import CUDA_GRAPH_SCOPES, DISPATCHERS, PRECISIONS, RECOMPUTE, RE
 INT_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute_layers", "pp_first", "pp_last")
 BOOL_FIELDS = ("dist_opt", "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_bf16", "shared_expert_overlap",
                "a2a_overlap", "delay_wgrad", "grouped_gemm", "permute_fusion", "router_fusion",
-               "pp_embedding", "pp_loss", "fp8_param")
+               "pp_embedding", "pp_loss", "fp8_param", "pad_to_capacity")
+FLOAT_FIELDS = ("capacity_factor",)  # float64 columns
 # Plan fields stored as integer codes, and the PlanArrays column each one lands in
 CODED_FIELDS = {"recompute": "recompute", "recompute_modules": "recompute_modules",
                 "recompute_method": "recompute_block", "dispatcher": "dispatch", "flex_backend": "dispatch",
                 "precision": "precision", "pp_layout": "layout", "cuda_graph_impl": "cuda_graph",
                 "cuda_graph_scope": "cuda_graph"}
 # Plan fields the cost model deliberately ignores (none today). A new Plan field must be added to
-# INT_FIELDS, BOOL_FIELDS or CODED_FIELDS, or listed here with the reason: tests/test_cost_model.py
+# INT_FIELDS, BOOL_FIELDS, FLOAT_FIELDS or CODED_FIELDS, or listed here with the reason: tests/test_cost_model.py
 # fails otherwise, so a field cannot be ignored silently.
 NOT_COSTED: dict[str, str] = {}
 # dispatcher codes: 0 alltoall, 1 allgather, 2 flex/deepep, 3 flex/hybridep
@@ -55,8 +56,8 @@ def dispatch_code(dispatcher: str, flex_backend: str) -> int:
 
 @dataclass
 class PlanArrays:
-    """n plans as columns: `cols[name]` is an int64 array of length n, read as attributes
-    (`pa.tp`). Columns: INT_FIELDS and BOOL_FIELDS by Plan field name, plus the codes recompute,
+    """n plans as columns: `cols[name]` is an int64 array of length n (float64 for FLOAT_FIELDS),
+    read as attributes (`pa.tp`). Columns: INT_FIELDS, BOOL_FIELDS and FLOAT_FIELDS by Plan field name, plus the codes recompute,
     recompute_modules (bitmask), recompute_block, dispatch, precision, layout (index into
     `layouts`) and cuda_graph (`graph_code`)."""
     n: int
@@ -74,14 +75,14 @@ class PlanArrays:
 
     @classmethod
     def from_plans(cls, plans: list[Plan]) -> "PlanArrays":
-        cols: dict[str, list] = {f: [] for f in INT_FIELDS + BOOL_FIELDS}
+        cols: dict[str, list] = {f: [] for f in INT_FIELDS + BOOL_FIELDS + FLOAT_FIELDS}
         recompute, modules, method, dispatch, prec, layout, graph = [], [], [], [], [], [], []
         layouts: dict[str, int] = {"": 0}
         for p in plans:
             d = p.__dict__
             for f in INT_FIELDS:
                 cols[f].append(d[f])
-            for f in BOOL_FIELDS:
+            for f in BOOL_FIELDS + FLOAT_FIELDS:
                 cols[f].append(d[f])
             recompute.append(RECOMPUTE.index(p.recompute))
             mask = 0
@@ -93,7 +94,7 @@ class PlanArrays:
             prec.append(PRECISIONS.index(p.precision))
             layout.append(layouts.setdefault(p.pp_layout, len(layouts)))
             graph.append(graph_code(p.cuda_graph_impl, p.cuda_graph_scope))
-        out = {f: np.asarray(v, dtype=np.int64) for f, v in cols.items()}
+        out = {f: np.asarray(v, dtype=np.float64 if f in FLOAT_FIELDS else np.int64) for f, v in cols.items()}
         out.update(recompute=np.asarray(recompute, np.int64), recompute_modules=np.asarray(modules, np.int64),
                    recompute_block=np.asarray(method, np.int64), dispatch=np.asarray(dispatch, np.int64),
                    precision=np.asarray(prec, np.int64), layout=np.asarray(layout, np.int64),
@@ -110,8 +111,9 @@ class PlanArrays:
             n = len(next(iter(columns.values())))
         d = Plan()
         out = {}
-        for f in INT_FIELDS + BOOL_FIELDS:
-            out[f] = np.broadcast_to(np.asarray(columns.get(f, getattr(d, f)), np.int64), (n,)).copy()
+        for f in INT_FIELDS + BOOL_FIELDS + FLOAT_FIELDS:
+            dtype = np.float64 if f in FLOAT_FIELDS else np.int64
+            out[f] = np.broadcast_to(np.asarray(columns.get(f, getattr(d, f)), dtype), (n,)).copy()
         defaults = dict(recompute=0, recompute_modules=DEFAULT_SELECTIVE, recompute_block=0,
                         dispatch=0, precision=0, layout=0, cuda_graph=0)
         for f, v in defaults.items():

@@ -14,6 +14,9 @@ Conventions (Megatron's):
 - pp_embedding / pp_loss: Megatron's `--account-for-embedding-in-pipeline-split` /
   `--account-for-loss-in-pipeline-split`: the embedding (loss) counts as one layer when the layers
   are split over pp*vpp chunks, so the first (last) chunk holds one transformer layer fewer.
+- capacity_factor / pad_to_capacity: Megatron's `--moe-expert-capacity-factor` (0 = dropless, the
+  default) and `--moe-pad-expert-input-to-capacity`: token drop, and every expert computing exactly
+  its capacity (drop-and-pad: static shapes, no token counts to the host).
 - cuda_graph_impl / cuda_graph_scope: Megatron's `--cuda-graph-impl` (none | local |
   transformer_engine) and `--cuda-graph-scope` (megatron-core 0.16.1 CudaGraphScope names; the
   empty scope with an impl captures whole transformer layers).
@@ -21,6 +24,7 @@ Conventions (Megatron's):
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from specs.errors import PlanSyntaxError
@@ -89,6 +93,16 @@ class Plan:
     router_fusion: bool = True
     dispatcher: str = "alltoall"
     flex_backend: str = ""
+    # --moe-expert-capacity-factor (TransformerConfig.moe_expert_capacity_factor; 0 here = None, dropless):
+    # each expert takes at most ceil(tokens x topk / experts x factor) tokens of a rank's microbatch,
+    # the rest are dropped (moe_utils.apply_router_token_dropping). A training-semantics choice
+    # (dropped tokens skip the experts), so completion and search never turn it on: a user pins it
+    capacity_factor: float = 0.0
+    # --moe-pad-expert-input-to-capacity (needs a capacity factor): every expert computes exactly
+    # its capacity, padded, so the alltoall and HybridEP dispatchers know every size in advance
+    # (token_dispatcher.py drop_and_pad: no token counts to the host, no count exchange) and the
+    # moe CUDA graph scope becomes possible (transformer_config.py)
+    pad_to_capacity: bool = False
     precision: str = "bf16"
     # --fp8-param-gather (TransformerConfig.fp8_param): the model's weights are kept in fp8 only (no
     # bf16 copy beside TE's quantised one) and the distributed optimizer all-gathers them in fp8;
@@ -112,6 +126,11 @@ class Plan:
         for m in self.cuda_graph_scope:
             if m not in CUDA_GRAPH_SCOPES:
                 bad.append(f"cuda graph scope {m!r} is not one of {'|'.join(CUDA_GRAPH_SCOPES)}")
+        cf = self.capacity_factor
+        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not math.isfinite(cf) or cf < 0:
+            bad.append(f"capacity_factor must be a finite number >= 0 (0 = dropless), not {cf!r}")
+        else:
+            object.__setattr__(self, "capacity_factor", float(cf))  # 1 and 1.0 are one plan, one string
         if self.recompute_layers < 0 or self.pp_first < 0 or self.pp_last < 0:
             bad.append("layer counts must be >= 0")
         if bad:
@@ -147,7 +166,8 @@ _ALIASES = {"dist-opt": "dist_opt", "do": "dist_opt", "ogr": "overlap_grad_reduc
             "opg": "overlap_param_gather", "grad_bf16": "grad_reduce_bf16", "fp8_param_gather": "fp8_param",
             "delay_wgrad_compute": "delay_wgrad",
             "dispatch": "dispatcher", "gg": "grouped_gemm", "moe_permute_fusion": "permute_fusion",
-            "moe_router_fusion": "router_fusion"}
+            "moe_router_fusion": "router_fusion", "moe_expert_capacity_factor": "capacity_factor",
+            "moe_pad_expert_input_to_capacity": "pad_to_capacity"}
 
 
 def format_fields(fields: dict) -> str:

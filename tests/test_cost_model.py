@@ -13,7 +13,7 @@ from clusters import load_cluster
 from cost_model import predict, predict_arrays
 from cost_model.calibration import IDENTITY, Calibration, fit_calibration
 from cost_model.memory import activation_terms, korthikanti_layer_bytes, mlp_terms, optimizer_bytes_per_param
-from cost_model.plans import BOOL_FIELDS, CODED_FIELDS, INT_FIELDS, NOT_COSTED, PlanArrays
+from cost_model.plans import BOOL_FIELDS, CODED_FIELDS, FLOAT_FIELDS, INT_FIELDS, NOT_COSTED, PlanArrays
 from cost_model.tables import TABLE_ROOT as TABLES_ROOT
 from cost_model.tables import digest_of, load_tables
 from specs.model_spec import ModelSpec
@@ -225,7 +225,7 @@ def test_breakdown_sums_to_step_time(case):
 
 # ---- every Plan field reaches the cost model ----------------------------------------------------------
 # A value other than the default for each field (with the base plan it needs to matter).
-ALTERNATIVES = {"tp": (2, {}), "cp": (2, {}), "pp": (2, {}), "vpp": (2, {}), "ep": (2, {}), "etp": (2, {}),
+ALTERNATIVES = {"capacity_factor": (1.0, {}), "tp": (2, {}), "cp": (2, {}), "pp": (2, {}), "vpp": (2, {}), "ep": (2, {}), "etp": (2, {}),
                 "mbs": (2, {}), "recompute": ("full", {}), "recompute_modules": (("mlp",), {"recompute": "selective"}),
                 "recompute_method": ("block", {"recompute": "full"}),
                 "recompute_layers": (1, {"recompute": "full", "recompute_method": "block"}),
@@ -239,7 +239,7 @@ ALTERNATIVES = {"tp": (2, {}), "cp": (2, {}), "pp": (2, {}), "vpp": (2, {}), "ep
 
 def test_plan_arrays_represent_every_plan_field():
     names = [f.name for f in fields(Plan)]
-    covered = set(INT_FIELDS) | set(BOOL_FIELDS) | set(CODED_FIELDS) | set(NOT_COSTED)
+    covered = set(INT_FIELDS) | set(BOOL_FIELDS) | set(FLOAT_FIELDS) | set(CODED_FIELDS) | set(NOT_COSTED)
     assert set(names) == covered, f"Plan fields the cost model does not know: {set(names) - covered}"
     for name in names:
         if name in NOT_COSTED:

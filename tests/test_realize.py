@@ -55,6 +55,7 @@ CASES = {
                          "recompute=selective,recompute_modules=mla_up_proj"),
     "opg-needs-dist-opt": ({}, "dist_opt=1,overlap_param_gather=1", "dist_opt=0,overlap_param_gather=1"),
     "fp8-param": ({}, "precision=fp8-tensorwise,fp8_param=1", "precision=bf16,fp8_param=1"),
+    "token-drop": ({}, "ep=8,capacity_factor=1,pad_to_capacity=1", "ep=8,pad_to_capacity=1"),
     "opg-needs-ogr": ({}, "overlap_grad_reduce=1,overlap_param_gather=1", "overlap_grad_reduce=0,overlap_param_gather=1"),
     "flex-backend": ({}, "ep=8,dispatcher=flex,flex_backend=deepep", "ep=8,dispatcher=flex"),
     "flex-needs-tp-ep": ({}, "ep=2,dispatcher=flex,flex_backend=hybridep", "ep=1,dispatcher=flex,flex_backend=hybridep"),

@@ -120,6 +120,12 @@ REGENERATIONS = [
      "+0.11%; mixtral's DP breakdown only); the shared rows' raw steps and the calibration (1.2158) unchanged; "
      "plans, scripts and counts identical",
      "6749ab597b9ea50b665d62c40e420851a656c64100458317f0357ba4476a1b8f"),
+    ("token drop plan fields (2026-12-06)", "`--keep-plans`: Plan gained capacity_factor and pad_to_capacity "
+     "(Megatron's --moe-expert-capacity-factor / --moe-pad-expert-input-to-capacity), so every canonical string "
+     "and emitted script carries ',capacity_factor=0,pad_to_capacity=0' (no plan here sets them); the 25.09 shared "
+     "row now prices its recipe's drop-and-pad (raw 11.568 -> 11.578 s), GPU calibration refit 1.2158 -> 1.2157: "
+     "every step x0.99991 (the scale alone); plans otherwise identical, counts identical",
+     "54c83e5875aac99e61cb94e6e255745885a1c1fadd98e021c8b10ac4ce30903e"),
 ]
 
 

@@ -115,7 +115,8 @@ PLAN_FIELD_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-s
                     "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--context-parallel-size",
                     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                     "--cuda-graph-impl", "--cuda-graph-scope", "--moe-token-dispatcher-type",
-                    "--overlap-moe-expert-parallel-comm", "--moe-flex-dispatcher-backend", "--sequence-parallel")
+                    "--overlap-moe-expert-parallel-comm", "--moe-flex-dispatcher-backend", "--sequence-parallel",
+                    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity")
 
 
 def _rebuild(script: str):

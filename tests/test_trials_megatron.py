@@ -87,7 +87,7 @@ def test_backend_refuses_cpu_unsupported_without_launching():
 # ---- measurements ------------------------------------------------------------------------------
 PLANS = ["", "ep=2", "ep=2,dispatcher=allgather", "pp=2", "pp=2,vpp=2", "mbs=2",
          "ep=2,recompute=full", "pp=2,recompute=selective,recompute_modules=core_attn+moe",
-         "overlap_grad_reduce=1"]
+         "overlap_grad_reduce=1", "ep=2,capacity_factor=1,pad_to_capacity=1", "ep=2,capacity_factor=0.5"]
 if WORLD < 2:  # one GPU: the plans that fit one rank
     PLANS = [t.replace("ep=2,", "") for t in PLANS if not t.startswith("pp=2") and t not in ("ep=2",)]
     PLANS = list(dict.fromkeys(PLANS))
@@ -125,6 +125,16 @@ def test_same_model_same_first_loss_across_plans(measured):
     texts = ("", "pp=2", "ep=2") if WORLD >= 2 else ("", "mbs=2", "recompute=full")
     first = [measured[t].losses[0] for t in texts]
     assert max(first) - min(first) < (2e-2 if GPU else 1e-4)  # GPU: bf16 reductions in another order
+
+
+@slow
+@cpu_only
+def test_token_drop_reaches_megatron(measured):
+    """capacity_factor 0.5 drops routed tokens in megatron-core's router: the first step's loss moves
+    off the dropless one (the plans above share init and data to 1e-4); drop-and-pad runs."""
+    drop = measured["ep=2,capacity_factor=0.5"].losses[0]
+    assert abs(drop - measured["ep=2"].losses[0]) > 1e-4
+    assert isinstance(measured["ep=2,capacity_factor=1,pad_to_capacity=1"], Measurement)
 
 
 # ---- gradient equality --------------------------------------------------------------------------

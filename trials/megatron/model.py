@@ -101,6 +101,8 @@ def transformer_config(model, plan, *, on_gpu: bool, seq: int, overrides: dict |
             moe_shared_expert_overlap=plan.shared_expert_overlap,
             overlap_moe_expert_parallel_comm=plan.a2a_overlap,
             delay_wgrad_compute=plan.delay_wgrad,
+            moe_expert_capacity_factor=plan.capacity_factor or None,  # 0 = dropless (None)
+            moe_pad_expert_input_to_capacity=plan.pad_to_capacity,
         )
         if model.moe_router_num_groups:
             kw.update(moe_router_num_groups=model.moe_router_num_groups,

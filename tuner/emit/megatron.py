@@ -120,6 +120,10 @@ def plan_args(w: Workload, p: Plan, profile: StackProfile) -> list[str]:
         if p.dispatcher == "flex" and p.flex_backend == "hybridep":
             a += ["--moe-hybridep-num-sms", HYBRIDEP_NUM_SMS]  # the SMs the cost model prices
         a += [flag for field, flag in MOE_SWITCHES if getattr(p, field)]
+        if p.capacity_factor:
+            a += ["--moe-expert-capacity-factor", _num(p.capacity_factor)]
+            if p.pad_to_capacity:
+                a += ["--moe-pad-expert-input-to-capacity"]
     if p.tp > 1:
         a += ["--sequence-parallel"]  # required for MoE with TP > 1 (moe_layer.py), faster for dense
     if p.pp_layout:

@@ -74,6 +74,8 @@ RULES = {
     "fp8-delayed-recompute": ("--recompute-modules", "transformer_config.py: delayed scaling forbids moe_act/layernorm recompute"),
     "fp8-param": ("--fp8-param-gather", "transformer_config.py: fp8_param needs fp8; arguments.py: --fp8-param-gather needs "
                                         "--use-distributed-optimizer"),
+    "token-drop": ("--moe-expert-capacity-factor", "transformer_config.py: moe_pad_expert_input_to_capacity needs "
+                                                   "moe_expert_capacity_factor, and the DeepEP flex backend refuses it"),
     "dispatcher-needs-moe": ("--moe-token-dispatcher-type", "plan hygiene: dispatcher/grouped GEMM options only apply to MoE models"),
     "shared-expert-bias": ("--disable-bias-linear", "shared_experts.py: bias is not supported in the shared experts (add_bias_linear must be False)"),
     "fp8-gemm-dims": ("--fp8-recipe", "TE pytorch/utils.py assert_dim_for_fp8_exec: fp8 GEMM inputs need prod(leading dims) % 8, last dim % 16"),
@@ -255,6 +257,16 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
                                       f"dispatcher={p.dispatcher}; the plan without it is the same run"))
     if p.dispatcher == "flex" and p.etp * p.ep <= 1:
         out.append(_r("flex-needs-tp-ep", "the flex dispatcher requires expert TP x EP > 1"))
+    # --- token drop (transformer_config.py; the load-balancing types it allows are the only ones
+    # specs.model_spec accepts, so that rule cannot fire here) ---
+    if (p.capacity_factor or p.pad_to_capacity) and not m.is_moe:
+        out.append(_r("token-drop", f"plan hygiene: {m.name} is dense, so Megatron ignores capacity_factor and "
+                                    "pad_to_capacity; the plan without them is the same run"))
+    if p.pad_to_capacity and not p.capacity_factor:
+        out.append(_r("token-drop", "pad_to_capacity (--moe-pad-expert-input-to-capacity) needs a capacity_factor > 0"))
+    if p.pad_to_capacity and p.dispatcher == "flex" and p.flex_backend == "deepep":
+        out.append(_r("token-drop", "the DeepEP flex backend does not support pad_to_capacity "
+                                    "(use alltoall or flex_backend=hybridep, or no padding)"))
     if p.shared_expert_overlap:
         if not m.moe_shared_expert_ffn:
             out.append(_r("shared-overlap", f"plan hygiene: {m.name} has no shared experts, so Megatron ignores "
@@ -371,8 +383,13 @@ def _cuda_graph_reasons(m, p: Plan) -> list[Reason]:
         why.append("moe_preprocess needs moe_router")
     if not m.is_moe and scope & {"moe", "moe_router", "moe_preprocess"}:
         why.append(f"moe scopes need a MoE model; {m.name} is dense")
-    if m.is_moe and "moe" in scope:
-        why.append("the moe scope needs drop-and-pad MoE (a capacity factor with padding); moetune plans are dropless")
+    drop_pad = bool(p.capacity_factor) and p.pad_to_capacity
+    if m.is_moe and "moe" in scope and not drop_pad:
+        why.append("the moe scope needs drop-and-pad MoE (capacity_factor > 0 with pad_to_capacity=1)")
+    if (m.is_moe and "moe_preprocess" in scope and p.dispatcher == "alltoall" and p.capacity_factor
+            and not drop_pad):
+        why.append("moe_preprocess cannot be graphed with token drop unpadded on the alltoall dispatcher (its "
+                   "token counts go to the host)")
     if m.is_moe and "mlp" in scope and not m.num_dense_layers:
         why.append(f"the mlp scope graphs dense MLPs; every layer of {m.name} is MoE")
     if p.recompute == "full" and scope != {"full_iteration"}:
@@ -393,12 +410,17 @@ def _cuda_graph_reasons(m, p: Plan) -> list[Reason]:
     if p.a2a_overlap and (impl != "transformer_engine" or scope & {"moe", "mlp"}):
         why.append("EP all-to-all overlap needs cuda_graph_impl=transformer_engine without the moe/mlp scopes")
     out = [_r("cuda-graph", "CUDA graphs: " + "; ".join(why))] if why else []
-    if m.is_moe and (not scope or "full_iteration" in scope):
+    # drop-and-pad on the alltoall or HybridEP dispatcher keeps every size on the host (token_dispatcher.py
+    # drop_and_pad: the per-expert counts are a host tensor of capacities): nothing to sync
+    sync_free = drop_pad and (p.dispatcher == "alltoall" or (p.dispatcher == "flex" and p.flex_backend == "hybridep"))
+    if m.is_moe and (not scope or "full_iteration" in scope) and not sync_free:
         out.append(_r("cuda-graph-sync", f"CUDA graphs of {'whole layers' if not scope else 'the whole iteration'} "
                                          "capture the dropless MoE dispatcher, whose token counts go to the host "
                                          "(a device-to-host sync a graph cannot hold; the sync-free dropless dispatch "
                                          "that NVIDIA's newer full-iteration recipes use, moe_expert_rank_capacity_factor "
-                                         "with moe_paged_stash, is not in megatron-core 0.16.1)"))
+                                         "with moe_paged_stash, is not in megatron-core 0.16.1; drop-and-pad, "
+                                         "capacity_factor > 0 with pad_to_capacity=1 on the alltoall or HybridEP "
+                                         "dispatcher, has no such sync)"))
     if (m.is_moe and "moe_preprocess" in scope and not p.permute_fusion
             and not (p.dispatcher == "flex" and p.flex_backend == "hybridep")):
         # moe_layer.py: the moe_preprocess graph holds dispatch_preprocess, which permutes the tokens;
