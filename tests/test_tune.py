@@ -183,6 +183,18 @@ def test_plan_fields_are_optuna_params(study):
     assert list(df["params_recompute"]) == ["none", "selective"]
 
 
+def test_a_token_drop_plan_records_and_reads_back(study):
+    """capacity_factor is a float: kept in the trial's plan attribute (Optuna needs one distribution
+    per name across a study), so a token-drop plan records, and its plan reads back exactly."""
+    from tuner.study import storage as study_mod
+    plan = P("ep=2,capacity_factor=1.25,pad_to_capacity=1")
+    t = study_mod.claim(study, plan, {"roles": "searched"})
+    study_mod.record(study, t, {"ok": True, "step_time_s": 1.0, "tokens_per_s_per_gpu": 100.0})
+    (done,) = study.trials
+    assert done.user_attrs["plan"] == plan and "capacity_factor=1.25" in plan
+    assert "capacity_factor" not in done.params and done.params["pad_to_capacity"] is True
+
+
 # command-line checks, before Ray starts ------------------------------------------------------------
 
 TUNE = ["tune", "--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2", "--gbs", "8", "--seq", "128",

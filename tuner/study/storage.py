@@ -246,10 +246,11 @@ def load_study(name: str, storage):
 # one-choice categorical whose choice changes from trial to trial. Integer fields are one-value
 # IntDistributions (Optuna compares only their `log` flag); the other fields are categoricals over
 # every value the field can take, and `PlanSampler` "samples" the value the plan has.
-# recompute_modules, pp_layout and cuda_graph_scope are open-ended: they are in the `plan` attribute only.
+# recompute_modules, pp_layout and cuda_graph_scope are open-ended, capacity_factor a float: they are in
+# the `plan` attribute only.
 _CHOICES = {"recompute": RECOMPUTE, "recompute_method": RECOMPUTE_METHODS, "dispatcher": DISPATCHERS,
             "flex_backend": FLEX_BACKENDS, "precision": PRECISIONS, "cuda_graph_impl": CUDA_GRAPH_IMPLS}
-_NOT_PARAMS = ("recompute_modules", "pp_layout", "cuda_graph_scope")
+_NOT_PARAMS = ("recompute_modules", "pp_layout", "cuda_graph_scope", "capacity_factor")
 
 
 _SERVE_CHOICES = {"a2a": A2A_BACKENDS, "deepep_mode": DEEPEP_MODES, "kv_cache_dtype": KV_CACHE_DTYPES}
@@ -262,8 +263,8 @@ def is_serve_plan(plan: str) -> bool:
 
 
 def plan_params(plan: str) -> dict:
-    """The plan's fields recorded as Optuna parameters (training: all but recompute_modules and
-    pp_layout; serving: all but mem_frac and pd)."""
+    """The plan's fields recorded as Optuna parameters (training: all but _NOT_PARAMS; serving: all
+    but mem_frac and pd)."""
     if is_serve_plan(plan):
         p, skip = ServePlan.parse(plan), _SERVE_NOT_PARAMS
     else:
