@@ -78,20 +78,22 @@ def main() -> int:
         print(f"{r['label']:58s} {r['raw_pred_s']:7.2f} {m * (1 + r['calibrated_rel_err']):7.2f} "
               f"{m * (1 + r['loo_rel_err']):7.2f} {m:7.2f} {r['calibrated_rel_err']:+8.1%} {r['loo_rel_err']:+8.1%}")
     print(f"max |cal err| {rep['max_abs_rel_err']:.1%}   max |LOO err| {rep['loo_max_abs_rel_err']:.1%}")
-    print("\nper row, the issue-22 components (raw seconds per step; plan's split and CUDA graph fields):")
+    print("\nper row, the issue-22 components (raw seconds per step; plan's split, CUDA graph and token drop fields):")
     parts = ("ep_dispatch_combine", "ep_overlap_beyond", "ep_overlap_sm_share", "ep_overlap_hbm_share",
              "dispatcher_preprocess", "kernel_latency", "wgrad_main_grad", "dp_overlap_sm_share",
              "dp_overlap_hbm_share", "pp_p2p_sm_share", "pp_p2p_hbm_share", "moe_host_sync", "cpu_launch_floor",
              "fp8_quantize", "router_permutation", "elementwise", "pipeline_bubble")
     for i, k in enumerate(parts):
         print(f"  [{i:2d}] {k}")
-    print(f"  {'row':58s} " + " ".join(f"{f'[{i}]':>7s}" for i in range(len(parts))) + "  split / graphs")
+    print(f"  {'row':58s} " + " ".join(f"{f'[{i}]':>7s}" for i in range(len(parts))) + "  split / graphs / drop")
     for r in rows():
         w, p, _m, label, opts = row_case(r)
         bd = predict(w, p, calibration=IDENTITY, **opts).breakdown_s
         split = f"emb={int(p.pp_embedding)} loss={int(p.pp_loss)} layout={p.pp_layout or '-'}"
         graphs = f"{p.cuda_graph_impl}:{'+'.join(p.cuda_graph_scope) or '-'}"
-        print(f"  {label:58s} " + " ".join(f"{bd.get(k, 0.0):7.3f}" for k in parts) + f"  {split} / {graphs}")
+        drop = (f"capacity {p.capacity_factor:g}{' padded' if p.pad_to_capacity else ''}" if p.capacity_factor
+                else "dropless")
+        print(f"  {label:58s} " + " ".join(f"{bd.get(k, 0.0):7.3f}" for k in parts) + f"  {split} / {graphs} / {drop}")
     print("\nmemory (peak GiB per stage; usable = HBM x (1 - reserve)):")
     bad = 0
     cases = []

@@ -149,3 +149,17 @@ def test_capacity_caps_the_busiest_expert_and_padding_fills_every_expert():
     # padding computes (and the alltoall sends) every expert's full capacity even when balanced
     assert pad["expert_gemm"] == pytest.approx(drop["expert_gemm"], rel=1e-6)
     assert pad["ep_dispatch_combine"] > balanced["ep_dispatch_combine"]
+
+
+@pytest.mark.parametrize("fields", [dict(ep=16), dict(ep=8, pp=2), dict(ep=16, dispatcher="flex", flex_backend="hybridep"),
+                                    dict(ep=8, cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn", "moe"))])
+def test_a_larger_capacity_never_predicts_a_shorter_step(fields):
+    """Padding to a larger capacity computes and sends more rows: never faster (nor, dropping at
+    imbalance 2, a larger cap)."""
+    w = _w(gpus=16, gbs=256)
+    base = Plan(mbs=1, grad_reduce_bf16=True, pad_to_capacity=True, **fields)
+    steps = [_pair(w, base.replace(capacity_factor=cf)).step_time_s for cf in (1.0, 1.5, 2.0)]
+    assert steps == sorted(steps) and steps[0] < steps[-1]
+    drop = base.replace(pad_to_capacity=False, cuda_graph_impl="none", cuda_graph_scope=())
+    steps = [_pair(w, drop.replace(capacity_factor=cf), imbalance=2.0).step_time_s for cf in (1.0, 1.5, 2.0, 3.0)]
+    assert steps == sorted(steps) and steps[-2] == pytest.approx(steps[-1])
