@@ -7,7 +7,8 @@ Source: github.com/yanring/Megatron-MoE-ModelZoo best_practice/qwen3/readme.md (
 BF16, seq 4096, GBS 2048, MBS 1, "InfiniBand 8x50 GB/s"; GB200: HybridEP, NVLink domain 72). The
 H100 rows run dropless routing unless the table says forced balance; the model prices balanced
 routing (imbalance 1.0), which is one reason a row can run slower than predicted. Rows the plan space
-cannot express are left out (the FSDP row, Qwen3-Next). 94 layers over 32 virtual stages take the
+cannot express are left out (Qwen3-Next); the FSDP row runs with plan field fsdp (Megatron FSDP,
+optim_grads_params; its "full" recompute as uniform, one layer per checkpoint). 94 layers over 32 virtual stages take the
 embedding / loss split (`pp_embedding`, `pp_loss`), as the ModelZoo's Qwen3-235B config sets it
 (model_configs/benchmarking/Qwen3-235B-A22B.yaml: --account-for-{embedding,loss}-in-pipeline-split).
 GB200: NNODES=64 of 4 GPUs.
@@ -43,6 +44,9 @@ ROWS = [
      dict(tp=2, pp=32, vpp=3, ep=8, dispatcher="alltoall", **NORM_ACT, **SPLIT), 24.2, 200),
     ("H100 DeepEP TP4 EP8 PP8 VPP4", "h100-sxm", 256, 2048,
      dict(tp=4, pp=8, vpp=4, ep=8, **DEEPEP, **SPLIT), 29.0, 167),
+    ("H100 DeepEP TP2 EP8 PP1 MBS4, FSDP, full recompute", "h100-sxm", 256, 2048,
+     dict(tp=2, pp=1, ep=8, mbs=4, fsdp=True, recompute="full", recompute_method="uniform", recompute_layers=1,
+          **DEEPEP), 17.6, 276),
     ("GB200 HybridEP BF16 TP1 PP8 EP8, TE graphs attn+moe_router+moe_preprocess", "gb200-nvl72", 256, 8192,
      dict(tp=1, pp=8, ep=8, **SPLIT, dispatcher="flex", flex_backend="hybridep", cuda_graph_impl="transformer_engine",
           cuda_graph_scope=("attn", "moe_router", "moe_preprocess")), None, 750),
@@ -55,7 +59,7 @@ def main() -> int:
     print(f"{'row':78s} {'pred':>9s} {'measured':>9s} {'error':>7s}  memory")
     for label, kind, gpus, gbs, fields, meas_s, meas_tf in ROWS:
         w = Workload(model, load_cluster(kind, gpus), gbs, 4096)
-        p = predict(w, Plan(mbs=1, precision="bf16", **fields))
+        p = predict(w, Plan(**{"mbs": 1, "precision": "bf16", **fields}))
         mem = f"{p.peak_memory_gib:.1f} GiB {'fits' if p.feasible else 'OOM ' + ';'.join(p.reasons)}"
         if meas_s is not None:
             e = p.step_time_s / meas_s - 1

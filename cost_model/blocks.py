@@ -794,12 +794,13 @@ class DPComm:
 
 
 def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,
-                   stage_fwd_s: np.ndarray, stage_bwd_s: np.ndarray) -> DPComm:
+                   stage_fwd_s: np.ndarray, stage_bwd_s: np.ndarray, layers=1.0) -> DPComm:
     """Grad reduce-scatter (fp32 main grads; all-reduce without the distributed optimizer) and
     param all-gather (bf16, or fp8 with --fp8-param-gather; distributed optimizer) over the DP x CP group (dense parameters) and
     the expert-DP group (experts) of one stage's parameters; with overlap, exposed beyond the
     backward resp. forward window of one microbatch (`stage_bwd_s`, `stage_fwd_s`: wall time), at
-    least the last bucket."""
+    least the last bucket. Megatron FSDP plans move them every microbatch (`layers`: the stage's
+    layers, whose first gather and last reduce-scatter stay exposed)."""
     ops, pa = x.ops, x.pa
     Pd, Pe = dense_params, expert_params
     dpc_size, dpc_stride = x.dp * x.cp, x.tp  # DP x CP group: tp-strided, contiguous over cp and dp
@@ -822,12 +823,33 @@ def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarra
     opg = pa.overlap_param_gather.astype(bool) & dist
     grad = np.where(ogr, np.maximum(grad_t - stage_bwd_s, grad_t * last_bucket), grad_t)
     gather = np.where(opg, np.maximum(ag_t - stage_fwd_s, ag_t * last_bucket), ag_t)
+    # Megatron FSDP (optim_grads_params): every microbatch gathers the weights before the forward
+    # and again before the backward and reduce-scatters the gradients after it, each layer's beside
+    # the neighbouring layers' compute: the forward window holds one gather, the backward window the
+    # second gather and the reduce-scatter together; at least one layer's worth stays exposed
+    fsdp = pa.fsdp.astype(bool)
+    if fsdp.any():
+        m = x.microbatches
+        n_layers = np.maximum(np.asarray(layers, float), 1.0)
+        one = 1.0 / n_layers  # the first gather / last reduce-scatter of a pass has nothing beside it
+        f_exp = np.where(opg, np.maximum(ag_t - stage_fwd_s, ag_t * one), ag_t)
+        both = ag_t + rs_t
+        b_exp = np.where(ogr & opg, np.maximum(both - stage_bwd_s, both * one), both)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ag_share = np.where(both > 0, ag_t / both, 0.0)
+        grad = np.where(fsdp, m * b_exp * (1.0 - ag_share), grad)
+        gather = np.where(fsdp, m * (f_exp + b_exp * ag_share), gather)
+        grad_t = np.where(fsdp, m * rs_t, grad_t)
+        ag_t = np.where(fsdp, 2.0 * m * ag_t, ag_t)
     # the hidden part runs NCCL kernels beside the backward / forward, one SM per channel
     # (`constants` NCCL_COMM_SMS): the compute under it loses that share of the SMs
     n = float(getattr(ops.c, "sm_count", 0) or 0)
     share = min(NCCL_COMM_SMS / n, 0.9) if (n > 1 and ops.async_launch) else 0.0
     sm = share * ((grad_t - grad) + (ag_t - gather))
-    return DPComm(grad, gather, sm, grad_t, ag_t, gb * (Pd + Pe), pb * (Pd + Pe))
+    # bytes moved per step: FSDP reduce-scatters every microbatch and gathers twice in each
+    fsdp = pa.fsdp.astype(bool)
+    rs_reps, ag_reps = np.where(fsdp, x.microbatches, 1.0), np.where(fsdp, 2.0 * x.microbatches, 1.0)
+    return DPComm(grad, gather, sm, grad_t, ag_t, rs_reps * gb * (Pd + Pe), ag_reps * pb * (Pd + Pe))
 
 
 def optimizer_step(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,

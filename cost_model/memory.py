@@ -30,11 +30,14 @@ def korthikanti_layer_bytes(s, b, h, a, t=1, *, sequence_parallel=True) -> float
     return total / t if sequence_parallel else s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t))
 
 
-def optimizer_bytes_per_param(dist_opt, dp_shard=1, *, fp8=False, grad_bytes=MAIN_GRAD_BYTES, fp8_param=False):
+def optimizer_bytes_per_param(dist_opt, dp_shard=1, *, fp8=False, grad_bytes=MAIN_GRAD_BYTES, fp8_param=False,
+                              fsdp=False):
     """Static bytes per parameter: bf16 weight 2 + fp32 main grad 4 (+1 for an fp8 weight copy)
     + Adam (fp32 master, m, v) 12, the 12 sharded over `dp_shard` ranks by the distributed
     optimizer; with `fp8_param` (--fp8-param-gather) the fp8 weight is the only model copy (no
-    bf16 one). Arguments broadcast (numpy arrays over plans/stages); a float for scalars.
+    bf16 one); with `fsdp` (Megatron FSDP, optim_grads_params) all of it sharded over `dp_shard`
+    (the gathered working copies are `fsdp_working_bytes`). Arguments broadcast (numpy arrays over
+    plans/stages); a float for scalars.
 
     Args:
         dist_opt: The distributed optimizer is on (bool or bool array).
@@ -46,7 +49,18 @@ def optimizer_bytes_per_param(dist_opt, dp_shard=1, *, fp8=False, grad_bytes=MAI
     weights = np.where(np.asarray(fp8_param, bool), 0.0, WEIGHT_BYTES) + np.asarray(fp8) * FP8_WEIGHT_COPY_BYTES
     out = (weights + grad_bytes
            + np.where(dist_opt, ADAM_STATE_BYTES / dp_shard, ADAM_STATE_BYTES))
+    out = np.where(np.asarray(fsdp, bool), (weights + grad_bytes + ADAM_STATE_BYTES) / dp_shard, out)
     return float(out) if np.ndim(out) == 0 else out
+
+
+def fsdp_working_bytes(layer_params, *, fp8=False, grad_bytes=MAIN_GRAD_BYTES, fp8_param=False):
+    """Bytes Megatron FSDP (optim_grads_params) holds unsharded on top of the shards: the gathered
+    weights of the layer that computes and of the next one it prefetches (bf16, and the fp8 copy
+    of an fp8 recipe; the fp8 one alone with fp8_param), and that layer's unsharded gradients before
+    their reduce-scatter (megatron_fsdp.py: one module's parameters gathered ahead of use, released
+    after; gradients reduce-scattered per module). `layer_params`: one layer's parameters per GPU."""
+    weights = np.where(np.asarray(fp8_param, bool), 0.0, WEIGHT_BYTES) + np.asarray(fp8) * FP8_WEIGHT_COPY_BYTES
+    return layer_params * (2.0 * weights + grad_bytes)
 
 
 def activation_terms(spec, T, tp, mbs_seq, *, flash=True, dropout=False):
@@ -118,10 +132,15 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
     dist = pa.dist_opt.astype(bool)
     gb = col(x.grad_bytes)
     f8p = col(pa.fp8_param.astype(bool))
+    fsdp = col(pa.fsdp.astype(bool))
     static = (params.dense * optimizer_bytes_per_param(col(dist), col(x.dp * x.cp), fp8=fp8[:, None], grad_bytes=gb,
-                                                       fp8_param=f8p)
+                                                       fp8_param=f8p, fsdp=fsdp)
               + params.expert * optimizer_bytes_per_param(col(dist), col(x.edp), fp8=fp8[:, None], grad_bytes=gb,
-                                                          fp8_param=f8p))
+                                                          fp8_param=f8p, fsdp=fsdp))
+    # FSDP: one layer's unsharded weights (two: computing and prefetched) and gradients
+    layers = np.maximum(st.dense + st.moe, 1.0)
+    static = static + fsdp * fsdp_working_bytes((params.dense + params.expert) / layers, fp8=fp8[:, None],
+                                                grad_bytes=gb, fp8_param=f8p)
     a = activation_terms(spec, T, tp, seq, flash=flash, dropout=dropout)
     dense_mlp_terms = mlp_terms(T, h, spec.ffn_hidden_size, glu, tp)
     # fp8 linears save their quantised (1-byte) inputs for the weight gradient

@@ -673,7 +673,8 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
     # term let the HBM term fall when bytes joined a slower collective: test_properties.py
     # regression cases 9-10; per stage the sum never falls with more bytes or a longer C)
     S = params.dense.shape[1]
-    per_stage = [dp_collectives(x, params.dense[:, s], params.expert[:, s], fwd_win, bwd_wall) for s in range(S)]
+    per_stage = [dp_collectives(x, params.dense[:, s], params.expert[:, s], fwd_win, bwd_wall, st.layers[:, s])
+                 for s in range(S)]
     # the HBM bandwidth hidden communication takes from the memory-bound compute under it (GPUs;
     # issue 22): the interleaved schedule's overlapped PP send/recv (under the m microbatches'
     # compute of the stage with the most memory-bound seconds: which stage is slowest can move with
@@ -684,8 +685,10 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         mb_stage = _chain(terms.breakdown(st, MEMBOUND_COMPONENTS).values()) * smask
         p2p_sm = pp_p2p_sm_share(cl, pipe.hidden)
         p2p_hbm = hidden_comm_hbm(pipe.p2p_bytes, pipe.one, pipe.hidden, m * np.max(mb_stage, axis=1), hbm)
-        dp_hbm_s = np.stack([hidden_comm_hbm(d.grad_bytes, d.grad_s, d.hidden_grad, mb_stage[:, s], hbm)
-                             + hidden_comm_hbm(d.gather_bytes, d.gather_s, d.hidden_gather, mb_stage[:, s], hbm)
+        # (FSDP hides its collectives under every microbatch's compute)
+        under = mb_stage * col(np.where(pa.fsdp.astype(bool), m, 1.0))
+        dp_hbm_s = np.stack([hidden_comm_hbm(d.grad_bytes, d.grad_s, d.hidden_grad, under[:, s], hbm)
+                             + hidden_comm_hbm(d.gather_bytes, d.gather_s, d.hidden_gather, under[:, s], hbm)
                              for s, d in enumerate(per_stage)], axis=1)
     else:
         p2p_sm = p2p_hbm = z

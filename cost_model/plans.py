@@ -14,7 +14,7 @@ from specs.plan import CUDA_GRAPH_SCOPES, DISPATCHERS, PRECISIONS, RECOMPUTE, RE
 INT_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "recompute_layers", "pp_first", "pp_last")
 BOOL_FIELDS = ("dist_opt", "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_bf16", "shared_expert_overlap",
                "a2a_overlap", "delay_wgrad", "grouped_gemm", "permute_fusion", "router_fusion",
-               "pp_embedding", "pp_loss", "fp8_param", "pad_to_capacity")
+               "pp_embedding", "pp_loss", "fp8_param", "pad_to_capacity", "fsdp")
 FLOAT_FIELDS = ("capacity_factor",)  # float64 columns
 # Plan fields stored as integer codes, and the PlanArrays column each one lands in
 CODED_FIELDS = {"recompute": "recompute", "recompute_modules": "recompute_modules",

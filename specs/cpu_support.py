@@ -46,6 +46,10 @@ CPU_UNSUPPORTED: dict[str, tuple[str, str]] = {
     "recompute_moe_act": (
         "selective recompute of moe_act is only supported with grouped GEMM",
         "TransformerConfig: 'moe_act in recompute_modules is only supported with moe_grouped_gemm.'"),
+    "fsdp": (
+        "Megatron FSDP (--use-megatron-fsdp): the trial backend wraps the model in megatron-core's DDP, "
+        "not its FullyShardedDataParallel, and FSDP needs the distributed optimizer (unsupported on CPU)",
+        "our own check: trials/megatron/worker.py builds DistributedDataParallel"),
     "recompute_layernorm": (
         "selective recompute of layernorm uses CheckpointWithoutOutput, which calls TE's FP8 state",
         "tensor_parallel/random.py: NameError 'FP8GlobalStateManager' without TE"),
@@ -82,6 +86,8 @@ def cpu_rejections(plan, model=None) -> list[tuple[str, str]]:
         add("dist_opt")
     if plan.overlap_param_gather:
         add("overlap_param_gather")
+    if getattr(plan, "fsdp", False):
+        add("fsdp")
     if plan.fp8:
         add("fp8")
     if plan.a2a_overlap and is_moe:

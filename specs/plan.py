@@ -64,6 +64,13 @@ class Plan:
     # gradients and gradient reduction instead of fp32, as NVIDIA's performance recipes train; a
     # numerics choice, so completion takes it only when nothing fits without it (default: Megatron's fp32)
     grad_reduce_bf16: bool = False
+    # --use-megatron-fsdp with --data-parallel-sharding-strategy optim_grads_params (ZeRO-3, NVIDIA's
+    # FSDP recipes: Megatron-Bridge scripts/performance/utils/overrides.py _set_megatron_fsdp_overrides):
+    # weights, main gradients and optimizer state sharded over DP x CP (dense) / expert-DP (experts);
+    # each microbatch all-gathers a layer's weights before its forward and again before its backward
+    # and reduce-scatters its gradients after. Needs the distributed optimizer (its FSDP code paths).
+    # Completion: only as a memory rescue (default off, Megatron's DDP)
+    fsdp: bool = False
     shared_expert_overlap: bool = False
     a2a_overlap: bool = False
     # --delay-wgrad-compute (TransformerConfig.delay_wgrad_compute; needs a2a_overlap): under EP A2A
@@ -163,7 +170,7 @@ class Plan:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Plan)}
 _ALIASES = {"dist-opt": "dist_opt", "do": "dist_opt", "ogr": "overlap_grad_reduce",
-            "opg": "overlap_param_gather", "grad_bf16": "grad_reduce_bf16", "fp8_param_gather": "fp8_param",
+            "opg": "overlap_param_gather", "use_megatron_fsdp": "fsdp", "grad_bf16": "grad_reduce_bf16", "fp8_param_gather": "fp8_param",
             "delay_wgrad_compute": "delay_wgrad",
             "dispatch": "dispatcher", "gg": "grouped_gemm", "moe_permute_fusion": "permute_fusion",
             "moe_router_fusion": "router_fusion", "moe_expert_capacity_factor": "capacity_factor",

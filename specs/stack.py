@@ -209,9 +209,16 @@ FP8_RECIPES = {  # plan precision -> (Megatron fp8 format, fp8 recipe): --fp8-fo
 def launch_env(plan, cluster) -> dict:
     """Environment variables a GPU launch of `plan` on `cluster` sets (emitted script and trial).
 
-    plan: the Plan (tp, cp read); cluster: its `mxfp8` (Blackwell) and `nvlink_gbps` are read."""
+    plan: the Plan (tp, cp, a2a_overlap, fsdp, dispatcher read); cluster: its `mxfp8` (Blackwell) and
+    `nvlink_gbps` are read."""
     env = {}
-    if (plan.tp > 1 or plan.cp > 1) and not getattr(cluster, "mxfp8", False):
+    if getattr(plan, "fsdp", False) or (getattr(plan, "a2a_overlap", False) and (plan.tp > 1 or plan.cp > 1)):
+        # Megatron FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1 (arguments.py validate_args), and EP
+        # A2A overlap needs more than one queue (validate_args warns that TP/CP with it on Hopper
+        # trade one for the other; NVIDIA's recipes keep the overlap): the value Megatron-Bridge's
+        # perf scripts set (scripts/performance/utils/overrides.py: 32 for DeepEP / HybridEP, else 8)
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32" if plan.dispatcher == "flex" else "8"
+    elif (plan.tp > 1 or plan.cp > 1) and not getattr(cluster, "mxfp8", False):
         # validate_args requires it for TP/CP before Blackwell (ordering of comm vs GEMM kernels)
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     env["NCCL_NVLS_ENABLE"] = "0" if getattr(cluster, "nvlink_gbps", 0) == 0 else "1"

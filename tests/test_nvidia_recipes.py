@@ -6,7 +6,8 @@ bf16 gradient reduction / fp8 parameters could not be expressed, so published la
 out of memory.
 
 Left out, because the plan space does not express them (said in the note of each):
-nvfp4 precision, Megatron FSDP (use_megatron_fsdp), the Muon optimizer (Kimi-K2's dist_muon)."""
+nvfp4 precision, the Muon optimizer (Kimi-K2's dist_muon). The Megatron FSDP recipes (use_megatron_fsdp)
+have a test of their own below: accepted with plan field fsdp, but still predicted over memory."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,7 +32,7 @@ def _name(r) -> str:
 
 
 def _expressible(r) -> bool:
-    return r["precision"] != "nvfp4" and not r.get("use_megatron_fsdp") and "kimi" not in r["recipe"]
+    return r["precision"] != "nvfp4" and "kimi" not in r["recipe"] and not r.get("use_megatron_fsdp")
 
 
 def _expected_refusal(r) -> set[str]:
@@ -59,7 +60,7 @@ def _plan(r) -> Plan:
               pp_embedding=bool(r["account_for_embedding_in_pipeline_split"]),
               pp_loss=bool(r["account_for_loss_in_pipeline_split"]),
               # the recipes' common settings (perf_recipes/_common.py _benchmark_common): bf16 grad reduction
-              grad_reduce_bf16=True, fp8_param=bool(r.get("fp8_param")))
+              grad_reduce_bf16=True, fp8_param=bool(r.get("fp8_param")), fsdp=bool(r.get("use_megatron_fsdp")))
     rc = r.get("recompute") or {}
     if rc.get("granularity") == "selective" and rc.get("modules"):
         kw.update(recompute="selective", recompute_modules=tuple(rc["modules"]))
@@ -98,5 +99,28 @@ def test_nvidia_recipe_is_accepted_and_fits_or_refused_for_its_reason(r):
         assert want <= got, (sorted(got), r["recipe"])
         return
     assert got == set(), [str(x) for x in check(w, p, profile)]
-    pred = cost_model.predict(w, p)
+    pred = cost_model.predict(w, p, offload_modules=tuple(r.get("offload_modules") or ()))
     assert pred.feasible, pred.reasons
+
+
+def test_the_fsdp_recipes_are_accepted_and_fsdp_shards_what_they_hold():
+    """NVIDIA's DeepSeek-V3 64xGB300 Megatron FSDP recipes (PP1 EP64; activation offloading of
+    core_attn / attn_proj): accepted as pinned with plan field fsdp, and FSDP takes the dense
+    weights, gradients and optimizer state off every GPU but 1/64 of them (EP64 over 64 GPUs leaves
+    the experts' expert-DP at 1: nothing of theirs to shard). Known gap, said in the issue note: the
+    bf16 recipe is still predicted over memory (~290 GiB against 259 GiB usable; activations at MBS 2
+    dropless, ~2 GiB per layer); the MXFP8 one (fp8 parameters) fits."""
+    from cost_model.flops import param_counts
+    fsdp = [r for r in RECIPES if r.get("use_megatron_fsdp") and r["precision"] != "nvfp4" and not _expected_refusal(r)]
+    assert fsdp
+    for r in fsdp:
+        w = Workload(load_model(r["model"]), load_cluster(r["gpu"], r["gpus"]), r["gbs"], r["seq"])
+        p = _plan(r)
+        assert p.fsdp and not check(w, p, GPU_FULL), [str(x) for x in check(w, p, GPU_FULL)]
+        off = tuple(r.get("offload_modules") or ())
+        a, b = (cost_model.predict(w, p.replace(fsdp=f), offload_modules=off) for f in (False, True))
+        pc = param_counts(w.model)
+        dense = pc["total"] - pc["routed_experts"]
+        # weights (bf16 2 unless fp8_param, the fp8 copy 1) + bf16 grads 2 sharded 64 ways; Adam already was
+        per = (0.0 if p.fp8_param else 2.0) + (1.0 if p.fp8 else 0.0) + 2.0
+        assert a.peak_memory_gib - b.peak_memory_gib > 0.8 * per * dense * (1 - 1 / 64) / 2**30, r["recipe"]

@@ -56,6 +56,7 @@ CASES = {
     "opg-needs-dist-opt": ({}, "dist_opt=1,overlap_param_gather=1", "dist_opt=0,overlap_param_gather=1"),
     "fp8-param": ({}, "precision=fp8-tensorwise,fp8_param=1", "precision=bf16,fp8_param=1"),
     "token-drop": ({}, "ep=8,capacity_factor=1,pad_to_capacity=1", "ep=8,pad_to_capacity=1"),
+    "fsdp": ({}, "fsdp=1", "fsdp=1,dist_opt=0,overlap_param_gather=0"),
     "opg-needs-ogr": ({}, "overlap_grad_reduce=1,overlap_param_gather=1", "overlap_grad_reduce=0,overlap_param_gather=1"),
     "flex-backend": ({}, "ep=8,dispatcher=flex,flex_backend=deepep", "ep=8,dispatcher=flex"),
     "flex-needs-tp-ep": ({}, "ep=2,dispatcher=flex,flex_backend=hybridep", "ep=1,dispatcher=flex,flex_backend=hybridep"),
@@ -159,6 +160,7 @@ TRIGGER = {  # a plan that needs exactly one feature the CPU stack lacks
     "a2a_overlap": dict(ep=2, a2a_overlap=True),
     "recompute_moe_act": dict(recompute="selective", recompute_modules=("moe_act",)),
     "recompute_layernorm": dict(recompute="selective", recompute_modules=("layernorm",)),
+    "fsdp": dict(fsdp=True, dist_opt=True),  # (FSDP needs the distributed optimizer: both are said)
 }
 
 
@@ -172,7 +174,7 @@ def test_each_cpu_rejection_is_reported_once(feature):
     assert [r.sentence for r in cpu].count(sentence) == 1, reasons
     # nothing else says the same thing in other words: one reason per missing feature, other
     # reasons only from rules that are not about the CPU stack
-    if feature == "overlap_param_gather":
+    if feature in ("overlap_param_gather", "fsdp"):
         assert len(cpu) == 2  # it needs the distributed optimizer, itself a second missing feature
     else:
         assert len(cpu) == 1, reasons

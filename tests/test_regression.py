@@ -126,6 +126,10 @@ REGENERATIONS = [
      "row now prices its recipe's drop-and-pad (raw 11.568 -> 11.578 s), GPU calibration refit 1.2158 -> 1.2157: "
      "every step x0.99991 (the scale alone); plans otherwise identical, counts identical",
      "54c83e5875aac99e61cb94e6e255745885a1c1fadd98e021c8b10ac4ce30903e"),
+    ("fsdp plan field (2026-12-06)", "`--keep-plans`: Plan gained fsdp (Megatron FSDP, --use-megatron-fsdp "
+     "optim_grads_params), so every canonical string carries ',fsdp=0' after grad_reduce_bf16 (no plan here sets "
+     "it); step times, emitted flags and environments (beside the plan line), counts identical",
+     "023ceaba6a235a2242fed40ed2d8111f979df70a654eb1c1be995887642b2b95"),
 ]
 
 

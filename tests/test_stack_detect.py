@@ -125,6 +125,11 @@ def test_gpu_plain_refuses_grouped_gemm_and_tp_sp():
     ("h100-sxm", Plan(cp=2), {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_NVLS_ENABLE": "1",
                               "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}),
     ("b200", Plan(tp=2), {"NCCL_NVLS_ENABLE": "1", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}),
+    # Megatron FSDP asserts != 1; EP A2A overlap needs more queues: Megatron-Bridge's 32 (flex) / 8
+    ("h100-sxm", Plan(fsdp=True), {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "NCCL_NVLS_ENABLE": "1",
+                                   "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}),
+    ("h100-sxm", Plan(tp=2, ep=4, a2a_overlap=True, dispatcher="flex", flex_backend="deepep"),
+     {"CUDA_DEVICE_MAX_CONNECTIONS": "32", "NCCL_NVLS_ENABLE": "1", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"}),
     ("cpu-local", Plan(), {"NCCL_NVLS_ENABLE": "0", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1"})])
 def test_launch_env_values_and_the_emitted_script_exports_them(kind, plan, want):
     from tuner.emit.megatron import megatron_script

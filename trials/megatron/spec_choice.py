@@ -96,6 +96,9 @@ def layer_spec_choice(plan, installed: Installed, model=None) -> LayerSpecChoice
             add("flex_dispatcher", "flex/deepep needs DeepEP (not installed)")
         if backend == "hybridep" and not installed.hybridep:
             add("flex_dispatcher", "flex/hybridep needs HybridEP (deep_ep.HybridEPBuffer; not installed)")
+    if getattr(plan, "fsdp", False):
+        add("fsdp", "Megatron FSDP trials are not wired: the trial backend wraps the model in megatron-core's "
+                    "DDP, not FullyShardedDataParallel (the emitted script runs it)")
     if plan.recompute == "selective" and "layernorm" in plan.recompute_modules and not te:
         add("recompute_layernorm", "selective recompute of layernorm uses TE's FP8 state (CheckpointWithoutOutput)")
     return LayerSpecChoice(use_te=use_te, experts=experts, fp8_format=fmt, fp8_recipe=recipe,

@@ -155,6 +155,11 @@ def plan_args(w: Workload, p: Plan, profile: StackProfile) -> list[str]:
         if "full_iteration" in p.cuda_graph_scope:  # arguments.py asserts it for full-iteration graphs
             a += ["--no-check-for-nan-in-loss-and-grad"]
     a += [flag for field, flag in DP_SWITCHES if getattr(p, field)]
+    if p.fsdp:
+        # Megatron-Bridge _set_megatron_fsdp_overrides: ZeRO-3 sharding; validate_args asserts the
+        # fsdp_dtensor checkpoint format with Megatron FSDP
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+              "--ckpt-format", "fsdp_dtensor"]
     a += ["--bf16"]
     if p.fp8:
         fmt, recipe = FP8_RECIPE_FLAGS[p.precision]

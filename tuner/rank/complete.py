@@ -308,8 +308,8 @@ def best_completion(given: str | dict, workload: Workload, profile: StackProfile
 
 def _memory_rescues(fields: dict, profile: StackProfile):
     """(plan fields, note) to try, in order, when no completion fits: bf16 gradient reduction, then
-    also fp8 parameters (fp8 plans; the rule fp8-param drops the others), each only where the user
-    did not set the field. GPU stacks only (CPU trials run fp32)."""
+    also fp8 parameters (fp8 plans; the rule fp8-param drops the others), then also Megatron FSDP,
+    each only where the user did not set the field. GPU stacks only (CPU trials run fp32)."""
     if not profile.gpu or "grad_reduce_bf16" in fields:
         return []
     out = [({"grad_reduce_bf16": True}, "no completion fits with fp32 main gradients; chosen with bf16 gradient "
@@ -319,6 +319,13 @@ def _memory_rescues(fields: dict, profile: StackProfile):
                     "no completion fits with fp32 main gradients or bf16 parameters; chosen with bf16 gradient "
                     "reduction and fp8 parameters (--grad-reduce-in-bf16 --fp8-param-gather, as NVIDIA's fp8 "
                     "recipes train)"))
+    if "fsdp" not in fields and fields.get("dist_opt", True):
+        for saver, _ in list(out):
+            out.append(({**saver, "fsdp": True},
+                        "no completion fits with replicated weights and gradients; chosen with Megatron FSDP "
+                        "(--use-megatron-fsdp, optim_grads_params: weights, gradients and optimizer state sharded "
+                        "over data parallel, as NVIDIA's FSDP recipes train) and "
+                        + ", ".join(f"{k}={int(v)}" for k, v in saver.items())))
     return out
 
 

@@ -76,6 +76,8 @@ RULES = {
                                         "--use-distributed-optimizer"),
     "token-drop": ("--moe-expert-capacity-factor", "transformer_config.py: moe_pad_expert_input_to_capacity needs "
                                                    "moe_expert_capacity_factor, and the DeepEP flex backend refuses it"),
+    "fsdp": ("--use-megatron-fsdp", "optimizer/__init__.py + distrib_optimizer.py: Megatron FSDP's optimizer is the "
+                                    "DistributedOptimizer (Megatron-Bridge: 'need use_distributed_optimizer=True')"),
     "dispatcher-needs-moe": ("--moe-token-dispatcher-type", "plan hygiene: dispatcher/grouped GEMM options only apply to MoE models"),
     "shared-expert-bias": ("--disable-bias-linear", "shared_experts.py: bias is not supported in the shared experts (add_bias_linear must be False)"),
     "fp8-gemm-dims": ("--fp8-recipe", "TE pytorch/utils.py assert_dim_for_fp8_exec: fp8 GEMM inputs need prod(leading dims) % 8, last dim % 16"),
@@ -242,6 +244,8 @@ def check_schedule_kernels(w: Workload, p: Plan, profile: StackProfile) -> list[
         out.append(_r("fp8-param", "fp8_param (--fp8-param-gather) needs an fp8 precision recipe"))
     if p.fp8_param and not p.dist_opt:  # arguments.py validate_args
         out.append(_r("fp8-param", "fp8_param (--fp8-param-gather) needs the distributed optimizer"))
+    if p.fsdp and not p.dist_opt:
+        out.append(_r("fsdp", "fsdp (--use-megatron-fsdp) needs the distributed optimizer"))
     if p.overlap_param_gather and not p.dist_opt:
         out.append(_r("opg-needs-dist-opt", "overlap_param_gather needs the distributed optimizer"))
     if p.overlap_param_gather and not p.overlap_grad_reduce:
