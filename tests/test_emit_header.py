@@ -59,13 +59,13 @@ def test_serving_headers_round_trip_through_predict(capsys):
 
 def test_emit_refuses_a_plan_that_does_not_fit(tmp_path, capsys):
     out = tmp_path / "gptoss.sh"
-    assert main(["emit", "megatron", *GPTOSS, "--plan", "ep=8", "--out", str(out)]) == 3
+    assert main(["emit", "megatron", *GPTOSS, "--plan", "ep=8,fsdp=0", "--out", str(out)]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert not out.exists() and "does not fit" in err[0] and "GiB usable" in err[0] and "135.7" in err[0]
-    assert main(["emit", "megatron", *GPTOSS, "--plan", "ep=8", "--out", str(out), "--force"]) == 0
+    assert main(["emit", "megatron", *GPTOSS, "--plan", "ep=8,fsdp=0", "--out", str(out), "--force"]) == 0
     assert "# FORCED (--force)" in out.read_text() and "DOES NOT FIT" in out.read_text()
     # predict prints the numbers, then says so in its exit code
-    assert main(["predict", *GPTOSS, "--plan", "ep=8"]) == 3
+    assert main(["predict", *GPTOSS, "--plan", "ep=8,fsdp=0"]) == 3
     assert "does not fit" in capsys.readouterr().out
 
 
