@@ -5,7 +5,8 @@ predicted more than 1/0.85 of that recipe's measured speed", on the shared calib
     PYTHONPATH=$PWD python bench/best_completion_bar.py
 
 Per row: the layout as a partial plan (tp, pp, vpp, ep, mbs and the precision family), completed
-to its best (`tuner.rank.complete.best_completion`, shipped calibration), beside the recipe as it
+to its best (`tuner.rank.complete.best_completion`, shipped calibration, on the stack profile the
+recipe needs), beside the recipe as it
 runs (`cost_model.fit_default_calibration.row_case`, pinned) and the measured tokens/s/GPU; the
 bar is measured / 0.85; the fields the completion switched away from the recipe are listed.
 """
@@ -18,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost_model import predict  # noqa: E402
 from cost_model.fit_default_calibration import row_case, rows  # noqa: E402
-from specs.stack import GPU_FULL  # noqa: E402
+from specs.stack import GPU_FULL, GPU_FULL_TE211  # noqa: E402
 from tuner.rank.complete import best_completion  # noqa: E402
+from tuner.space.megatron_rules import check  # noqa: E402
 
 FAMILY = {"fp8": "fp8", "bf16": "bf16", "mxfp8": "mxfp8"}  # the row's precision column as --precision
 
@@ -32,7 +34,9 @@ def main() -> int:
         measured = float(r["tokens_per_s_per_gpu"])
         pinned = predict(w, recipe, **opts).tokens_per_s_per_gpu
         partial = f"tp={r['tp']},pp={r['pp']},vpp={r['vpp']},ep={r['ep']},mbs={r['mbs']}"
-        c = best_completion(partial, w, GPU_FULL, FAMILY[r["precision"]])
+        # the stack the recipe needs: TE CUDA graphs with delay_wgrad need TE >= 2.10 (gpu-full-te2.11)
+        profile = GPU_FULL_TE211 if "delay-wgrad" in {x.code for x in check(w, recipe, GPU_FULL)} else GPU_FULL
+        c = best_completion(partial, w, profile, FAMILY[r["precision"]])
         best = c.tokens_per_s_per_gpu if c.plan is not None else float("nan")
         ratio = best / measured
         worst = max(worst, ratio)
