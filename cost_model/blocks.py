@@ -847,7 +847,6 @@ def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarra
     share = min(NCCL_COMM_SMS / n, 0.9) if (n > 1 and ops.async_launch) else 0.0
     sm = share * ((grad_t - grad) + (ag_t - gather))
     # bytes moved per step: FSDP reduce-scatters every microbatch and gathers twice in each
-    fsdp = pa.fsdp.astype(bool)
     rs_reps, ag_reps = np.where(fsdp, x.microbatches, 1.0), np.where(fsdp, 2.0 * x.microbatches, 1.0)
     return DPComm(grad, gather, sm, grad_t, ag_t, rs_reps * gb * (Pd + Pe), ag_reps * pb * (Pd + Pe))
 

@@ -52,9 +52,11 @@ from cost_model.constants import (
     TE_GEMM_STREAMS,
     WGRAD_OUTPUT_BYTES,
 )
+from cost_model.plans import DISPATCH_CODES
+from specs.plan import DROP_PAD_HOST_SIZED
 from specs.ranks import group_size_stride
 
-ALLGATHER, DEEPEP, HYBRIDEP = 1, 2, 3  # cost_model.plans.DISPATCH_CODES: alltoall 0, allgather 1, deepep 2, hybridep 3
+ALLGATHER, HYBRIDEP = 1, 3  # cost_model.plans.DISPATCH_CODES: alltoall 0, allgather 1, deepep 2, hybridep 3
 
 
 # ---- kernels per op (forward; the backward launches KERNEL_PASSES - 1 times as many) ------------
@@ -189,9 +191,10 @@ def dispatcher_syncs(dispatch, drop_pad=False):
     under allgather, which keeps the counts on the device, and none under drop-and-pad on the
     alltoall or HybridEP dispatcher, whose sizes are the capacities (token_dispatcher.py: the
     alltoall `_maybe_dtoh_and_synchronize` skips drop_and_pad; HybridEP is given
-    num_permuted_tokens; DeepEP refuses padding) (`blocks.moe_host_sync`)."""
+    num_permuted_tokens; `specs.plan.DROP_PAD_HOST_SIZED`) (`blocks.moe_host_sync`)."""
     d = np.asarray(dispatch)
-    none = (d == ALLGATHER) | (np.asarray(drop_pad, bool) & (d != DEEPEP))
+    host_sized = np.isin(d, [DISPATCH_CODES.index(x) for x in DROP_PAD_HOST_SIZED])
+    none = (d == ALLGATHER) | (np.asarray(drop_pad, bool) & host_sized)
     return np.where(none, 0.0, 1.0)
 
 

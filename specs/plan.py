@@ -40,6 +40,11 @@ PRECISIONS = ("bf16", "fp8-tensorwise", "fp8-delayed", "fp8-blockwise", "mxfp8")
 # scopes; `mamba` has no layer here)
 CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine")
 CUDA_GRAPH_SCOPES = ("full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess")
+# the token dispatchers (alltoall, allgather, or the flex backend) that, under drop-and-pad, size every
+# buffer from the capacities and send no token counts to the host (megatron-core 0.16.1
+# token_dispatcher.py: MoEAlltoAllTokenDispatcher and _HybridEPManager with drop_and_pad; DeepEP
+# refuses padding; the allgather dispatcher keeps its counts on the device either way)
+DROP_PAD_HOST_SIZED = ("alltoall", "hybridep")
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,16 @@ class Plan:
     @property
     def fp8(self) -> bool:
         return self.precision != "bf16"
+
+    @property
+    def drop_and_pad(self) -> bool:
+        """Megatron's drop-and-pad MoE: a capacity factor with padding."""
+        return bool(self.capacity_factor) and self.pad_to_capacity
+
+    @property
+    def dispatch(self) -> str:
+        """The token dispatcher as it runs: alltoall, allgather, or the flex backend's name."""
+        return self.flex_backend if self.dispatcher == "flex" else self.dispatcher
 
     # ---- canonical string ---------------------------------------------------------------------
     def canonical(self) -> str:

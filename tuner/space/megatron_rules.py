@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from clusters import is_hopper
 from specs.errors import LayoutError
 from specs.pipeline import split_layers
-from specs.plan import Plan
+from specs.plan import DROP_PAD_HOST_SIZED, Plan
 from specs.stack import GPU_FULL_TE211, TE_FUSIONS, StackProfile
 from specs.workload import Workload
 
@@ -387,7 +387,7 @@ def _cuda_graph_reasons(m, p: Plan) -> list[Reason]:
         why.append("moe_preprocess needs moe_router")
     if not m.is_moe and scope & {"moe", "moe_router", "moe_preprocess"}:
         why.append(f"moe scopes need a MoE model; {m.name} is dense")
-    drop_pad = bool(p.capacity_factor) and p.pad_to_capacity
+    drop_pad = p.drop_and_pad
     if m.is_moe and "moe" in scope and not drop_pad:
         why.append("the moe scope needs drop-and-pad MoE (capacity_factor > 0 with pad_to_capacity=1)")
     if (m.is_moe and "moe_preprocess" in scope and p.dispatcher == "alltoall" and p.capacity_factor
@@ -414,9 +414,8 @@ def _cuda_graph_reasons(m, p: Plan) -> list[Reason]:
     if p.a2a_overlap and (impl != "transformer_engine" or scope & {"moe", "mlp"}):
         why.append("EP all-to-all overlap needs cuda_graph_impl=transformer_engine without the moe/mlp scopes")
     out = [_r("cuda-graph", "CUDA graphs: " + "; ".join(why))] if why else []
-    # drop-and-pad on the alltoall or HybridEP dispatcher keeps every size on the host (token_dispatcher.py
-    # drop_and_pad: the per-expert counts are a host tensor of capacities): nothing to sync
-    sync_free = drop_pad and (p.dispatcher == "alltoall" or (p.dispatcher == "flex" and p.flex_backend == "hybridep"))
+    # drop-and-pad on the alltoall or HybridEP dispatcher keeps every size on the host: nothing to sync
+    sync_free = drop_pad and p.dispatch in DROP_PAD_HOST_SIZED
     if m.is_moe and (not scope or "full_iteration" in scope) and not sync_free:
         out.append(_r("cuda-graph-sync", f"CUDA graphs of {'whole layers' if not scope else 'the whole iteration'} "
                                          "capture the dropless MoE dispatcher, whose token counts go to the host "
