@@ -161,19 +161,21 @@ def _from_layout(num_layers: int, pp: int, vpp: int, layout: str) -> Split:
     return Split(tuple(tuple(r) for r in chunks), emb, loss, n_mtp)
 
 
-def balanced_layout(num_layers: int, pp: int, vpp: int = 1) -> str:
-    """The most balanced explicit layout: embedding and loss each weigh one layer, the pp*vpp stages
-    get counts differing by at most one, heavier stages first (Megatron-Bridge's DeepSeek-V3
-    PP8xVPP4 layout "Et|(tt|)*30L" is this rule's answer for 61 layers)."""
+def balanced_layout(num_layers: int, pp: int, vpp: int = 1, loss_weight: int = 1) -> str:
+    """The most balanced explicit layout: the embedding weighs one layer and the loss `loss_weight`
+    layers, the pp*vpp stages get counts differing by at most one, heavier stages first
+    (Megatron-Bridge's DeepSeek-V3 PP8xVPP4 layout "Et|(tt|)*30L" is this rule's answer for 61 layers;
+    its B200 MXFP8 PP8xVPP2 layout "Et*4|(t*4|)*14tmL", the loss stage carrying the MTP layer, is the
+    answer with loss_weight 3)."""
     stages = pp * vpp
-    total = num_layers + 2
+    total = num_layers + 1 + loss_weight
     if stages > num_layers:
         raise LayoutError(f"{stages} pipeline stages for {num_layers} layers")
     base, extra = divmod(total, stages)
     sizes = [base + (1 if i < extra else 0) for i in range(stages)]
     out, left = [], num_layers
     for i, size in enumerate(sizes):
-        t = size - (i == 0) - (i == stages - 1)
+        t = size - (i == 0) - loss_weight * (i == stages - 1)
         t = max(0, min(t, left))
         left -= t
         out.append(("E" if i == 0 else "") + "t" * t + ("L" if i == stages - 1 else ""))

@@ -115,3 +115,19 @@ def test_memory_savers_only_when_nothing_else_fits():
     roomy = Workload(load_model("qwen3-30b-a3b"), load_cluster("h100-sxm", 16), 1024, 4096)
     c = best_completion("tp=1,pp=1,ep=16,mbs=1", roomy, GPU_FULL, "fp8")
     assert c.feasible > 0 and not c.plan.grad_reduce_bf16 and not c.plan.fp8_param and not c.note
+
+
+def test_the_space_offers_the_loss_stage_layout_nvidia_runs():
+    """61 layers over PP8 x VPP2: beside the layout that weighs the loss as one layer, the one that
+    weighs it (with the MTP layer the model places there) as three, which is NVIDIA's DeepSeek-V3
+    B200 MXFP8 layout (Megatron-Bridge DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 "Et*4|(t*4|)*14tmL");
+    with it the best completion of that layout is the recipe's own split, as the emitter writes it."""
+    from specs.pipeline import parse_layout
+    from specs.stack import GPU_FULL_TE211
+    from tuner.emit.megatron import layout_with_mtp
+    layouts = [s.get("pp_layout") for s in pipeline_splits(61, 8, 2)]
+    assert "Etttt|(tttt|)*14tL" in layouts and "Ettt|(tttt|)*14ttL" in layouts
+    w = Workload(load_model("deepseek-v3"), load_cluster("b200", 256), 4096, 4096)
+    best = best_completion("tp=1,pp=8,vpp=2,ep=32,mbs=1", w, GPU_FULL_TE211, "mxfp8")
+    assert parse_layout(layout_with_mtp(best.plan.pp_layout, w.model.mtp_num_layers)) == \
+        parse_layout("Et*4|(t*4|)*14tmL")

@@ -130,6 +130,13 @@ REGENERATIONS = [
      "optim_grads_params), so every canonical string carries ',fsdp=0' after grad_reduce_bf16 (no plan here sets "
      "it); step times, emitted flags and environments (beside the plan line), counts identical",
      "023ceaba6a235a2242fed40ed2d8111f979df70a654eb1c1be995887642b2b95"),
+    ("loss-stage layouts (2026-12-06)", "`--keep-plans`: where the layers do not divide over pp x vpp, the space "
+     "offers the balanced explicit layout with the loss stage weighing 3 layers beside the 1-layer one "
+     "(tuner.space.train.LOSS_STAGE_WEIGHTS; NVIDIA's DeepSeek-V3 B200 layout Et*4|(t*4|)*14tmL is the weight-3 "
+     "one): plan counts grow (mixtral 176,160,768 -> 232,783,872 total, 8,864,935 -> 12,351,195 realizable; "
+     "qwen3-30b 1,038,090,240 -> 1,289,748,480 / 8,715,600 -> 10,446,480; gpt-oss 297,271,296 -> 473,432,064 / "
+     "3,482,620 -> 5,321,220); the fixture's plans, step times and scripts identical",
+     "3f19b85f121a2d131ccf7f18fe60af518c9fa82e111240cd36a94fc0d1ed5b24"),
 ]
 
 

@@ -142,6 +142,9 @@ def cuda_graph_options(model, profile: StackProfile, level: str = "full") -> lis
             dict(cuda_graph_impl="local", cuda_graph_scope=("full_iteration",))]
 
 
+LOSS_STAGE_WEIGHTS = (1, 3)  # layers the loss stage's extras weigh in the balanced layouts offered
+
+
 def pipeline_splits(num_layers: int, pp: int, vpp: int) -> list[dict]:
     if pp == 1:
         return [{}] if vpp == 1 else []
@@ -149,10 +152,16 @@ def pipeline_splits(num_layers: int, pp: int, vpp: int) -> list[dict]:
     if pp * vpp > num_layers:
         return out
     if num_layers % (pp * vpp):
-        try:
-            return [dict(pp_layout=balanced_layout(num_layers, pp, vpp))] + out
-        except LayoutError:
-            return out
+        # the balanced explicit layouts with the loss stage weighing 1 or 3 layers (the LM head and
+        # any MTP layers sit there: NVIDIA's DeepSeek-V3 B200 layout is the weight-3 one); the cost
+        # model ranks them
+        layouts = []
+        for w in LOSS_STAGE_WEIGHTS:
+            try:
+                layouts.append(balanced_layout(num_layers, pp, vpp, loss_weight=w))
+            except LayoutError:
+                continue
+        return [dict(pp_layout=x) for x in dict.fromkeys(layouts)] + out
     out = [{}] + out
     per = num_layers // pp
     if pp > 2 and per > vpp:
