@@ -3,7 +3,8 @@
 (cp, explicit layouts, per-expert GEMMs, every fp8 recipe), up to 1,500 realizable plans each drawn at
 random (seeded), every more-work knob (2x seq, 2x gbs, routing imbalance 1.3 and 2, top-k + 1, pp*vpp
 more layers, one more MTP layer), and memory per GPU (2x the GPUs, recompute on, the distributed
-optimizer on, 2x the micro-batch).
+optimizer on, 2x the micro-batch); a fifth of the sampled plans also with the fields the space never
+searches (Megatron FSDP, token drop, drop-and-pad: PINNED).
 
     PYTHONPATH=$PWD python bench/invariant_scan.py [--seed N] [--plans N]
 
@@ -54,6 +55,16 @@ SCAN_KNOBS = {**{k: v for k, v in KNOBS.items() if k != "layers"},
               "imbalance 1.3": lambda w, p: (w, p, {"imbalance": 1.3})}
 
 
+# fields the space never searches (a user pins them): each sampled plan is also checked with them
+PINNED = (dict(fsdp=True), dict(capacity_factor=1.25), dict(capacity_factor=1.0, pad_to_capacity=True))
+
+
+def pinned_variants(w, pool):
+    """The realizable variants of `pool` with the PINNED fields (Megatron FSDP, token drop,
+    drop-and-pad)."""
+    return [q for p in pool for q in (p.replace(**kw) for kw in PINNED) if realizable(w, q)]
+
+
 def scan(w, precision, rng, n):
     pool = []
     for p in iter_realizable(default_space(w, GPU_FULL, precision, level="full"), w, GPU_FULL, 0, 50):
@@ -61,6 +72,7 @@ def scan(w, precision, rng, n):
             pool.append(p)
         if len(pool) >= n:
             break
+    pool = pool + pinned_variants(w, pool[: max(1, n // 5)])
     fails = {}
 
     def fail(name, p):
