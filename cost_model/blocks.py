@@ -779,8 +779,9 @@ class DPComm:
     sm_share: np.ndarray = None  # compute slowed while the hidden collectives hold SMs
     grad_s: np.ndarray = None  # seconds of the whole grad reduce(-scatter) / param all-gather
     gather_s: np.ndarray = None
-    grad_bytes: np.ndarray = None  # per-GPU buffer each moves (gradients; bf16 parameters)
+    grad_bytes: np.ndarray = None  # per-GPU bytes each moves per step (gradients; bf16 parameters)
     gather_bytes: np.ndarray = None
+    windows: np.ndarray | float = 1.0  # microbatches whose compute the hidden part runs beside (FSDP: all)
 
     @property
     def hidden_grad(self) -> np.ndarray:
@@ -828,8 +829,8 @@ def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarra
     # the neighbouring layers' compute: the forward window holds one gather, the backward window the
     # second gather and the reduce-scatter together; at least one layer's worth stays exposed
     fsdp = pa.fsdp.astype(bool)
+    windows = np.where(fsdp, x.microbatches, 1.0)  # the microbatches whose compute the collectives run beside
     if fsdp.any():
-        m = x.microbatches
         n_layers = np.maximum(np.asarray(layers, float), 1.0)
         one = 1.0 / n_layers  # the first gather / last reduce-scatter of a pass has nothing beside it
         f_exp = np.where(opg, np.maximum(ag_t - stage_fwd_s, ag_t * one), ag_t)
@@ -837,18 +838,18 @@ def dp_collectives(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarra
         b_exp = np.where(ogr & opg, np.maximum(both - stage_bwd_s, both * one), both)
         with np.errstate(divide="ignore", invalid="ignore"):
             ag_share = np.where(both > 0, ag_t / both, 0.0)
-        grad = np.where(fsdp, m * b_exp * (1.0 - ag_share), grad)
-        gather = np.where(fsdp, m * (f_exp + b_exp * ag_share), gather)
-        grad_t = np.where(fsdp, m * rs_t, grad_t)
-        ag_t = np.where(fsdp, 2.0 * m * ag_t, ag_t)
+        grad = np.where(fsdp, windows * b_exp * (1.0 - ag_share), grad)
+        gather = np.where(fsdp, windows * (f_exp + b_exp * ag_share), gather)
+        grad_t = np.where(fsdp, windows * rs_t, grad_t)
+        ag_t = np.where(fsdp, 2.0 * windows * ag_t, ag_t)
     # the hidden part runs NCCL kernels beside the backward / forward, one SM per channel
     # (`constants` NCCL_COMM_SMS): the compute under it loses that share of the SMs
     n = float(getattr(ops.c, "sm_count", 0) or 0)
     share = min(NCCL_COMM_SMS / n, 0.9) if (n > 1 and ops.async_launch) else 0.0
     sm = share * ((grad_t - grad) + (ag_t - gather))
     # bytes moved per step: FSDP reduce-scatters every microbatch and gathers twice in each
-    rs_reps, ag_reps = np.where(fsdp, x.microbatches, 1.0), np.where(fsdp, 2.0 * x.microbatches, 1.0)
-    return DPComm(grad, gather, sm, grad_t, ag_t, rs_reps * gb * (Pd + Pe), ag_reps * pb * (Pd + Pe))
+    return DPComm(grad, gather, sm, grad_t, ag_t, windows * gb * (Pd + Pe),
+                  np.where(fsdp, 2.0, 1.0) * windows * pb * (Pd + Pe), windows)
 
 
 def optimizer_step(x: Inputs, dense_params: np.ndarray, expert_params: np.ndarray,

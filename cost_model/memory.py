@@ -46,7 +46,7 @@ def optimizer_bytes_per_param(dist_opt, dp_shard=1, *, fp8=False, grad_bytes=MAI
         fp8: An fp8 recipe (bool or bool array): adds the quantised weight copy.
         grad_bytes: Main-gradient bytes (fp32 4; 2 when gradients are reduced in bf16).
     """
-    weights = np.where(np.asarray(fp8_param, bool), 0.0, WEIGHT_BYTES) + np.asarray(fp8) * FP8_WEIGHT_COPY_BYTES
+    weights = weight_bytes_per_param(fp8, fp8_param)
     out = (weights + grad_bytes
            + np.where(dist_opt, ADAM_STATE_BYTES / dp_shard, ADAM_STATE_BYTES))
     out = np.where(np.asarray(fsdp, bool), (weights + grad_bytes + ADAM_STATE_BYTES) / dp_shard, out)
@@ -59,8 +59,13 @@ def fsdp_working_bytes(layer_params, *, fp8=False, grad_bytes=MAIN_GRAD_BYTES, f
     of an fp8 recipe; the fp8 one alone with fp8_param), and that layer's unsharded gradients before
     their reduce-scatter (megatron_fsdp.py: one module's parameters gathered ahead of use, released
     after; gradients reduce-scattered per module). `layer_params`: one layer's parameters per GPU."""
-    weights = np.where(np.asarray(fp8_param, bool), 0.0, WEIGHT_BYTES) + np.asarray(fp8) * FP8_WEIGHT_COPY_BYTES
-    return layer_params * (2.0 * weights + grad_bytes)
+    return layer_params * (2.0 * weight_bytes_per_param(fp8, fp8_param) + grad_bytes)
+
+
+def weight_bytes_per_param(fp8=False, fp8_param=False):
+    """Bytes of the model's weight copies per parameter: bf16 2, plus the fp8 copy 1 of an fp8 recipe;
+    the fp8 one alone with fp8_param (--fp8-param-gather)."""
+    return np.where(np.asarray(fp8_param, bool), 0.0, WEIGHT_BYTES) + np.asarray(fp8) * FP8_WEIGHT_COPY_BYTES
 
 
 def activation_terms(spec, T, tp, mbs_seq, *, flash=True, dropout=False):
@@ -138,7 +143,7 @@ def memory_by_stage(x, st, params: StageParams, experts, *, flash=True, dropout=
               + params.expert * optimizer_bytes_per_param(col(dist), col(x.edp), fp8=fp8[:, None], grad_bytes=gb,
                                                           fp8_param=f8p, fsdp=fsdp))
     # FSDP: one layer's unsharded weights (two: computing and prefetched) and gradients
-    layers = np.maximum(st.dense + st.moe, 1.0)
+    layers = np.maximum(st.layers, 1.0)
     static = static + fsdp * fsdp_working_bytes((params.dense + params.expert) / layers, fp8=fp8[:, None],
                                                 grad_bytes=gb, fp8_param=f8p)
     a = activation_terms(spec, T, tp, seq, flash=flash, dropout=dropout)

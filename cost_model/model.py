@@ -685,10 +685,9 @@ def _evaluate(workload, pa: PlanArrays, tables, *, imbalance=1.0, hbm_reserve=HB
         mb_stage = _chain(terms.breakdown(st, MEMBOUND_COMPONENTS).values()) * smask
         p2p_sm = pp_p2p_sm_share(cl, pipe.hidden)
         p2p_hbm = hidden_comm_hbm(pipe.p2p_bytes, pipe.one, pipe.hidden, m * np.max(mb_stage, axis=1), hbm)
-        # (FSDP hides its collectives under every microbatch's compute)
-        under = mb_stage * col(np.where(pa.fsdp.astype(bool), m, 1.0))
-        dp_hbm_s = np.stack([hidden_comm_hbm(d.grad_bytes, d.grad_s, d.hidden_grad, under[:, s], hbm)
-                             + hidden_comm_hbm(d.gather_bytes, d.gather_s, d.hidden_gather, under[:, s], hbm)
+        dp_hbm_s = np.stack([hidden_comm_hbm(d.grad_bytes, d.grad_s, d.hidden_grad, d.windows * mb_stage[:, s], hbm)
+                             + hidden_comm_hbm(d.gather_bytes, d.gather_s, d.hidden_gather, d.windows * mb_stage[:, s],
+                                               hbm)
                              for s, d in enumerate(per_stage)], axis=1)
     else:
         p2p_sm = p2p_hbm = z

@@ -54,6 +54,7 @@ from cost_model.constants import (
 )
 from cost_model.plans import DISPATCH_CODES
 from specs.plan import DROP_PAD_HOST_SIZED
+from specs.plan import drop_and_pad as plan_drop_and_pad
 from specs.ranks import group_size_stride
 
 ALLGATHER, HYBRIDEP = 1, 3  # cost_model.plans.DISPATCH_CODES: alltoall 0, allgather 1, deepep 2, hybridep 3
@@ -150,9 +151,9 @@ def preprocess_kernels(dispatch, drop_pad=False):
 
 
 def drop_and_pad(pa) -> np.ndarray:
-    """[P] bool: Megatron's drop-and-pad MoE (plan capacity_factor > 0 with pad_to_capacity). The
-    one rule the load, kernels, syncs and preprocess read."""
-    return (np.asarray(pa.capacity_factor, float) > 0) & np.asarray(pa.pad_to_capacity, bool)
+    """[P] bool: Megatron's drop-and-pad MoE per plan (`specs.plan.drop_and_pad` over the columns),
+    what the load, kernels, syncs and preprocess read."""
+    return plan_drop_and_pad(np.asarray(pa.capacity_factor, float), np.asarray(pa.pad_to_capacity))
 
 
 def routed_load(pa, imbalance) -> np.ndarray:

@@ -162,7 +162,7 @@ class Plan:
     @property
     def drop_and_pad(self) -> bool:
         """Megatron's drop-and-pad MoE: a capacity factor with padding."""
-        return bool(self.capacity_factor) and self.pad_to_capacity
+        return bool(drop_and_pad(self.capacity_factor, self.pad_to_capacity))
 
     @property
     def dispatch(self) -> str:
@@ -181,6 +181,12 @@ class Plan:
 
     def replace(self, **kw) -> "Plan":
         return dataclasses.replace(self, **kw)
+
+
+def drop_and_pad(capacity_factor, pad_to_capacity):
+    """Megatron's drop-and-pad MoE (token_dispatcher.py drop_and_pad): a capacity factor > 0 with
+    padding. Scalars (a Plan's fields) or arrays (the cost model's PlanArrays columns)."""
+    return (capacity_factor > 0) & (pad_to_capacity != 0)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Plan)}

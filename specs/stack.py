@@ -212,7 +212,7 @@ def launch_env(plan, cluster) -> dict:
     plan: the Plan (tp, cp, a2a_overlap, fsdp, dispatcher read); cluster: its `mxfp8` (Blackwell) and
     `nvlink_gbps` are read."""
     env = {}
-    if getattr(plan, "fsdp", False) or (getattr(plan, "a2a_overlap", False) and (plan.tp > 1 or plan.cp > 1)):
+    if plan.fsdp or (plan.a2a_overlap and (plan.tp > 1 or plan.cp > 1)):
         # Megatron FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1 (arguments.py validate_args), and EP
         # A2A overlap needs more than one queue (validate_args warns that TP/CP with it on Hopper
         # trade one for the other; NVIDIA's recipes keep the overlap): the value Megatron-Bridge's

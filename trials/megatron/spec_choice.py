@@ -96,7 +96,7 @@ def layer_spec_choice(plan, installed: Installed, model=None) -> LayerSpecChoice
             add("flex_dispatcher", "flex/deepep needs DeepEP (not installed)")
         if backend == "hybridep" and not installed.hybridep:
             add("flex_dispatcher", "flex/hybridep needs HybridEP (deep_ep.HybridEPBuffer; not installed)")
-    if getattr(plan, "fsdp", False):
+    if plan.fsdp:
         add("fsdp", "Megatron FSDP trials are not wired: the trial backend wraps the model in megatron-core's "
                     "DDP, not FullyShardedDataParallel (the emitted script runs it)")
     if plan.recompute == "selective" and "layernorm" in plan.recompute_modules and not te:
