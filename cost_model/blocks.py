@@ -32,6 +32,7 @@ from cost_model.constants import (
     FP32_ROUTER_GEMM_SLOWDOWN,
     GLU_CLAMP_BWD_BYTES_PER_ELEMENT,
     GLU_CLAMP_FWD_BYTES_PER_ELEMENT,
+    HELD_COMM_RATE,
     KERNELS_ATTENTION,
     KERNELS_CP_PER_STEP,
     KERNELS_DENSE_MLP,
@@ -497,28 +498,35 @@ def comm_sm_share(x: Inputs) -> np.ndarray:
     return np.clip(sms / n, 0.0, 0.9) if n > 1 else x.zero
 
 
-def paired_exposure(comm, compute, share, held):
+def paired_exposure(comm, compute, share, held, rate=1.0):
     """(beyond, sm_share) of `comm` run beside `compute`, by who gets the SMs (`constants`
     COMM_STARVED). `held` (e.g. a cooperatively launched kernel, all its CTAs resident): comm holds
-    `share` of the SMs at full speed and the compute progresses at (1 - share) of its speed while
-    comm runs, so the pair's wall time is max(comm, compute + share x comm); of its excess over
-    `compute`, share x comm is the slowed compute and max(0, comm (1 - share) - compute) the
-    communication left over. Not held (starved: plain-launched CTAs waiting for the SMs the
-    compute takes): the compute keeps its speed and comm progresses at STARVED_COMM_RATE of its
-    own while the compute runs, then alone at full speed: wall compute + max(0, comm - rate x
-    compute), all of the excess communication."""
+    `share` of the SMs and progresses at `rate` of its speed alone while the compute runs
+    (`constants` HELD_COMM_RATE), the compute at (1 - share) of its speed. If the compute outlasts
+    it ((1 - share) comm / rate <= compute) the pair's excess over `compute` is the slowed compute,
+    share x comm / rate; else the compute ends first, at compute / (1 - share), and comm finishes
+    alone at full speed: excess comm + (1 - rate) compute / (1 - share) - compute, of which
+    share x comm / rate is counted as the slowed compute and the rest as communication left over
+    (rate 1: max(comm, compute + share x comm) as wall time). Not held (starved: plain-launched
+    CTAs waiting for the SMs the compute takes): the compute keeps its speed and comm progresses at
+    STARVED_COMM_RATE of its own while the compute runs, then alone at full speed: wall compute +
+    max(0, comm - rate x compute), all of the excess communication."""
     held = np.asarray(held, dtype=bool)
-    beyond = np.where(held, np.maximum(0.0, comm * (1.0 - share) - compute),
+    rate = np.asarray(rate, dtype=float)
+    slowed = share * comm / rate
+    left = comm + (1.0 - rate) * compute / (1.0 - share) - compute - slowed
+    beyond = np.where(held, np.where((1.0 - share) * comm / rate <= compute, 0.0, np.maximum(0.0, left)),
                       np.maximum(0.0, comm - STARVED_COMM_RATE * compute))
-    return beyond, np.where(held, share * comm, 0.0)
+    return beyond, np.where(held, slowed, 0.0)
 
 
-def wgrad_left(first, node: Node, share, held):
+def wgrad_left(first, node: Node, share, held, rate=1.0):
     """Seconds of `node`'s weight-gradient part (node.w, the end of its backward node.b) still to
     run once the communication `first`, started with the node's backward, has finished: it held
-    `share` of the SMs, so the compute did (1 - share) x first meanwhile, or it was starved and
-    the compute did first / STARVED_COMM_RATE (`paired_exposure`'s two cases)."""
-    done = first * np.where(held, 1.0 - share, 1.0 / STARVED_COMM_RATE)
+    `share` of the SMs for first / rate (`rate`: its speed beside compute), so the compute did
+    (1 - share) x first / rate meanwhile, or it was starved and the compute did
+    first / STARVED_COMM_RATE (`paired_exposure`'s two cases)."""
+    done = first * np.where(held, (1.0 - share) / rate, 1.0 / STARVED_COMM_RATE)
     return np.clip(node.b - done, 0.0, node.w)
 
 
@@ -543,14 +551,15 @@ def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: Node, mlp_node:
     z = x.zero
     s = comm_sm_share(x)
     held = ~np.asarray(COMM_STARVED)[x.pa.dispatch]
+    r = np.asarray(HELD_COMM_RATE)[x.pa.dispatch]  # a held kernel's speed beside compute
     seo = x.pa.shared_expert_overlap.astype(bool)
     a2o = x.pa.a2a_overlap.astype(bool)
     disp, comb = ep.dispatch, ep.combine
     # a2a overlap: forward-side comm (dispatch_f with mlp_b, combine_f with attn_b), backward-side
     # comm (combine_b with attn_f, dispatch_b with mlp_f); the backward's dispatch moves the
     # forward combine's bytes and vice versa
-    bf1, sf1 = paired_exposure(disp, mlp_node.b, s, held)
-    bf2, sf2 = paired_exposure(comb, attn_node.b, s, held)
+    bf1, sf1 = paired_exposure(disp, mlp_node.b, s, held, r)
+    bf2, sf2 = paired_exposure(comb, attn_node.b, s, held, r)
     # the combine node unpermutes after the combine (fine_grained_callables.py
     # submodule_combine_forward: mlp.combine, then mlp.postprocess); unfused, its masked_select makes
     # the host wait for the combine before it issues attn_b, so that pair runs one after the other
@@ -562,13 +571,13 @@ def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: Node, mlp_node:
     # (after the forward combine) also hide under the part of that wgrad node the first
     # communication of the pair left; without it they wait for the whole backward node
     delay = x.pa.delay_wgrad.astype(bool) & a2o
-    bb1, sb1 = paired_exposure(disp, attn_node.f + np.where(delay, wgrad_left(comb, attn_node, s, held), 0.0),
-                               s, held)
-    bb2, sb2 = paired_exposure(comb, mlp_node.f + np.where(delay, wgrad_left(disp, mlp_node, s, held), 0.0),
-                               s, held)
+    bb1, sb1 = paired_exposure(disp, attn_node.f + np.where(delay, wgrad_left(comb, attn_node, s, held, r), 0.0),
+                               s, held, r)
+    bb2, sb2 = paired_exposure(comb, mlp_node.f + np.where(delay, wgrad_left(disp, mlp_node, s, held, r), 0.0),
+                               s, held, r)
     # shared-expert overlap: the shared expert beside the whole dispatch + combine
-    bsf, ssf = paired_exposure(ep.f, shared.f, s, held)
-    bsb, ssb = paired_exposure(ep.b, shared.b, s, held)
+    bsf, ssf = paired_exposure(ep.f, shared.f, s, held, r)
+    bsb, ssb = paired_exposure(ep.b, shared.b, s, held, r)
     paired = 1.0 - unpaired
     serial = FwdBwd(np.where(a2o, unpaired * ep.f, np.where(seo, z, ep.f)),
                     np.where(a2o, unpaired * ep.b, np.where(seo, z, ep.b)))
@@ -589,8 +598,8 @@ def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: Node, mlp_node:
     hb = hbm_contention(mb_attn.f, disp, hc) + hbm_contention(mb_mlp.f, comb, hd)
     hall = comm_hbm_share(ep.dispatch_bytes + ep.combine_bytes, ep.f, hbm)
     hsf, hsb = hbm_contention(mb_shared.f, ep.f, hall), hbm_contention(mb_shared.b, ep.b, hall)
-    # a starved kernel moves its bytes at its lower rate while the compute runs
-    hr = np.where(held, 1.0, STARVED_COMM_RATE)
+    # a starved kernel moves its bytes at its lower rate while the compute runs, a held one at `r`
+    hr = np.where(held, r, STARVED_COMM_RATE)
     hs = FwdBwd(hr * np.where(a2o, paired * hf, np.where(seo, hsf, z)),
                 hr * np.where(a2o, paired * hb, np.where(seo, hsb, z)))
     return EPExposed(serial, beyond, sm, hs)

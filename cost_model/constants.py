@@ -169,6 +169,21 @@ COMM_STARVED = (False, False, False, True)
 # same uncount would make the rate lower still). A kernel-level measurement of the mechanism, not the
 # A/B's step times (which the model is checked against).
 STARVED_COMM_RATE = 0.35
+# The rate a held communication kernel progresses at while compute runs beside it, as a share of its
+# rate alone (`blocks.paired_exposure`; the compute beside it on the SMs left). DeepEP's normal
+# kernels (`bench/deepep_overlap_rate.py`): in DeepSeek's public training trace (deepseek-ai/
+# profile-data train.json: H800, EP64 over 8 nodes, 4,096 tokens per micro-batch, balanced routing,
+# DeepEP on 20 SMs, FP8 dispatch / BF16 combine, DualPipe: every kernel beside compute-stream
+# kernels 72-100% of its time) the 8 dispatch and 8 combine kernels take 3.88 and 6.18 ms on average;
+# DeepEP's own benchmark of that setting, published the same week (deepseek-ai/DeepEP README at
+# ebfe47e, 2025-02-24: internode EP64 46 GB/s dispatch, 45 GB/s combine, RDMA bytes of
+# tests/test_internode.py, 3.99 destination nodes per token) puts them alone at 2.62 and 5.20 ms:
+# rate 0.78 (0.70 against the README's later 51 / 50 GB/s, after DeepEP's April 2025 speed-ups).
+# The trace's notify kernels (1.0-3.8 ms each: waiting for the other ranks) are not in it. NCCL's
+# all-to-all: no kernel-level measurement beside compute (1.0; its one public overlap A/B hides at
+# least what the held pricing allows, see COMM_STARVED); HybridEP is starved (STARVED_COMM_RATE).
+DEEPEP_BESIDE_COMPUTE_RATE = 0.78
+HELD_COMM_RATE = (1.0, 1.0, DEEPEP_BESIDE_COMPUTE_RATE, 1.0)
 
 # ---- CUDA graphs (megatron-core 0.16.1 --cuda-graph-impl / --cuda-graph-scope) ----------------------
 # A graphed region replaces its kernel launches by one graph replay per pass: TE

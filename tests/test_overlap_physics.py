@@ -8,7 +8,7 @@ import cost_model
 from clusters import load_cluster
 from cost_model.blocks import paired_exposure
 from cost_model.calibration import IDENTITY
-from cost_model.constants import DEEPEP_SMS, STARVED_COMM_RATE
+from cost_model.constants import DEEPEP_BESIDE_COMPUTE_RATE, DEEPEP_SMS, STARVED_COMM_RATE
 from specs.models import load_model
 from specs.stack import GPU_FULL, HYBRIDEP_NUM_SMS
 from specs.workload import Workload
@@ -17,21 +17,37 @@ from tuner.rank.complete import complete_plan
 EP_PARTS = ("ep_dispatch_combine", "ep_overlap_beyond", "ep_overlap_sm_share")
 
 
+def _held_wall(comm, compute, share, rate):
+    """Event-by-event wall time of a held pair: comm on its SMs at `rate` of its speed alone while
+    the compute runs (the compute at 1 - share), then whichever is left runs alone at full speed."""
+    t_comm, t_comp = comm / rate, compute / (1.0 - share)  # each one's duration beside the other
+    if t_comm <= t_comp:  # comm ends first: the compute finishes its rest on every SM
+        return t_comm + (compute - (1.0 - share) * t_comm)
+    return t_comp + (comm - rate * t_comp)  # the compute ends first: comm finishes alone
+
+
 def test_paired_exposure_is_the_wall_time_of_a_shared_gpu():
     comm = np.linspace(0.0, 3.0, 31)[:, None]
     compute = np.linspace(0.0, 3.0, 31)[None, :]
     for held in (True, False):
         for share in (0.0, 0.15, 0.5):
-            beyond, sm = paired_exposure(comm, compute, share, held)
-            wall = compute + beyond + sm
-            if held:  # comm on its own SMs at full speed, the compute on the rest
-                np.testing.assert_allclose(wall, np.maximum(comm, compute + share * comm))
-            else:  # the compute at full speed, comm trickling beside it, then alone
-                np.testing.assert_allclose(wall, compute + np.maximum(0.0, comm - STARVED_COMM_RATE * compute))
-                assert (sm == 0).all()
-            # more communication or more compute never shortens the pair
-            assert (np.diff(wall, axis=0) >= -1e-15).all() and (np.diff(wall, axis=1) >= -1e-15).all()
-            assert (sm >= 0).all() and (beyond >= 0).all()
+            for rate in (1.0, DEEPEP_BESIDE_COMPUTE_RATE, 0.6):
+                beyond, sm = paired_exposure(comm, compute, share, held, rate)
+                wall = compute + beyond + sm
+                if held:  # comm on its own SMs at `rate`, the compute on the rest
+                    expect = np.vectorize(_held_wall)(comm, compute, share, rate)
+                    np.testing.assert_allclose(wall, expect, atol=1e-12)
+                    if rate == 1.0:
+                        np.testing.assert_allclose(wall, np.maximum(comm, compute + share * comm))
+                else:  # the compute at full speed, comm trickling beside it, then alone
+                    np.testing.assert_allclose(wall, compute + np.maximum(0.0, comm - STARVED_COMM_RATE * compute))
+                    assert (sm == 0).all()
+                # more communication or more compute never shortens the pair
+                assert (np.diff(wall, axis=0) >= -1e-15).all() and (np.diff(wall, axis=1) >= -1e-15).all()
+                assert (sm >= 0).all() and (beyond >= -1e-15).all()
+    # a slower kernel beside the compute never exposes less
+    slow, fast = (sum(paired_exposure(comm, compute, 0.15, True, r)) for r in (0.7, 1.0))
+    assert (slow >= fast - 1e-15).all() and (slow > fast).any()
 
 
 def test_a_starved_kernel_hides_less_than_one_holding_its_sms():
@@ -60,8 +76,10 @@ def test_overlapped_comm_pays_its_sm_share_and_the_unpaired_chunks(backend, sms)
     assert ovl.breakdown_s["ep_dispatch_combine"] == pytest.approx(comm / m, rel=1e-9)
     share = sms / w.cluster.sm_count
     exposed = sum(ovl.breakdown_s[k] for k in EP_PARTS)
-    if backend == "deepep":  # cooperative: holds its SMs, the paired compute slows by their share
-        assert ovl.breakdown_s["ep_overlap_sm_share"] == pytest.approx(share * comm * (1 - 1 / m), rel=1e-9)
+    if backend == "deepep":  # cooperative: holds its SMs, the paired compute slows by their share for
+        # as long as the communication runs beside it (comm / its rate beside compute)
+        assert ovl.breakdown_s["ep_overlap_sm_share"] == pytest.approx(
+            share * comm / DEEPEP_BESIDE_COMPUTE_RATE * (1 - 1 / m), rel=1e-9)
         assert share * comm < exposed < comm
     else:  # starved: the compute keeps the SMs, the communication is what is left over
         assert ovl.breakdown_s["ep_overlap_sm_share"] == 0.0
@@ -208,3 +226,17 @@ def test_an_unfused_permutation_cannot_sit_in_the_moe_preprocess_graph():
     assert "cuda-graph-sync" in codes["dispatcher=alltoall", 0]
     assert "cuda-graph-sync" not in codes["dispatcher=alltoall", 1]
     assert "cuda-graph-sync" not in codes["dispatcher=flex,flex_backend=hybridep", 0]
+
+
+def test_the_deepep_rate_is_the_trace_against_its_benchmark():
+    """DEEPEP_BESIDE_COMPUTE_RATE (constants; bench/deepep_overlap_rate.py reads the trace): DeepSeek's
+    train.json runs 8 dispatch and 8 combine kernels at 3.876 / 6.181 ms mean beside compute; DeepEP's
+    README of that week (46 / 45 GB/s RDMA, internode EP64) over tests/test_internode.py's bytes
+    (4,096 tokens x 3.985 destination nodes x 7,168 x 2 B, x (1 + 4/128) / 2 for the FP8 dispatch)
+    puts them at 2.62 / 5.20 ms alone."""
+    pairs = 4096 * 3.985 * 7168 * 2
+    alone = pairs * (1 + 4 / 128) / 2 / 46e9 + pairs / 45e9
+    assert DEEPEP_BESIDE_COMPUTE_RATE == pytest.approx(alone / (3.876e-3 + 6.181e-3), abs=0.005)
+    # the README's later bandwidths (51 / 50 GB/s, after DeepEP's own speed-ups) would give ~0.70
+    later = pairs * (1 + 4 / 128) / 2 / 51e9 + pairs / 50e9
+    assert later / (3.876e-3 + 6.181e-3) < DEEPEP_BESIDE_COMPUTE_RATE < 1.0

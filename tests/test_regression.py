@@ -137,6 +137,12 @@ REGENERATIONS = [
      "qwen3-30b 1,038,090,240 -> 1,289,748,480 / 8,715,600 -> 10,446,480; gpt-oss 297,271,296 -> 473,432,064 / "
      "3,482,620 -> 5,321,220); the fixture's plans, step times and scripts identical",
      "3f19b85f121a2d131ccf7f18fe60af518c9fa82e111240cd36a94fc0d1ed5b24"),
+    ("DeepEP's rate beside compute (2026-12-06)", "`--keep-plans`: DeepEP's dispatch / combine progress at "
+     "0.78 of their speed alone while compute runs beside them (constants DEEPEP_BESIDE_COMPUTE_RATE, from "
+     "DeepSeek's train.json against DeepEP's README; bench/deepep_overlap_rate.py) and the GPU calibration "
+     "refit 1.2157 -> 1.1746: 47 of 50 step times x0.9662 (the scale), 3 DeepEP-overlap plans up to x0.9949; "
+     "plans, counts and scripts identical",
+     "4d878e625297b80ea75f08c1c707e20b1a911fc062648800a89b15cedec9bca0"),
 ]
 
 

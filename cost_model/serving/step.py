@@ -17,7 +17,7 @@ from scipy.stats import poisson
 
 from clusters import is_blackwell, load_cluster
 from cost_model.blocks import distinct_ranks, ep_wire_seconds
-from cost_model.constants import DEEPEP_SMS
+from cost_model.constants import DEEPEP_BESIDE_COMPUTE_RATE, DEEPEP_SMS
 from cost_model.flops import param_counts
 from cost_model.ops import TableOps
 from cost_model.serving.constants import (
@@ -516,6 +516,9 @@ class StepModel:
           without an all-to-all its MoE collectives too (nothing to overlap);
         - the two micro-batches interleave those stages on one compute stream while dispatch and
           combine run on the communication stream (`tbo_prefill_layer_seconds`);
+        - DeepEP's normal-mode dispatch and combine progress at DEEPEP_BESIDE_COMPUTE_RATE of their
+          speed alone, as they do beside compute in DeepSeek's own trace (`cost_model.constants`;
+          low-latency mode keeps its rate: its RDMA runs in the background, no SMs held);
         - compute-bound kernels run on sm_count - DeepEP's SMs in those layers: DeepGEMM because
           SGLang sets `deep_gemm_num_sms = total_num_sms - DeepEPConfig.num_sms` (DeepEP's default
           Buffer.num_sms, 20); under an all-to-all the others (attention core, CUTLASS/Triton
@@ -535,7 +538,9 @@ class StepModel:
              + h["moe_comm"] - h["dispatch"] - h["combine"])  # the collectives beside the a2a legs
         E = h["experts"] + (cap_m - 1.0) * h["experts_gemm"]
         S = cap_d * h["shared"]
-        moe_layer = tbo_prefill_layer_seconds(A, E, S, h["dispatch"], h["combine"])
+        normal = (np.asarray(self.c.a2a) > 0) & ~np.asarray(self.c.low_latency_prefill, bool)
+        stretch = np.where(normal, 1.0 / DEEPEP_BESIDE_COMPUTE_RATE, 1.0)
+        moe_layer = tbo_prefill_layer_seconds(A, E, S, stretch * h["dispatch"], stretch * h["combine"])
         return dense_layers + self.L_moe * moe_layer
 
     def prefill(self, chunk_rank, prefix, seg=None, ranks=None):
