@@ -20,8 +20,8 @@ with its source; the few used here are also copied below so the build reads as o
   of FlashAttention-3, arXiv:2407.08608, H100 bf16 causal), scaled by the bf16 peak; one constant
   bh (batch x heads per call, FA_BH) for every kind, cpu-local included: the axis is inert here and
   only a measured profile (`moetune profile`, CPU) fills it. A kind with published SDPA rows
-  (PUBLISHED_ATTN_PLATFORM: GB200 <- arXiv 2603.07685 Table 9) carries them at their own points and
-  the curve scaled through them elsewhere.
+  (PUBLISHED_ATTN_PLATFORM: GB200 <- arXiv 2603.07685 Table 9; GB300 <- cuDNN's own GB300 benchmark,
+  cudnn-frontend) carries them at their own points and the curve scaled through them elsewhere.
 - collectives: nccl-tests bus bandwidth. Scale-up peak = NVLink unidirectional GB/s x the H100
   ring all-reduce efficiency (370 / 450, nccl-tests issue 212); scale-out = members-per-node x
   per-NIC achievable (48.5 of 50 GB/s, nccl-tests issue 267) x a node-count factor fitted to the
@@ -100,11 +100,13 @@ HYBRID_OVER_DEEPEP_RDMA = (81.6 / 79.5, 76.5 / 68.2)
 # copied here. A kind listed below takes them in place of the rows scaled from H100 by link or peak
 # ratio. Table 7 measures HybridEP and all-to-all on GB200 NVL72 (EP 8-64, all inside the NVLink
 # domain); Table 9 names its platform "Blackwell", and GB200 is the paper's Blackwell training
-# system (Tables 11, 17). GB300 (Blackwell Ultra, twice the exponential-unit rate) and B200 have no
-# row of their own there, so they keep the derived rows.
+# system (Tables 11, 17). GB300 (Blackwell Ultra, twice the exponential-unit rate) has no row there;
+# its attention is anchored to cuDNN's own GB300 benchmark of the same DeepSeek-V3 shape (cudnn-frontend
+# sdpa_benchmark_training results, cuDNN 9.22, seq 2048-32768: platform "blackwell-ultra"). B200 and
+# B300 have neither, so they keep the derived rows.
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PUBLISHED_EP_HW = {"gb200-nvl72": "gb200"}         # kind -> `hw` of ep_dispatch_combine_bandwidth.csv
-PUBLISHED_ATTN_PLATFORM = {"gb200-nvl72": "blackwell"}  # kind -> `platform` of attention_sdpa_tflops.csv
+PUBLISHED_ATTN_PLATFORM = {"gb200-nvl72": "blackwell", "gb300-nvl72": "blackwell-ultra"}  # -> attention_sdpa_tflops.csv `platform`
 # The setting Table 7 states is hidden 7168, sequence 4096 (tokens per GPU), 256 experts; it does not
 # state top-k, routing, dtype or SMs. Assumed: DeepSeek-V3's top-8 with uniform routing (no group
 # limit: the dispatch benchmarks draw random scores) and BF16 tokens both ways (no FP8 is stated).
