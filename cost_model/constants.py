@@ -224,6 +224,23 @@ FP8_QUANT_BYTES_PER_ELEMENT = (0.0, 2 + 2 + 1 + 1, 2 + 1 + 1, 2 + 1 + 1 + 2 * 4 
 # Check on another kernel and GPU: pytorch/ao PR 4356 (2026) MXFP8 quantisation of 8192 x 5120 on
 # B200 reports 3.65-4.43 TB/s, 0.46-0.55 of 8 TB/s.
 FP8_QUANT_HBM_FRACTION = 0.39
+# fp8 GEMM time per recipe against the per-tensor-scaled fp8 GEMM the `gemm` / `grouped_gemm` tables
+# price (index = specs.plan.PRECISIONS code; bf16 unused), on Hopper and on Blackwell. From
+# TransformerEngine's own GEMM benchmark (docs/examples/gemm_profiling/gemm_profiling.rst, model-config
+# mode: hidden 4096, ffn 16384, 15,872 tokens; fprop + dgrad + wgrad ms per layer):
+# - Hopper (H200 NVL): per-tensor pre-quantized 16.785, current scaling autocast 20.285, delayed
+#   18.978 (its GEMM is the per-tensor one, so 2.19 of it is quantisation), blockwise autocast 22.882.
+#   Blockwise quantises in one fused pass like delayed scaling (FP8_QUANT_BYTES_PER_ELEMENT: 4.06
+#   against 4 B), so ~2.22 of it is quantisation and its GEMM (cuBLAS 1D x 2D block-scaled) takes
+#   20.66 / 16.785 = 1.23x the per-tensor one (1.22x taking the quantisation from current scaling's
+#   3.50 x 4.06 / 6). MXFP8 does not run on Hopper.
+# - Blackwell (B300): MXFP8 pre-quantized 7.161 against per-tensor 6.812: 1.05x; blockwise runs there
+#   emulated on MXFP8 GEMMs (the same document; TransformerEngine PR 2157), so the MXFP8 factor.
+# The same benchmark checks the quantisation bytes above: its current scaling quantised 3.50 ms per
+# layer (H200 NVL), the model's bytes at FP8_QUANT_HBM_FRACTION give ~4.0 (weights re-cast every call
+# there included); delayed 2.19 against ~2.7.
+FP8_GEMM_TIME_HOPPER = (1.0, 1.0, 1.0, 1.23, 1.0)
+FP8_GEMM_TIME_BLACKWELL = (1.0, 1.0, 1.0, 1.05, 1.05)
 
 # ---- sliding-window attention ----------------------------------------------------------------------
 # Megatron-core `window_attn_skip_freq` (transformer_config.py): with an int N, every N-th layer

@@ -89,6 +89,8 @@ from cost_model.blocks import (  # noqa: F401  structural_kernels: re-exported (
 from cost_model.constants import (
     CPU_KERNELS_CORE_ATTENTION,
     D2H_SYNC_S,
+    FP8_GEMM_TIME_BLACKWELL,
+    FP8_GEMM_TIME_HOPPER,
     GRAPH_LAUNCHES_PER_REGION,
     HBM_RESERVE_FRACTION,
     KERNEL_PASSES,
@@ -417,7 +419,9 @@ def _inputs(workload, pa: PlanArrays, tables, imbalance) -> Inputs:
     dp = np.asarray(np.maximum(W // (pa.tp * pa.cp * pa.pp), 1), dtype=float)
     edp = np.asarray(np.maximum(W // (pa.etp * pa.ep * pa.pp), 1), dtype=float)
     fp8 = pa.precision != 0
-    ops = TableOps(tables, workload.cluster, fp8)
+    # the recipe's GEMM kernel: block-scaled fp8 runs slower than per-tensor (constants FP8_GEMM_TIME_*)
+    per_recipe = FP8_GEMM_TIME_BLACKWELL if getattr(workload.cluster, "mxfp8", False) else FP8_GEMM_TIME_HOPPER
+    ops = TableOps(tables, workload.cluster, fp8, np.asarray(per_recipe)[pa.precision])
     ops.set_rowkey(*_row_key(pa))
     T = seq * mbs / cp
     return Inputs(spec=workload.model, pa=pa, ops=ops, world=W, seq=seq, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep,

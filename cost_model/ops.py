@@ -18,10 +18,14 @@ class TableOps:
     dispatch seconds, memory-bound rates, the CPU dispatch gap. Queries that depend only on the
     row key (`set_rowkey`) are interpolated once per distinct key."""
 
-    def __init__(self, tables, cluster, fp8mask):
+    def __init__(self, tables, cluster, fp8mask, fp8_gemm_time=None):
+        """`fp8mask`: [P] plans whose GEMMs run fp8; `fp8_gemm_time`: [P] their fp8 GEMM time against
+        the tables' per-tensor-scaled one (the recipe's scaling, `constants` FP8_GEMM_TIME_*;
+        None: 1)."""
         self.t = tables
         self.c = cluster
         self.fp8 = fp8mask
+        self.fp8_gemm_time = 1.0 if fp8_gemm_time is None else np.asarray(fp8_gemm_time, float)
         self.any_fp8 = bool(fp8mask.any()) and tables["gemm"].has("fp8")
         self.bw = {op: float(tables["membw"].lookup(op)) * 1e9 for op in
                    ("elementwise", "permute", "router", "cross_entropy", "optimizer")}
@@ -74,7 +78,7 @@ class TableOps:
         bf = look("bf16")
         if bf16 or not self.any_fp8:
             return bf
-        f8 = look("fp8")
+        f8 = look("fp8") / self.fp8_gemm_time
         return np.where(self.fp8, f8, bf)
 
     def linear(self, m, n, k, bf16=False):

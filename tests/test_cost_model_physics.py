@@ -47,6 +47,32 @@ def test_fp8_recipes_price_their_quantization_distinctly():
     assert mx > 0
 
 
+def test_block_scaled_fp8_gemms_run_slower_than_per_tensor_ones():
+    """TransformerEngine's GEMM benchmark (constants FP8_GEMM_TIME_*): on Hopper the blockwise recipe's
+    GEMMs take 1.23x the per-tensor ones (its autocast time less one fused quantisation pass, against
+    the pre-quantized per-tensor GEMMs); on Blackwell MXFP8 (and blockwise, emulated on it) 1.05x.
+    Only the GEMM terms move; the recipes' quantisation is priced apart."""
+    from cost_model.constants import FP8_GEMM_TIME_BLACKWELL, FP8_GEMM_TIME_HOPPER
+    for kind, table, recipes in (("h100-sxm", FP8_GEMM_TIME_HOPPER, ("fp8-tensorwise", "fp8-delayed", "fp8-blockwise")),
+                                 ("b200", FP8_GEMM_TIME_BLACKWELL, ("fp8-tensorwise", "fp8-blockwise", "mxfp8"))):
+        bd = _bd(_w(kind=kind), [Plan(ep=16, precision=p) for p in recipes])["breakdown_s"]
+        for i, p in enumerate(recipes):
+            f = table[PRECISIONS.index(p)]
+            # the attention block's projections are all fp8 TE GEMMs: exactly the factor
+            assert bd["attention_proj"][i] == pytest.approx(bd["attention_proj"][0] * f, rel=1e-9), (kind, p)
+            # the expert term also holds work that is no fp8 GEMM (its epilogues): at most the factor
+            assert bd["expert_gemm"][0] <= bd["expert_gemm"][i] <= bd["expert_gemm"][0] * f * (1 + 1e-9), (kind, p)
+        assert (bd["expert_gemm"][2] > bd["expert_gemm"][0]) == (table[PRECISIONS.index(recipes[2])] > 1.0)
+    assert FP8_GEMM_TIME_HOPPER[PRECISIONS.index("fp8-blockwise")] > 1.2
+    # the derivation from the benchmark's H200 table (fprop + dgrad + wgrad ms per layer): the
+    # blockwise autocast time less delayed scaling's quantisation (same fused pass, 4.06 vs 4 B)
+    per_tensor, delayed, block = 16.785, 18.978, 22.882
+    q_block = (delayed - per_tensor) * FP8_QUANT_BYTES_PER_ELEMENT[PRECISIONS.index("fp8-blockwise")] / \
+        FP8_QUANT_BYTES_PER_ELEMENT[PRECISIONS.index("fp8-delayed")]
+    assert FP8_GEMM_TIME_HOPPER[PRECISIONS.index("fp8-blockwise")] == pytest.approx((block - q_block) / per_tensor, abs=0.01)
+    assert FP8_GEMM_TIME_BLACKWELL[PRECISIONS.index("mxfp8")] == pytest.approx(7.161 / 6.812, abs=0.01)
+
+
 def test_mtp_layers_cost_time_and_memory_on_the_loss_stage():
     plan = Plan(pp=8, vpp=2, ep=32, precision="mxfp8", dispatcher="flex", flex_backend="deepep",
                 pp_layout="Et*4|(t*4|)*14tL")
