@@ -510,7 +510,7 @@ def paired_exposure(comm, compute, share, held, rate=1.0):
     (rate 1: max(comm, compute + share x comm) as wall time). Not held (starved: plain-launched
     CTAs waiting for the SMs the compute takes): the compute keeps its speed and comm progresses at
     STARVED_COMM_RATE of its own while the compute runs, then alone at full speed: wall compute +
-    max(0, comm - rate x compute), all of the excess communication."""
+    max(0, comm - STARVED_COMM_RATE x compute), all of the excess communication."""
     held = np.asarray(held, dtype=bool)
     rate = np.asarray(rate, dtype=float)
     slowed = share * comm / rate
