@@ -102,11 +102,16 @@ HYBRID_OVER_DEEPEP_RDMA = (81.6 / 79.5, 76.5 / 68.2)
 # domain); Table 9 names its platform "Blackwell", and GB200 is the paper's Blackwell training
 # system (Tables 11, 17). GB300 (Blackwell Ultra, twice the exponential-unit rate) has no row there;
 # its attention is anchored to cuDNN's own GB300 benchmark of the same DeepSeek-V3 shape (cudnn-frontend
-# sdpa_benchmark_training results, cuDNN 9.22, seq 2048-32768: platform "blackwell-ultra"). B200 and
-# B300 have neither, so they keep the derived rows.
+# sdpa_benchmark_training results, cuDNN 9.22, seq 2048-32768: platform "blackwell-ultra"), and B300, the
+# same chip, to that efficiency at its own peak (SAME_CHIP_ATTN). B200 has neither and keeps the derived rows.
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PUBLISHED_EP_HW = {"gb200-nvl72": "gb200"}         # kind -> `hw` of ep_dispatch_combine_bandwidth.csv
 PUBLISHED_ATTN_PLATFORM = {"gb200-nvl72": "blackwell", "gb300-nvl72": "blackwell-ultra"}  # -> attention_sdpa_tflops.csv `platform`
+# A kind built on the same chip as a kind with published attention rows takes that kind's measured
+# efficiency at its own bf16 peak: HGX B300 is the Blackwell Ultra GPU of GB300 (the attention-relevant
+# part, twice Blackwell's exponential-unit rate, is the chip's), power-capped to 2.25 against 2.5 PF
+# dense bf16 (clusters/b300.yaml, clusters/gb300-nvl72.yaml datasheets)
+SAME_CHIP_ATTN = {"b300": "gb300-nvl72"}
 # The setting Table 7 states is hidden 7168, sequence 4096 (tokens per GPU), 256 experts; it does not
 # state top-k, routing, dtype or SMs. Assumed: DeepSeek-V3's top-8 with uniform routing (no group
 # limit: the dispatch benchmarks draw random scores) and BF16 tokens both ways (no FP8 is stated).
@@ -168,7 +173,13 @@ def published_ep_rows(kind: str) -> list[dict]:
 
 
 def published_attention(kind: str) -> dict[tuple[str, int], tuple[float, int, str]]:
-    """{(direction, seq): (TFLOPS, qk head dim, source)} of the published SDPA rows of `kind`."""
+    """{(direction, seq): (TFLOPS, qk head dim, source)} of the published SDPA rows of `kind`; for a
+    kind in SAME_CHIP_ATTN, its sibling's rows x the two kinds' bf16 peak ratio."""
+    if kind in SAME_CHIP_ATTN:
+        sib = SAME_CHIP_ATTN[kind]
+        ratio = _spec_for(kind)["bf16"] / _spec_for(sib)["bf16"]
+        return {key: (v * ratio, hd, f"{sib} x {ratio:.3f} (bf16 peak ratio, same chip): {src}")
+                for key, (v, hd, src) in published_attention(sib).items()}
     plat = PUBLISHED_ATTN_PLATFORM.get(kind)
     if plat is None:
         return {}
@@ -354,7 +365,7 @@ def build(kind: str, out_root: Path, params, rms) -> str:
                 hit = pub.get((direction, seq))
                 if hit is not None and hit[1] == hd:  # the published row itself
                     rows.append(dict(dtype="bf16", direction=direction, seq=seq, head_dim=hd, bh=FA_BH,
-                                     tflops=hit[0], source=f"published: {hit[2]}"))
+                                     tflops=hit[0], source=f"{'derived' if kind in SAME_CHIP_ATTN else 'published'}: {hit[2]}"))
                     continue
                 rows.append(dict(dtype="bf16", direction=direction, seq=seq, head_dim=hd, bh=FA_BH,
                                  tflops=fa_tflops(direction, seq, hd) * k, source=tag))

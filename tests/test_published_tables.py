@@ -106,3 +106,16 @@ def test_gb300_attention_at_head_dim_128_is_cudnns_other_gb300_shape():
         f, b = ops.attention(flops, np.array([float(seq)]), 128, np.array([32.0]))
         assert flops[0] / f[0] / 1e12 == pytest.approx(fwd, rel=0.15)
         assert ATTN_BWD_FLOPS_FACTOR * flops[0] / b[0] / 1e12 == pytest.approx(bwd, rel=0.15)
+
+
+def test_b300_takes_gb300s_attention_efficiency_at_its_own_peak():
+    """HGX B300 is GB300's chip, power-capped (2.25 against 2.5 PF dense bf16): its attention table is
+    GB300's measured rows x that ratio (build_default_tables SAME_CHIP_ATTN), not B200's derived curve."""
+    gb300, b300 = _ops("gb300-nvl72", 64), _ops("b300", 64)
+    flops = np.array([1e12])
+    for seq in (2048.0, 4096.0, 16384.0):
+        for hd in (128, 192):
+            fg, bg = gb300.attention(flops, np.array([seq]), hd, np.array([32.0]))
+            fb, bb = b300.attention(flops, np.array([seq]), hd, np.array([32.0]))
+            assert fb[0] == pytest.approx(fg[0] * 2500 / 2250, rel=1e-3)
+            assert bb[0] == pytest.approx(bg[0] * 2500 / 2250, rel=1e-3)
