@@ -173,12 +173,14 @@ def published_ep_rows(kind: str) -> list[dict]:
 
 
 def published_attention(kind: str) -> dict[tuple[str, int], tuple[float, int, str]]:
-    """{(direction, seq): (TFLOPS, qk head dim, source)} of the published SDPA rows of `kind`; for a
-    kind in SAME_CHIP_ATTN, its sibling's rows x the two kinds' bf16 peak ratio."""
+    """{(direction, seq): (TFLOPS, qk head dim, source row label)} of the published SDPA rows of
+    `kind` ("published: ..."); for a kind in SAME_CHIP_ATTN, its sibling's rows x the two kinds'
+    bf16 peak ratio ("derived: ...")."""
     if kind in SAME_CHIP_ATTN:
         sib = SAME_CHIP_ATTN[kind]
         ratio = _spec_for(kind)["bf16"] / _spec_for(sib)["bf16"]
-        return {key: (v * ratio, hd, f"{sib} x {ratio:.3f} (bf16 peak ratio, same chip): {src}")
+        return {key: (v * ratio, hd, f"derived: {sib} x {ratio:.3f} (bf16 peak ratio, same chip): "
+                                     f"{src.removeprefix('published: ')}")
                 for key, (v, hd, src) in published_attention(sib).items()}
     plat = PUBLISHED_ATTN_PLATFORM.get(kind)
     if plat is None:
@@ -186,7 +188,8 @@ def published_attention(kind: str) -> dict[tuple[str, int], tuple[float, int, st
     out = {}
     for r in _data_rows("attention_sdpa_tflops.csv", platform=plat, dtype="bf16"):
         for direction in ("fwd", "bwd"):
-            out[(direction, int(r["seq"]))] = (float(r[f"{direction}_tflops"]), int(r["head_dim_qk"]), r["source"])
+            out[(direction, int(r["seq"]))] = (float(r[f"{direction}_tflops"]), int(r["head_dim_qk"]),
+                                               f"published: {r['source']}")
     return out
 
 
@@ -365,7 +368,7 @@ def build(kind: str, out_root: Path, params, rms) -> str:
                 hit = pub.get((direction, seq))
                 if hit is not None and hit[1] == hd:  # the published row itself
                     rows.append(dict(dtype="bf16", direction=direction, seq=seq, head_dim=hd, bh=FA_BH,
-                                     tflops=hit[0], source=f"{'derived' if kind in SAME_CHIP_ATTN else 'published'}: {hit[2]}"))
+                                     tflops=hit[0], source=hit[2]))
                     continue
                 rows.append(dict(dtype="bf16", direction=direction, seq=seq, head_dim=hd, bh=FA_BH,
                                  tflops=fa_tflops(direction, seq, hd) * k, source=tag))

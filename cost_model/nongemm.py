@@ -58,6 +58,7 @@ from specs.plan import drop_and_pad as plan_drop_and_pad
 from specs.ranks import group_size_stride
 
 ALLGATHER, HYBRIDEP = 1, 3  # cost_model.plans.DISPATCH_CODES: alltoall 0, allgather 1, deepep 2, hybridep 3
+DROP_PAD_HOST_SIZED_CODES = [DISPATCH_CODES.index(x) for x in DROP_PAD_HOST_SIZED]
 
 
 # ---- kernels per op (forward; the backward launches KERNEL_PASSES - 1 times as many) ------------
@@ -194,7 +195,7 @@ def dispatcher_syncs(dispatch, drop_pad=False):
     alltoall `_maybe_dtoh_and_synchronize` skips drop_and_pad; HybridEP is given
     num_permuted_tokens; `specs.plan.DROP_PAD_HOST_SIZED`) (`blocks.moe_host_sync`)."""
     d = np.asarray(dispatch)
-    host_sized = np.isin(d, [DISPATCH_CODES.index(x) for x in DROP_PAD_HOST_SIZED])
+    host_sized = np.isin(d, DROP_PAD_HOST_SIZED_CODES)
     none = (d == ALLGATHER) | (np.asarray(drop_pad, bool) & host_sized)
     return np.where(none, 0.0, 1.0)
 

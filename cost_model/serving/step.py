@@ -128,6 +128,10 @@ class StepModel:
         self.tbo_dense_cap = np.where(a2a | dg_dense, cap, 1.0)  # attention projections, shared expert
         self.tbo_moe_cap = np.where(a2a | dg_moe, cap, 1.0)  # routed experts' grouped GEMMs
         self.tbo_core_cap = np.where(a2a, cap, 1.0)  # attention core (FlashAttention: all SMs it finds)
+        # per plan and phase, whether the all-to-all runs DeepEP's normal kernels (not low latency):
+        # read by the experts' scatter / gather and the TBO prefill on every simulated step
+        self.deepep_normal = {"decode": a2a & ~np.asarray(c.low_latency_decode, bool),
+                              "prefill": a2a & ~np.asarray(c.low_latency_prefill, bool)}
         # a GPU kernel's minimum duration (constants.KERNEL_MIN_S); on CPU only the launch gap
         self.kmin = KERNEL_MIN_S if cluster.is_gpu else GPU_KERNEL_GAP_S
         self.imb = imbalance
@@ -274,7 +278,7 @@ class StepModel:
         g = np.maximum(active, 1.0)  # as `grouped` clamps it
         R = g * m  # rows the grouped GEMMs run
         a2a = c.a2a > 0
-        normal = a2a & ~np.asarray(c.low_latency_decode if decode else c.low_latency_prefill, bool)
+        normal = self.deepep_normal["decode" if decode else "prefill"]
         # the up GEMM's input: without an all-to-all fused_moe casts each routed row (w8a8); DeepEP
         # sends the tokens already cast, and its normal kernels' receive buffer (one copy per token
         # and rank) is copied into the per-expert contiguous layout (sglang ep_moe/kernels.py
@@ -538,8 +542,7 @@ class StepModel:
              + h["moe_comm"] - h["dispatch"] - h["combine"])  # the collectives beside the a2a legs
         E = h["experts"] + (cap_m - 1.0) * h["experts_gemm"]
         S = cap_d * h["shared"]
-        normal = (np.asarray(self.c.a2a) > 0) & ~np.asarray(self.c.low_latency_prefill, bool)
-        stretch = np.where(normal, 1.0 / DEEPEP_BESIDE_COMPUTE_RATE, 1.0)
+        stretch = np.where(self.deepep_normal["prefill"], 1.0 / DEEPEP_BESIDE_COMPUTE_RATE, 1.0)
         moe_layer = tbo_prefill_layer_seconds(A, E, S, stretch * h["dispatch"], stretch * h["combine"])
         return dense_layers + self.L_moe * moe_layer
 
