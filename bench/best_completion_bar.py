@@ -23,8 +23,6 @@ from specs.stack import GPU_FULL, GPU_FULL_TE211  # noqa: E402
 from tuner.rank.complete import best_completion  # noqa: E402
 from tuner.space.megatron_rules import check  # noqa: E402
 
-FAMILY = {"fp8": "fp8", "bf16": "bf16", "mxfp8": "mxfp8"}  # the row's precision column as --precision
-
 
 def main() -> int:
     print(f"{'row':60s} {'measured':>9s} {'bar':>7s} {'recipe':>7s} {'best':>7s} {'best/meas':>9s}  verdict / switched from the recipe")
@@ -36,7 +34,7 @@ def main() -> int:
         partial = f"tp={r['tp']},pp={r['pp']},vpp={r['vpp']},ep={r['ep']},mbs={r['mbs']}"
         # the stack the recipe needs: TE CUDA graphs with delay_wgrad need TE >= 2.10 (gpu-full-te2.11)
         profile = GPU_FULL_TE211 if "delay-wgrad" in {x.code for x in check(w, recipe, GPU_FULL)} else GPU_FULL
-        c = best_completion(partial, w, profile, FAMILY[r["precision"]])
+        c = best_completion(partial, w, profile, r["precision"])  # the column is a --precision family
         best = c.tokens_per_s_per_gpu if c.plan is not None else float("nan")
         ratio = best / measured
         worst = max(worst, ratio)
