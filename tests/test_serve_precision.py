@@ -117,3 +117,37 @@ def test_the_megakernel_whatif_floors_at_the_checkpoints_weight_bytes(capsys):
     assert main([*base, "--weight-dtype", "fp8"]) == 0
     f8 = json.loads(capsys.readouterr().out)["what_if"]
     assert mx["decode_hbm_floor_ms"] == pytest.approx(f8["decode_hbm_floor_ms"] * 0.53125, rel=1e-6)
+
+
+def test_nvfp4_gemms_run_at_blackwells_fp4_rate_from_te_benchmark():
+    """NVFP4 GEMMs: compute-bound time = the fp8 tables' x fp8 peak / fp4 peak / the share of its peak
+    NVFP4 reaches against FP8's (TransformerEngine's B300 GEMM benchmark, pre-quantized: per-tensor
+    FP8 6.812 ms, NVFP4 3.764 ms per layer). On B300 that reproduces the benchmark's own ratio; the
+    decode GEMMs (weight-bound) and the bf16 LM head keep their time; no FP4 path, no change."""
+    import numpy as np
+
+    from clusters import load_cluster
+    from cost_model.serving.constants import NVFP4_PEAK_SHARE_VS_FP8, nvfp4_gemm_time
+    from cost_model.serving.plans import effective_plans, to_cols
+    from cost_model.serving.step import StepModel
+    from cost_model.tables import load_tables, tables_dir_for
+    from specs.models import load_model
+    from specs.serve_plan import ServePlan
+    assert NVFP4_PEAK_SHARE_VS_FP8 == pytest.approx(0.603, abs=1e-3)
+    assert nvfp4_gemm_time(load_cluster("b300", 8)) == pytest.approx(3.764 / 6.812, rel=1e-9)
+    assert nvfp4_gemm_time(load_cluster("gb300-nvl72", 8)) == pytest.approx(3.764 / 6.812, rel=1e-9)
+    assert nvfp4_gemm_time(load_cluster("b200", 8)) == pytest.approx(0.829, abs=1e-3)
+    assert nvfp4_gemm_time(load_cluster("h200-sxm", 8)) == 1.0
+    r1, b200 = load_model("deepseek-r1"), load_cluster("b200", 8)
+    cols = to_cols(effective_plans([ServePlan(tp=8)], r1, b200))
+    tables = load_tables(tables_dir_for("b200"))
+    nv, f8 = (StepModel.for_precision(r1, b200, tables, cols, p) for p in ("nvfp4", "fp8"))
+    params = r1.hidden_size * 20000.0
+    big, small = 16384.0, 1.0  # prefill rows (compute-bound), one decode row (weight-bound)
+    cast = nv.ops.fp8_cast(big * r1.hidden_size)  # the activation cast, the same in both
+    assert np.ravel(nv._gemm(big, params) - cast)[0] == pytest.approx(np.ravel(f8._gemm(big, params) - cast)[0]
+                                                                      * nvfp4_gemm_time(b200), rel=1e-9)
+    # the LM head stays bf16 in the checkpoint: no FP4 rate for it
+    assert np.ravel(nv._gemm(big, params, quantized=False))[0] == pytest.approx(np.ravel(f8._gemm(big, params))[0], rel=1e-9)
+    # one decode row: the weight bytes bind (0.5625 B against 1 B per weight)
+    assert np.ravel(nv._gemm(small, params))[0] == pytest.approx(np.ravel(f8._gemm(small, params))[0] * 0.5625, rel=1e-6)

@@ -68,12 +68,37 @@ DEFAULT_MAX_RUNNING = 4096
 #   scale per tensor; NVIDIA's FP4 checkpoints (e.g. nvidia/DeepSeek-R1-0528-FP4, served by SGLang
 #   with --quantization modelopt_fp4) quantize "the weights and activations of the linear operators
 #   within transformer blocks" (their model cards).
-# Only memory and weight reads use these bytes; GEMM rates for the 4-bit formats are the fp8 tables'
-# (no measured FP4 table: an upper bound on compute time where Blackwell's FP4 path is faster).
+# Memory and weight reads use these bytes; GEMM compute rates are the fp8 tables', NVFP4's scaled on
+# Blackwell by `nvfp4_gemm_time` below (mxfp4: gpt-oss's experts, still at the fp8 rate).
 WEIGHT_FORMAT_BYTES = {"bf16": (2.0, 2.0), "fp8": (1.0, 1.0), "mxfp4": (0.53125, 2.0), "nvfp4": (0.5625, 0.5625)}
 # the serving precisions priced at the fp8 tables' GEMM rates with fp8 weights (training recipe names
 # included: a serving plan priced beside a training precision)
 FP8_PRECISIONS = ("fp8", "fp8-blockwise", "fp8-tensorwise", "fp8-delayed", "mxfp8")
+
+
+# NVFP4 GEMMs on Blackwell's FP4 tensor cores against the fp8 ones the tables price, as a share of each
+# format's dense peak. TransformerEngine's own GEMM benchmark on B300 (docs/examples/gemm_profiling/
+# gemm_profiling.rst, model-config mode with --pre-quantize: hidden 4096, ffn 16384, 15,872 tokens, the
+# GEMM kernels alone, fprop + dgrad + wgrad per layer): per-tensor FP8 6.812 ms, NVFP4 3.764 ms for the
+# same FLOPs. At B300's dense peaks (4,500 fp8, 13,500 fp4 TFLOPS, clusters/b300.yaml) NVFP4 reaches
+# (6.812 x 4,500) / (3.764 x 13,500) = 0.603 of the share of its peak that FP8 reaches: the fp4 kernel
+# is held by what does not scale with the tensor-core rate (operand and scale loads, the epilogue).
+# Other Blackwell parts keep that share at their own peaks (assumed: no second measurement), so a
+# compute-bound GEMM takes fp8 time x (fp8 peak / fp4 peak) / 0.603: B300 and GB300 0.553 (B300 is the
+# benchmark's ratio, 3.764 / 6.812), B200 and GB200 0.829. Memory-bound GEMMs (decode) are priced by
+# their weight bytes, unchanged.
+NVFP4_PEAK_SHARE_VS_FP8 = (6.812 * 4500.0) / (3.764 * 13500.0)
+
+
+def nvfp4_gemm_time(cluster) -> float:
+    """Compute-bound GEMM time of an NVFP4 checkpoint over the fp8 tables' time on `cluster`
+    (`NVFP4_PEAK_SHARE_VS_FP8`): below 1 on GPUs with FP4 tensor cores (a datasheet fp4 peak above
+    the fp8 one), else 1 (no FP4 path: NVFP4 weights are refused there, `tuner.space.serve_precision`)."""
+    peaks = getattr(cluster, "peak_tflops", {}) or {}
+    f4, f8 = float(peaks.get("fp4") or 0.0), float(peaks.get("fp8") or 0.0)
+    if not (getattr(cluster, "is_gpu", False) and f4 > f8 > 0):
+        return 1.0
+    return min(1.0, f8 / f4 / NVFP4_PEAK_SHARE_VS_FP8)
 
 
 def weight_format(precision: str) -> str:

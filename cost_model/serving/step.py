@@ -28,6 +28,7 @@ from cost_model.serving.constants import (
     SCHED_OVERHEAD_S,
     SMALL_KERNELS_PER_LAYER,
     WEIGHT_FORMAT_BYTES,
+    nvfp4_gemm_time,
     weight_format,
 )
 from cost_model.serving.fused_moe import (
@@ -101,6 +102,8 @@ class StepModel:
         self.weights = weights or ("fp8" if fp8 else "bf16")
         self.wbytes = WEIGHT_FORMAT_BYTES[self.weights]
         self.wexp, self.wlin = self.wbytes
+        # compute-bound GEMM time over the fp8 tables' (NVFP4 on Blackwell's FP4 tensor cores; 1 else)
+        self.gemm_time = nvfp4_gemm_time(cluster) if self.weights == "nvfp4" else 1.0
         # the GEMM kernels SGLang runs (DeepGEMM, CUTLASS, Triton fused_moe, ...) next to the
         # tables' kernel: dense linears, and routed experts per plan (`kernel_path`)
         # and the routed experts' FLOP/s ceiling of the kernel each plan runs (Triton fused_moe on
@@ -165,7 +168,8 @@ class StepModel:
     @classmethod
     def for_precision(cls, spec, cluster, tables, c, precision: str, **kw) -> "StepModel":
         """The step model of a serving precision string (bf16, an fp8 recipe, mxfp4, nvfp4):
-        `constants.weight_format` decides the weight bytes, fp8 GEMM rates for all but bf16."""
+        `constants.weight_format` decides the weight bytes, fp8 GEMM rates for all but bf16 (NVFP4's
+        scaled to Blackwell's FP4 rate, `constants.nvfp4_gemm_time`)."""
         fmt = weight_format(precision)
         return cls(spec, cluster, tables, c, fp8=fmt != "bf16", weights=fmt, **kw)
 
@@ -196,13 +200,15 @@ class StepModel:
         small = nb <= np.exp(lsz[-1])
         return np.where(n < 2, 0.0, np.where(intra, np.where(small, custom, big), nccl))
 
-    def _gemm(self, m, params_per_gpu):
+    def _gemm(self, m, params_per_gpu, quantized=True):
         """Seconds of the dense GEMMs holding `params_per_gpu` weights at m rows: the slower of
-        the table's compute rate (as one [m, h] x [h, n] GEMM) and reading the weights once."""
+        the table's compute rate (as one [m, h] x [h, n] GEMM) and reading the weights once.
+        `quantized`: a transformer-block linear in the checkpoint's format (the LM head is not)."""
         h = self.s.hidden_size
         n = np.maximum(params_per_gpu / h, 1.0)
         f, _ = self.ops.gemm(m, n, h)
-        f = f / self.dense_eff + self.ops.fp8_cast(np.maximum(np.asarray(m, float), 1.0) * h)  # w8a8: the input cast
+        f = f * (self.gemm_time if quantized else 1.0) / self.dense_eff
+        f = f + self.ops.fp8_cast(np.maximum(np.asarray(m, float), 1.0) * h)  # the input cast
         return np.maximum(f, params_per_gpu * self.wlin / self.hbm_bw)
 
     def _shared(self, tokens_inst):
@@ -268,7 +274,8 @@ class StepModel:
         m = np.maximum(rows / active, 1.0)
         up, _ = self.ops.grouped(active, m, 2 * f_loc, h, True)
         down, _ = self.ops.grouped(active, m, h, f_loc, True)
-        up, down = up / self.moe_eff, down / self.moe_eff  # the kernel SGLang runs (`kernel_path`)
+        # the kernel SGLang runs (`kernel_path`), NVFP4 at its own rate
+        up, down = up * self.gemm_time / self.moe_eff, down * self.gemm_time / self.moe_eff
         # ... at no more than that kernel's own throughput (Triton fused_moe at fp8), split in the
         # GEMMs' FLOP ratio (up: 2 f_loc columns, down: f_loc); the padded-row sums only where some
         # plan has such a ceiling (this runs in every simulated step)
@@ -448,7 +455,7 @@ class StepModel:
         shared = self._floor(self._shared(T), "mlp")
         experts = self._floor(self._experts(T, decode=True), "experts") if s.num_experts else 0.0
         comm, comm_dense = self._comm(T, decode=True)
-        head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp) / c.pp
+        head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp, quantized=False) / c.pp
         comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts) + head
         comm_t = self.L_moe * comm + self.L_dense * comm_dense
         parts = {"attention": self.layers * (proj + core) * c.pp, "experts": self.L_moe * experts * c.pp,
