@@ -1,0 +1,77 @@
+"""Validation only (never fitted on): the serving model against public closed-loop SGLang runs that
+are not calibration rows (issue 23 item 7: "public rows you choose for validation (name them;
+never fit on them)").
+
+    PYTHONPATH=$PWD python bench/serving_public_rows.py
+
+Rows (each as its source states it; what the plan pins is the source's server command):
+- InferenceX issue 870 (github.com/SemiAnalysisAI/InferenceX/issues/870, 2026-03-05): DeepSeek-R1-0528
+  FP8, SGLang v0.5.7, TP8 on 8 H200, random 1k/1k, concurrency 8 / 16 / 32 / 64, 10 x concurrency
+  prompts; the server command of InferenceX benchmarks/single_node/fixed_seq_len/dsr1_fp8_h200.sh
+  (1k/1k branch: --max-running-requests 512 --cuda-graph-max-bs 512 --chunked-prefill-size 32768
+  --mem-fraction-static 0.82 --disable-radix-cache). Reported: output tok/s per GPU and mean TPOT.
+  (The script's random-range ratio draws lengths below 1k; priced at exactly 1k/1k.)
+- tenstorrent/tt-inference-server issue 356 (2025-07-09): DeepSeek-R1-0528 on 16 H100 (two nodes,
+  SGLang over InfiniBand), concurrency 1, 128 output tokens: TPOT at several input lengths; the
+  server flags are not published, priced as plain TP16 (SGLang's defaults).
+Prints, per row, the raw (identity) and the shipped calibrated prediction beside the published
+figure, and the mean absolute error per metric. Medians of the simulated requests are set against
+the published means.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from clusters import load_cluster  # noqa: E402
+from cost_model.serving import predict_serve  # noqa: E402
+from cost_model.serving.calibration import IDENTITY, load_default  # noqa: E402
+from specs.models import load_model  # noqa: E402
+from specs.serve_plan import ServePlan, ServeWorkload  # noqa: E402
+
+IX = "InferenceX#870"
+TT = "tt-inference-server#356"
+IX_PLAN = "tp=8,max_running=512,cuda_graph_max_bs=512,chunked_prefill=32768,mem_frac=0.82"
+# (source, GPUs, plan, isl, osl, concurrency, published output tok/s/GPU or None, published mean TPOT ms)
+ROWS = [
+    (IX, 8, IX_PLAN, 1024, 1024, 8, 74.6, 12.8),
+    (IX, 8, IX_PLAN, 1024, 1024, 16, 111.9, 17.2),
+    (IX, 8, IX_PLAN, 1024, 1024, 32, 151.1, 25.6),
+    (IX, 8, IX_PLAN, 1024, 1024, 64, 223.6, 34.6),
+    (TT, 16, "tp=16", 128, 128, 1, None, 23.1),
+    (TT, 16, "tp=16", 1024, 128, 1, None, 23.2),
+    (TT, 16, "tp=16", 4096, 128, 1, None, 23.7),
+]
+KIND = {8: "h200-sxm", 16: "h100-sxm"}
+
+
+def main() -> int:
+    model = load_model("deepseek-r1")
+    cal = load_default()
+    print(f"{'source':24s} {'gpus':>4s} {'isl/osl':>9s} {'conc':>4s} {'out/GPU pub':>11s} {'raw':>7s} {'cal':>7s} "
+          f"{'TPOT pub':>8s} {'raw':>6s} {'cal':>6s}")
+    errs = {"out raw": [], "out cal": [], "tpot raw": [], "tpot cal": []}
+    for src, gpus, text, isl, osl, conc, out_pub, tpot_pub in ROWS:
+        cl = load_cluster(KIND[gpus], gpus)
+        w = ServeWorkload(isl=isl, osl=osl, concurrency=conc)
+        n = max(10 * conc, 16)
+        raw, calp = (predict_serve(model, cl, ServePlan.parse(text), w, precision="fp8", calibration=c, n_requests=n)
+                     for c in (IDENTITY, cal))
+        tr, tc = (p.extra.get("tpot_p50_s") * 1e3 for p in (raw, calp))
+        errs["tpot raw"].append(tr / tpot_pub - 1)
+        errs["tpot cal"].append(tc / tpot_pub - 1)
+        o = "" if out_pub is None else f"{out_pub:11.1f} {raw.output_tokens_per_s_per_gpu:7.1f} {calp.output_tokens_per_s_per_gpu:7.1f}"
+        if out_pub is not None:
+            errs["out raw"].append(raw.output_tokens_per_s_per_gpu / out_pub - 1)
+            errs["out cal"].append(calp.output_tokens_per_s_per_gpu / out_pub - 1)
+        print(f"{src:24s} {gpus:4d} {isl:>4d}/{osl:<4d} {conc:4d} {o:27s} {tpot_pub:8.1f} {tr:6.1f} {tc:6.1f}")
+    print("signed errors (prediction / published - 1):")
+    for k, v in errs.items():
+        print(f"  {k:9s} " + " ".join(f"{e:+.1%}" for e in v) + f"   MAPE {sum(abs(e) for e in v) / len(v):.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
