@@ -436,9 +436,11 @@ def build(kind: str, out_root: Path, params, rms) -> str:
     write_family(out, "ep_dispatch", rows)
     if kind == "cpu-local":
         gap, gap_src = 20.0, "assumed: PyTorch eager per-kernel CPU enqueue stall (no public row in reference set)"
+    elif kind in GRACE_HOST_KINDS:
+        gap, gap_src = HOST_US_PER_LAUNCH * GRACE_OVER_X86_HOST, GRACE_HOST_SRC
     else:
         gap, gap_src = HOST_US_PER_LAUNCH, HOST_US_PER_LAUNCH_SRC
-    write_family(out, "dispatch_gap", [dict(mode="eager", gap_us=gap, source=gap_src)])
+    write_family(out, "dispatch_gap", [dict(mode="eager", gap_us=round(gap, 2), source=gap_src)])
     hbm = s["hbm_tbps"] * 1000.0
     fr = {"elementwise": 0.80, "permute": 0.55, "router": 0.40, "cross_entropy": 0.60, "optimizer": 0.75}
     write_family(out, "membw", [dict(op=o, gbps=hbm * f, source=f"assumed: {f:.2f} x HBM {hbm:.0f} GB/s ({src_hw})")
@@ -459,6 +461,18 @@ HOST_US_PER_LAUNCH = 22.0
 HOST_US_PER_LAUNCH_SRC = ("derived: deepseek-ai/profile-data train.json (PyTorch profiler, H800 host): 21.9 us host per launched "
                           "kernel in the leanest compute phase (26-51 in the others); a lower bound "
                           "(bench/trace_host_idle.py, cost_model/build_default_tables.py HOST_US_PER_LAUNCH)")
+# Grace hosts: the GB200 / GB300 NVL72 compute trays drive their Blackwell GPUs from Grace (Arm) CPUs,
+# which issue each PyTorch op ~2.75x slower than an x86 DGX host: NVIDIA/TransformerEngine issue 2053
+# (2025-08, "High CPU overhead on Grace systems") times the host side of one torch.nn.Linear forward
+# (bf16, hidden 2048, 8,192 tokens) at 37.08 us on GB200 against 13.48 us on an H100 DGX (Xeon
+# Platinum 8480C), 33.17 on GH200 (2.46x); TE's own Linear shows the same order (99.66 us on GB200).
+# The x86 per-launch figure above scales by the GB200 ratio (the same op on both hosts).
+GRACE_HOST_KINDS = ("gb200-nvl72", "gb300-nvl72")
+GRACE_OVER_X86_HOST = 37.08 / 13.48
+GRACE_HOST_SRC = (f"derived: {HOST_US_PER_LAUNCH:g} us per launch on an x86 host (deepseek-ai/profile-data train.json, "
+                  f"a lower bound) x {GRACE_OVER_X86_HOST:.3f}, a Grace host's per-op time over an x86 DGX's "
+                  "(NVIDIA/TransformerEngine issue 2053: torch.nn.Linear forward host time 37.08 us on GB200 vs 13.48 "
+                  "on H100 DGX; cost_model/build_default_tables.py GRACE_OVER_X86_HOST)")
 
 
 def main(argv=None) -> int:

@@ -119,3 +119,27 @@ def test_b300_takes_gb300s_attention_efficiency_at_its_own_peak():
             fb, bb = b300.attention(flops, np.array([seq]), hd, np.array([32.0]))
             assert fb[0] == pytest.approx(fg[0] * 2500 / 2250, rel=1e-3)
             assert bb[0] == pytest.approx(bg[0] * 2500 / 2250, rel=1e-3)
+
+
+def test_grace_hosts_launch_at_their_measured_per_op_time():
+    """GB200 / GB300 trays drive their GPUs from Grace CPUs: their shipped per-launch host time is the
+    x86 figure x TransformerEngine issue 2053's GB200 / H100-DGX host time of the same torch op
+    (37.08 / 13.48 us), and a launch-heavy eager plan's host floor grows with it, while x86 kinds keep
+    the x86 figure."""
+    from cost_model import predict
+    from cost_model.build_default_tables import GRACE_HOST_KINDS, GRACE_OVER_X86_HOST, HOST_US_PER_LAUNCH
+    from cost_model.calibration import IDENTITY
+    from specs.plan import Plan
+    assert GRACE_OVER_X86_HOST == pytest.approx(2.751, abs=1e-3)
+    for kind in ("gb200-nvl72", "gb300-nvl72", "b200", "h100-sxm"):
+        gap = _ops(kind, 8).gap
+        want = HOST_US_PER_LAUNCH * (GRACE_OVER_X86_HOST if kind in GRACE_HOST_KINDS else 1.0)
+        assert gap * 1e6 == pytest.approx(want, abs=0.01), kind
+    # the same small eager plan on a Grace rack and on x86 B200 nodes (the same GPU family): the Grace
+    # host's floor is the larger share of its step
+    floors = {}
+    for kind in ("gb200-nvl72", "b200"):
+        w = Workload(load_model("qwen3-30b-a3b"), load_cluster(kind, 8), 16, 512)
+        p = predict(w, Plan(tp=1, pp=1, ep=8, mbs=1, precision="bf16"), calibration=IDENTITY)
+        floors[kind] = p.breakdown_s.get("cpu_launch_floor", 0.0) + p.breakdown_s.get("moe_host_sync", 0.0)
+    assert floors["gb200-nvl72"] > 2.0 * floors["b200"] > 0

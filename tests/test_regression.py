@@ -148,6 +148,13 @@ REGENERATIONS = [
      "FP8_GEMM_TIME_*, from TransformerEngine's GEMM benchmark) and the GPU calibration refit 1.1746 -> 1.1734: "
      "48 of 50 step times x0.9990 (the scale), 2 block-scaled plans up to x1.057; plans, counts and scripts identical",
      "3ef8e6c638dff9fc4cd49d340c5dcf7c43401ccf6718920ac50f6bf83cc8aac2"),
+    ("Grace hosts (2026-12-06)", "`--keep-plans`: the GB200 / GB300 tables' per-launch host time is the x86 22 us "
+     "x 37.08 / 13.48 (a Grace host's torch op time over an H100 DGX's, TransformerEngine issue 2053; "
+     "build_default_tables GRACE_OVER_X86_HOST): only the qwen3-235b gb200-nvl72 workload moves, step times "
+     "x1.000-x1.004 (the dispatcher's host sync), x1.039 for its EP128 HybridEP plan and x2.361 for its "
+     "SequentialMLP plan (grouped_gemm=0, 128 local experts launched one by one: host-bound); plans, counts and "
+     "scripts identical",
+     "ebc83cff56b241aacff352f670fdc2179986ad2226b24867d05b32c94119d380"),
 ]
 
 
