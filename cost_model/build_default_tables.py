@@ -14,8 +14,8 @@ with its source; the few used here are also copied below so the build reads as o
   error) to DeepGEMM's H800 FP8 dense + grouped rows. Extrapolation: the same efficiencies are used
   for every other GPU, scaled by that GPU's datasheet peak, HBM bandwidth and SM count. bf16 uses
   2-byte operands and a compute efficiency solved from the measured maximum achievable matmul
-  FLOPS of the GPU family (MAMF, H100_MAMF / MAMF_EFFICIENCY below). All eight rows of reference/megatron_moe_layer_h100.csv are held out as
-  test anchors (none is fitted).
+  FLOPS of the GPU family (MAMF, H100_MAMF / MAMF_EFFICIENCY below). All twelve rows of
+  cost_model/data/megatron_moe_layer_h100.csv are held out as test anchors (none is fitted).
 - attention: FlashAttention fraction-of-peak vs sequence length and head dim (approximate reading
   of FlashAttention-3, arXiv:2407.08608, H100 bf16 causal), scaled by the bf16 peak; one constant
   bh (batch x heads per call, FA_BH) for every kind, cpu-local included: the axis is inert here and
