@@ -151,3 +151,47 @@ def test_nvfp4_gemms_run_at_blackwells_fp4_rate_from_te_benchmark():
     assert np.ravel(nv._gemm(big, params, quantized=False))[0] == pytest.approx(np.ravel(f8._gemm(big, params))[0], rel=1e-9)
     # one decode row: the weight bytes bind (0.5625 B against 1 B per weight)
     assert np.ravel(nv._gemm(small, params))[0] == pytest.approx(np.ravel(f8._gemm(small, params))[0] * 0.5625, rel=1e-6)
+
+
+def test_gpt_oss_mxfp4_runs_bf16_linears_and_w4a16_experts_on_hopper():
+    """gpt-oss's MXFP4 checkpoint keeps attention / router in bf16 and SGLang runs its experts as W4A16
+    on Hopper (bf16 tensor cores on upcast weights) but with MXFP8 activations on Blackwell: the
+    linears price as the bf16 checkpoint's on both; Hopper's experts take the bf16 table's
+    compute-bound rate on their padded FLOPs and read 4.25-bit weights (a prefill-sized call far below
+    the bf16 checkpoint's, which reads 2 B weights; a decode step at the MXFP4 weight floor), while
+    Blackwell's experts run at the fp8 rate."""
+    import numpy as np
+
+    from clusters import load_cluster
+    from cost_model.serving.plans import effective_plans, to_cols
+    from cost_model.serving.step import StepModel
+    from cost_model.tables import load_tables, tables_dir_for
+    from specs.models import load_model
+    from specs.serve_plan import ServePlan
+    oss = load_model("gpt-oss-120b")
+    for kind, experts_fp8 in (("h200-sxm", False), ("b200", True)):
+        cl = load_cluster(kind, 1)
+        cols = to_cols(effective_plans([ServePlan(tp=1)], oss, cl))
+        t = load_tables(tables_dir_for(kind))
+        mx, bf = (StepModel.for_precision(oss, cl, t, cols, p) for p in ("mxfp4", "bf16"))
+        assert (mx.fp8, mx.lin_fp8, mx.w4a16) == (experts_fp8, False, not experts_fp8), kind
+        params = oss.hidden_size * 8000.0
+        assert np.ravel(mx._gemm(8192.0, params))[0] == pytest.approx(np.ravel(bf._gemm(8192.0, params))[0], rel=1e-9)
+        if experts_fp8:
+            continue
+        big = np.array([8192.0])
+        g_mx, _ = mx._expert_parts(big)
+        g_bf, _ = bf._expert_parts(big)
+        f_loc, h = oss.moe_ffn_hidden_size, oss.hidden_size
+        up, _ = mx.ops.grouped(128.0, 4096.0, 2 * f_loc, h, True)
+        dn, _ = mx.ops.grouped(128.0, 4096.0, h, f_loc, True)
+        rate = 2.0 * 128 * 4096 * 3 * f_loc * h / (up + dn)
+        want = max(float(np.ravel(mx.expert_flops(big))[0] / rate) / float(np.ravel(mx.moe_eff)[0]),
+                   float(np.ravel(mx.expert_weight_bytes(big) / mx.expert_bw)[0]))
+        assert float(np.ravel(g_mx)[0]) == pytest.approx(want, rel=1e-6)
+        # a prefill-sized call (32 rows per expert) is weight-bound in the bf16 checkpoint, not in MXFP4
+        mid = np.array([1024.0])
+        assert float(np.ravel(mx._expert_parts(mid)[0])[0]) < 0.5 * float(np.ravel(bf._expert_parts(mid)[0])[0])
+        one = np.array([1.0])
+        assert float(np.ravel(mx._expert_parts(one, decode=True)[0])[0]) == pytest.approx(
+            float(np.ravel(mx.expert_weight_bytes(one) / mx.expert_bw)[0]), rel=0.25)

@@ -68,8 +68,10 @@ DEFAULT_MAX_RUNNING = 4096
 #   scale per tensor; NVIDIA's FP4 checkpoints (e.g. nvidia/DeepSeek-R1-0528-FP4, served by SGLang
 #   with --quantization modelopt_fp4) quantize "the weights and activations of the linear operators
 #   within transformer blocks" (their model cards).
-# Memory and weight reads use these bytes; GEMM compute rates are the fp8 tables', NVFP4's scaled on
-# Blackwell by `nvfp4_gemm_time` below (mxfp4: gpt-oss's experts, still at the fp8 rate).
+# Memory and weight reads use these bytes; GEMM compute rates are the fp8 tables' for fp8-quantised
+# linears, NVFP4's scaled on Blackwell by `nvfp4_gemm_time` below; gpt-oss's bf16 linears at the bf16
+# table's, its MXFP4 experts at fp8 on Blackwell (MXFP8 activations) and as W4A16 (bf16 math) elsewhere
+# (`step.StepModel.for_precision`).
 WEIGHT_FORMAT_BYTES = {"bf16": (2.0, 2.0), "fp8": (1.0, 1.0), "mxfp4": (0.53125, 2.0), "nvfp4": (0.5625, 0.5625)}
 # the serving precisions priced at the fp8 tables' GEMM rates with fp8 weights (training recipe names
 # included: a serving plan priced beside a training precision)

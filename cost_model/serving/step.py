@@ -82,6 +82,11 @@ def _custom_ar_rows(hw: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return _CAR[hw]
 
 
+# Rows per expert at which the bf16 grouped-GEMM table is compute-bound (its weights amortised over
+# the rows): the rate W4A16 experts' FLOPs are priced at (`StepModel._expert_parts`).
+W4A16_RATE_ROWS = 4096.0
+
+
 class StepModel:
     """Step-time functions of one model on one cluster (fixed precision) for plan columns `c`."""
 
@@ -102,6 +107,14 @@ class StepModel:
         self.weights = weights or ("fp8" if fp8 else "bf16")
         self.wbytes = WEIGHT_FORMAT_BYTES[self.weights]
         self.wexp, self.wlin = self.wbytes
+        # the non-expert linears (attention projections, dense MLP, shared expert) run fp8 GEMMs only where
+        # the checkpoint quantizes them: gpt-oss's MXFP4 checkpoint keeps them bf16 (2 B per weight)
+        self.lin_fp8 = bool(fp8) and self.wlin < 2.0
+        self.lin_ops = self.ops if self.lin_fp8 == bool(fp8) else TableOps(tables, cluster, np.full(len(c), self.lin_fp8))
+        # MXFP4 experts without fp8 math (W4A16, Hopper): bf16 tensor cores on weights upcast in the
+        # kernel, so the GEMMs take the bf16 rate for their FLOPs while the weights are read at their
+        # own 4.25 bits (`_expert_parts`); the bf16 table itself would read them at 2 B
+        self.w4a16 = self.weights == "mxfp4" and not fp8
         # compute-bound GEMM time over the fp8 tables' (NVFP4 on Blackwell's FP4 tensor cores; 1 else)
         self.gemm_time = nvfp4_gemm_time(cluster) if self.weights == "nvfp4" else 1.0
         # the GEMM kernels SGLang runs (DeepGEMM, CUTLASS, Triton fused_moe, ...) next to the
@@ -112,6 +125,8 @@ class StepModel:
         # ceiling, the tables' own kernel, against which `fused_moe_fp8_peak_fraction` measures one
         if kernel_rates is None:
             self.dense_eff, self.moe_eff = step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit)
+            if self.lin_fp8 != bool(fp8):  # bf16 linears beside fp8 experts: cuBLAS, the bf16 table's rate
+                self.dense_eff = step_efficiencies(cluster, False, c.a2a, deepgemm_jit)[0]
             ceiling = np.array([fused_moe_ceiling_flops(cluster, fp8, bool(x), deepgemm_jit) for x in (False, True)])
             self.moe_ceiling = (ceiling[(np.asarray(c.a2a) > 0).astype(int)] if self.weights == "fp8"
                                 else np.full(len(c), np.inf))
@@ -168,10 +183,17 @@ class StepModel:
     @classmethod
     def for_precision(cls, spec, cluster, tables, c, precision: str, **kw) -> "StepModel":
         """The step model of a serving precision string (bf16, an fp8 recipe, mxfp4, nvfp4):
-        `constants.weight_format` decides the weight bytes, fp8 GEMM rates for all but bf16 (NVFP4's
-        scaled to Blackwell's FP4 rate, `constants.nvfp4_gemm_time`)."""
+        `constants.weight_format` decides the weight bytes; the GEMMs run at fp8 rates where the format
+        quantizes them (NVFP4's scaled to Blackwell's FP4 rate, `constants.nvfp4_gemm_time`), bf16 rates
+        for gpt-oss's bf16 linears and, on Hopper, its MXFP4 experts."""
         fmt = weight_format(precision)
-        return cls(spec, cluster, tables, c, fp8=fmt != "bf16", weights=fmt, **kw)
+        # the routed experts' math: fp8 tensor cores for fp8 and NVFP4 checkpoints; gpt-oss's MXFP4
+        # experts only on Blackwell, where SGLang 0.5.23 runs MXFP8 activations against the MXFP4 weights
+        # (layers/quantization/mxfp4.py: "The Blackwell paths already run MXFP8 activations"); on Hopper
+        # they are W4A16 (FlashInfer cutlass_sm90 "W4A16 by default", triton_kernels use_mxfp4_w4a16):
+        # the weights are upcast and multiplied on bf16 tensor cores
+        fp8 = fmt != "bf16" and (fmt != "mxfp4" or is_blackwell(cluster))
+        return cls(spec, cluster, tables, c, fp8=fp8, weights=fmt, **kw)
 
     # ---- pieces ---------------------------------------------------------------------------
     def all_reduce(self, nbytes, n):
@@ -206,9 +228,9 @@ class StepModel:
         `quantized`: a transformer-block linear in the checkpoint's format (the LM head is not)."""
         h = self.s.hidden_size
         n = np.maximum(params_per_gpu / h, 1.0)
-        f, _ = self.ops.gemm(m, n, h)
+        f, _ = self.lin_ops.gemm(m, n, h)
         f = f * (self.gemm_time if quantized else 1.0) / self.dense_eff
-        f = f + self.ops.fp8_cast(np.maximum(np.asarray(m, float), 1.0) * h)  # the input cast
+        f = f + self.lin_ops.fp8_cast(np.maximum(np.asarray(m, float), 1.0) * h)  # the input cast (fp8 linears)
         return np.maximum(f, params_per_gpu * self.wlin / self.hbm_bw)
 
     def _shared(self, tokens_inst):
@@ -272,8 +294,18 @@ class StepModel:
         rows = tokens_inst * k / c.ep * self.imb  # routed rows landing on this GPU
         active = np.maximum(self.active_local_experts(tokens_inst), 1e-9)
         m = np.maximum(rows / active, 1.0)
-        up, _ = self.ops.grouped(active, m, 2 * f_loc, h, True)
-        down, _ = self.ops.grouped(active, m, h, f_loc, True)
+        if self.w4a16:
+            # the bf16 table's rate at a compute-bound row count, on the rows the kernel's tiles run
+            # (each expert's padded to its row tile, `expert_flops`), split in the GEMMs' FLOP ratio
+            ref = W4A16_RATE_ROWS
+            t_up, _ = self.ops.grouped(active, ref, 2 * f_loc, h, True)
+            t_dn, _ = self.ops.grouped(active, ref, h, f_loc, True)
+            rate = 2.0 * np.maximum(active, 1.0) * ref * 3.0 * f_loc * h / (t_up + t_dn)
+            comp = self.expert_flops(tokens_inst, rows, active) / rate
+            up, down = comp * 2.0 / 3.0, comp / 3.0
+        else:
+            up, _ = self.ops.grouped(active, m, 2 * f_loc, h, True)
+            down, _ = self.ops.grouped(active, m, h, f_loc, True)
         # the kernel SGLang runs (`kernel_path`), NVFP4 at its own rate
         up, down = up * self.gemm_time / self.moe_eff, down * self.gemm_time / self.moe_eff
         # ... at no more than that kernel's own throughput (Triton fused_moe at fp8), split in the

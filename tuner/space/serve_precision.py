@@ -6,8 +6,8 @@ sglang / vllm): `--weight-dtype bf16|fp8` when given; else the checkpoint's own
 preset); else `--precision` (fp8 there means fp8 weights quantized online by the server). The
 serving cost model prices each format's bytes per weight (cost_model.serving.constants
 WEIGHT_FORMAT_BYTES: bf16 2, fp8 1, gpt-oss's MXFP4 experts 4.25 bits with bf16 attention, NVIDIA's
-NVFP4 checkpoints 4.5 bits), its GEMMs at the fp8 tables' rates (NVFP4's compute-bound ones scaled to
-Blackwell's FP4 rate, `cost_model.serving.constants.nvfp4_gemm_time`). The KV cache
+NVFP4 checkpoints 4.5 bits), its GEMMs at the rates SGLang's kernels for the format reach
+(`cost_model.serving.step.StepModel.for_precision`). The KV cache
 is priced at the plan's kv_cache_dtype.
 """
 from __future__ import annotations
