@@ -3,7 +3,7 @@ functions set them (tests/fixtures/megatron_bridge_moe_recipes.yaml, the recipes
 a published performance-summary row), predicted by the shipped GPU model and set beside the
 published tokens/s/GPU of that row.
 
-    PYTHONPATH=$PWD python bench/recipe_rows.py
+    PYTHONPATH=$PWD python bench/recipe_rows.py [--png bench/results/recipe_rows.png]
 
 Published figures: NVIDIA-NeMo/Megatron-Bridge docs/fern/versions/nightly/pages/performance-summary.mdx,
 "26.04.01 NeMo Container" pre-training tables (the release of the calibration rows), copied below
@@ -15,6 +15,7 @@ CUDA graphs need sync-free dropless dispatch, Paged Stashing, after 0.16.1) and 
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 from pathlib import Path
@@ -68,8 +69,40 @@ def _spec(r):
     return dataclasses.replace(spec, **fills) if fills else spec
 
 
-def main() -> int:
+def _plot(points, path: Path, mape_held: float) -> None:
+    """Predicted against published tokens/s/GPU, one dot per priced recipe (calibration rows hollow),
+    the diagonal and the issue's 12% band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    for name, pub, pred, cal in points:
+        ax.scatter([pub], [pred], facecolors="none" if cal else "C0", edgecolors="C0")
+        ax.annotate(name.replace("_pretrain", "").replace("_config", ""), (pub, pred), fontsize=6,
+                    xytext=(3, 3), textcoords="offset points")
+    vals = [p for _, a, b, _ in points for p in (a, b)]
+    lo, hi = min(vals) * 0.7, max(vals) * 1.4
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.88, hi * 0.88], [lo * 1.12, hi * 1.12], color="0.9", label="±12%")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("published tokens/s/GPU (Megatron-Bridge 26.04.01 performance summary)")
+    ax.set_ylabel("predicted tokens/s/GPU (shipped calibration)")
+    ax.set_title(f"NVIDIA recipes pinned: MAPE {mape_held:.1%} on the non-calibration rows (hollow: calibration)",
+                 fontsize=9)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--png", type=Path, default=None, help="also write the predicted-vs-published plot here")
+    a = ap.parse_args(argv)
     recipes = {r["recipe"].split(":")[1]: r for r in yaml.safe_load(FIXTURE.read_text())}
+    points = []
     print(f"{'recipe':52s} {'published':>9s} {'predicted':>9s} {'error':>7s}")
     errs, held = [], []
     for name, pub in PUBLISHED_2604.items():
@@ -85,6 +118,7 @@ def main() -> int:
         tok = float(pred.tokens_per_s_per_gpu)
         e = tok / pub - 1
         errs.append(e)
+        points.append((name, pub, tok, name in CAL))
         if name not in CAL:
             held.append(e)
         fit = "" if pred.feasible else "  (predicted over memory)"
@@ -92,6 +126,9 @@ def main() -> int:
     mape = lambda v: sum(abs(x) for x in v) / max(len(v), 1)  # noqa: E731
     print(f"MAPE over {len(errs)} priced recipes {mape(errs):.1%}; over the {len(held)} that are not "
           f"calibration rows {mape(held):.1%}")
+    if a.png:
+        _plot(points, a.png, mape(held))
+        print(f"wrote {a.png}")
     return 0
 
 
