@@ -175,6 +175,11 @@ def test_gpt_oss_mxfp4_runs_bf16_linears_and_w4a16_experts_on_hopper():
         t = load_tables(tables_dir_for(kind))
         mx, bf = (StepModel.for_precision(oss, cl, t, cols, p) for p in ("mxfp4", "bf16"))
         assert (mx.fp8, mx.lin_fp8, mx.w4a16) == (experts_fp8, False, not experts_fp8), kind
+        from cost_model.serving import predict_serve
+        from specs.serve_plan import ServeWorkload
+        paths = predict_serve(oss, cl, ServePlan(tp=1), ServeWorkload(isl=256, osl=8, concurrency=1),
+                              precision="mxfp4").extra["gemm_paths"]
+        assert paths["dense"] == "cublas", (kind, paths)  # the bf16 linears, what the prediction reports
         params = oss.hidden_size * 8000.0
         assert np.ravel(mx._gemm(8192.0, params))[0] == pytest.approx(np.ravel(bf._gemm(8192.0, params))[0], rel=1e-9)
         if experts_fp8:

@@ -92,11 +92,14 @@ def deepep_normal_fp8_wire(cluster, fp8: bool, deepgemm_jit: bool = True) -> boo
     return bool(fp8 and dense_path(cluster, fp8, deepgemm_jit) == "deep_gemm")
 
 
-def paths(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True) -> dict[str, str]:
-    """{"dense": path, "experts": path} of one plan, as a prediction reports them (CPU: "cpu")."""
+def paths(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True, dense_fp8: bool | None = None) -> dict[str, str]:
+    """{"dense": path, "experts": path} of one plan, as a prediction reports them (CPU: "cpu");
+    `dense_fp8`: whether the non-expert linears run fp8 where it differs from the experts (gpt-oss's
+    bf16 linears beside MXFP4 experts; default: as `fp8`)."""
     if not getattr(cluster, "is_gpu", True):
         return {"dense": "cpu", "experts": "cpu"}
-    return {"dense": dense_path(cluster, fp8, deepgemm_jit), "experts": moe_path(cluster, fp8, a2a, deepgemm_jit)}
+    dense = fp8 if dense_fp8 is None else dense_fp8
+    return {"dense": dense_path(cluster, dense, deepgemm_jit), "experts": moe_path(cluster, fp8, a2a, deepgemm_jit)}
 
 
 # path -> the measured path whose ratio it takes (None: the table's own rate)

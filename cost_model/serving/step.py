@@ -139,7 +139,7 @@ class StepModel:
         n_sm = float(getattr(cluster, "sm_count", 0) or 0)
         cap = n_sm / (n_sm - DEEPEP_SMS) if (cluster.is_gpu and n_sm > DEEPEP_SMS) else 1.0
         a2a = np.asarray(c.a2a) > 0
-        dg_dense = dense_path(cluster, fp8, deepgemm_jit) == "deep_gemm"
+        dg_dense = dense_path(cluster, self.lin_fp8, deepgemm_jit) == "deep_gemm"
         # the routed experts' kernel per plan (it depends on the all-to-all flag only)
         moe_kernel = np.array([moe_path(cluster, fp8, x, deepgemm_jit) for x in (False, True)])[a2a.astype(int)]
         dg_moe = moe_kernel == "deep_gemm"
