@@ -143,3 +143,17 @@ def test_grace_hosts_launch_at_their_measured_per_op_time():
         p = predict(w, Plan(tp=1, pp=1, ep=8, mbs=1, precision="bf16"), calibration=IDENTITY)
         floors[kind] = p.breakdown_s.get("cpu_launch_floor", 0.0) + p.breakdown_s.get("moe_host_sync", 0.0)
     assert floors["gb200-nvl72"] > 2.0 * floors["b200"] > 0
+
+
+def test_a_collective_below_the_tables_smallest_message_costs_its_latency():
+    """An 8-byte all-reduce across two nodes costs what the smallest tabled message (1 KiB) costs, not
+    the ~0.5 us the bandwidth clamped at the table's edge would give; more bytes never cost less; an
+    empty collective costs nothing."""
+    ops = _ops("h100-sxm", 16)
+    t = [float(np.ravel(ops.collective("all_reduce", float(b), 16, 1))[0]) for b in (0, 8, 512, 1024, 16384)]
+    assert t[0] == 0.0
+    assert t[1] == pytest.approx(t[3], rel=1e-9) and t[2] == pytest.approx(t[3], rel=1e-9)
+    assert 20e-6 < t[1] <= t[4]
+    for coll in ("all_gather", "reduce_scatter", "all_to_all"):
+        small, edge = (float(np.ravel(ops.collective(coll, b, 16, 1))[0]) for b in (8.0, 1024.0))
+        assert small == pytest.approx(edge, rel=1e-9) and small > 1e-6, coll

@@ -155,6 +155,12 @@ REGENERATIONS = [
      "SequentialMLP plan (grouped_gemm=0, 128 local experts launched one by one: host-bound); plans, counts and "
      "scripts identical",
      "ebc83cff56b241aacff352f670fdc2179986ad2226b24867d05b32c94119d380"),
+    ("collective latency floor (2026-12-07)", "`--keep-plans`: a collective smaller than the collectives table's "
+     "smallest message (1 KiB) costs that message's time, its latency (TableOps.collective; the bandwidth "
+     "clamped at the table's edge had priced an 8-byte all-reduce across nodes at ~0.5 us): only mixtral's "
+     "per-expert token-count all-gathers (8 experts) move, dispatcher_preprocess up, 4 of its 10 step times "
+     "x1.0001-x1.0004; plans, counts and scripts identical",
+     "2ede761751db0ec3dba6421fd07e2d935f32c82bd18daa3635e4bc50b0b49cd4"),
 ]
 
 
