@@ -148,7 +148,7 @@ def test_nvfp4_gemms_run_at_blackwells_fp4_rate_from_te_benchmark():
     assert np.ravel(nv._gemm(big, params) - cast)[0] == pytest.approx(np.ravel(f8._gemm(big, params) - cast)[0]
                                                                       * nvfp4_gemm_time(b200), rel=1e-9)
     # the LM head stays bf16 in the checkpoint: no FP4 rate for it
-    assert np.ravel(nv._gemm(big, params, quantized=False))[0] == pytest.approx(np.ravel(f8._gemm(big, params))[0], rel=1e-9)
+    assert np.ravel(nv._gemm(big, params, ops=nv.head_ops))[0] == pytest.approx(np.ravel(f8._gemm(big, params))[0], rel=1e-9)
     # one decode row: the weight bytes bind (0.5625 B against 1 B per weight)
     assert np.ravel(nv._gemm(small, params))[0] == pytest.approx(np.ravel(f8._gemm(small, params))[0] * 0.5625, rel=1e-6)
 

@@ -116,12 +116,14 @@ def efficiency(path: str, fp8: bool) -> float:
     return path_ratios()[src]
 
 
-def step_efficiencies(cluster, fp8: bool, a2a_col, deepgemm_jit: bool = True) -> tuple[float, np.ndarray]:
+def step_efficiencies(cluster, fp8: bool, a2a_col, deepgemm_jit: bool = True,
+                      dense_fp8: bool | None = None) -> tuple[float, np.ndarray]:
     """(dense efficiency, routed-expert efficiency per plan) of a step on `cluster`; GPUs only
-    (a CPU runs no SGLang kernel: 1)."""
+    (a CPU runs no SGLang kernel: 1). `dense_fp8` as in `paths`."""
     a2a = np.asarray(a2a_col) > 0
     if not getattr(cluster, "is_gpu", True):
         return 1.0, np.ones(len(a2a))
-    dense = efficiency(dense_path(cluster, fp8, deepgemm_jit), fp8)
+    dfp8 = fp8 if dense_fp8 is None else dense_fp8
+    dense = efficiency(dense_path(cluster, dfp8, deepgemm_jit), dfp8)
     moe = np.array([efficiency(moe_path(cluster, fp8, bool(x), deepgemm_jit), fp8) for x in (False, True)])
     return dense, moe[a2a.astype(int)]

@@ -101,22 +101,25 @@ class StepModel:
         self.fp8 = fp8
         # the normal-mode DeepEP dispatch's token format (fp8 only with DeepGEMM's JIT on)
         self.fp8_wire = deepep_normal_fp8_wire(cluster, fp8, deepgemm_jit)
-        self.ops = TableOps(tables, cluster, np.full(len(c), fp8))
         # bytes per weight (routed experts, other linears) of the checkpoint's format (`constants`
         # WEIGHT_FORMAT_BYTES; default: fp8 or bf16 as `fp8` says)
         self.weights = weights or ("fp8" if fp8 else "bf16")
         self.wbytes = WEIGHT_FORMAT_BYTES[self.weights]
         self.wexp, self.wlin = self.wbytes
+        # the GEMM tables' queries: the quantized GEMMs' time against the fp8 tables' kernel is
+        # TableOps' own per-format factor (NVFP4 on Blackwell's FP4 tensor cores, `nvfp4_gemm_time`)
+        f4 = nvfp4_gemm_time(cluster) if self.weights == "nvfp4" else None
+        self.ops = TableOps(tables, cluster, np.full(len(c), fp8), f4)
         # the non-expert linears (attention projections, dense MLP, shared expert) run fp8 GEMMs only where
         # the checkpoint quantizes them: gpt-oss's MXFP4 checkpoint keeps them bf16 (2 B per weight)
         self.lin_fp8 = bool(fp8) and self.wlin < 2.0
         self.lin_ops = self.ops if self.lin_fp8 == bool(fp8) else TableOps(tables, cluster, np.full(len(c), self.lin_fp8))
+        # the LM head stays bf16 in every checkpoint: priced at the linears' table, without a format's factor
+        self.head_ops = self.lin_ops if f4 is None else TableOps(tables, cluster, np.full(len(c), self.lin_fp8))
         # MXFP4 experts without fp8 math (W4A16, Hopper): bf16 tensor cores on weights upcast in the
         # kernel, so the GEMMs take the bf16 rate for their FLOPs while the weights are read at their
         # own 4.25 bits (`_expert_parts`); the bf16 table itself would read them at 2 B
         self.w4a16 = self.weights == "mxfp4" and not fp8
-        # compute-bound GEMM time over the fp8 tables' (NVFP4 on Blackwell's FP4 tensor cores; 1 else)
-        self.gemm_time = nvfp4_gemm_time(cluster) if self.weights == "nvfp4" else 1.0
         # the GEMM kernels SGLang runs (DeepGEMM, CUTLASS, Triton fused_moe, ...) next to the
         # tables' kernel: dense linears, and routed experts per plan (`kernel_path`)
         # and the routed experts' FLOP/s ceiling of the kernel each plan runs (Triton fused_moe on
@@ -124,9 +127,7 @@ class StepModel:
         # MoE kernels are others). `kernel_rates`: (dense, routed-expert) rates given instead and no
         # ceiling, the tables' own kernel, against which `fused_moe_fp8_peak_fraction` measures one
         if kernel_rates is None:
-            self.dense_eff, self.moe_eff = step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit)
-            if self.lin_fp8 != bool(fp8):  # bf16 linears beside fp8 experts: cuBLAS, the bf16 table's rate
-                self.dense_eff = step_efficiencies(cluster, False, c.a2a, deepgemm_jit)[0]
+            self.dense_eff, self.moe_eff = step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit, dense_fp8=self.lin_fp8)
             ceiling = np.array([fused_moe_ceiling_flops(cluster, fp8, bool(x), deepgemm_jit) for x in (False, True)])
             self.moe_ceiling = (ceiling[(np.asarray(c.a2a) > 0).astype(int)] if self.weights == "fp8"
                                 else np.full(len(c), np.inf))
@@ -222,15 +223,15 @@ class StepModel:
         small = nb <= np.exp(lsz[-1])
         return np.where(n < 2, 0.0, np.where(intra, np.where(small, custom, big), nccl))
 
-    def _gemm(self, m, params_per_gpu, quantized=True):
+    def _gemm(self, m, params_per_gpu, ops=None):
         """Seconds of the dense GEMMs holding `params_per_gpu` weights at m rows: the slower of
         the table's compute rate (as one [m, h] x [h, n] GEMM) and reading the weights once.
-        `quantized`: a transformer-block linear in the checkpoint's format (the LM head is not)."""
+        `ops`: the table queries (default the transformer-block linears', `lin_ops`)."""
+        ops = ops or self.lin_ops
         h = self.s.hidden_size
         n = np.maximum(params_per_gpu / h, 1.0)
-        f, _ = self.lin_ops.gemm(m, n, h)
-        f = f * (self.gemm_time if quantized else 1.0) / self.dense_eff
-        f = f + self.lin_ops.fp8_cast(np.maximum(np.asarray(m, float), 1.0) * h)  # the input cast (fp8 linears)
+        f, _ = ops.gemm(m, n, h)
+        f = f / self.dense_eff + ops.fp8_cast(np.maximum(np.asarray(m, float), 1.0) * h)  # the input cast (fp8 linears)
         return np.maximum(f, params_per_gpu * self.wlin / self.hbm_bw)
 
     def _shared(self, tokens_inst):
@@ -306,8 +307,7 @@ class StepModel:
         else:
             up, _ = self.ops.grouped(active, m, 2 * f_loc, h, True)
             down, _ = self.ops.grouped(active, m, h, f_loc, True)
-        # the kernel SGLang runs (`kernel_path`), NVFP4 at its own rate
-        up, down = up * self.gemm_time / self.moe_eff, down * self.gemm_time / self.moe_eff
+        up, down = up / self.moe_eff, down / self.moe_eff  # the kernel SGLang runs (`kernel_path`)
         # ... at no more than that kernel's own throughput (Triton fused_moe at fp8), split in the
         # GEMMs' FLOP ratio (up: 2 f_loc columns, down: f_loc); the padded-row sums only where some
         # plan has such a ceiling (this runs in every simulated step)
@@ -487,7 +487,7 @@ class StepModel:
         shared = self._floor(self._shared(T), "mlp")
         experts = self._floor(self._experts(T, decode=True), "experts") if s.num_experts else 0.0
         comm, comm_dense = self._comm(T, decode=True)
-        head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp, quantized=False) / c.pp
+        head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp, ops=self.head_ops) / c.pp
         comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts) + head
         comm_t = self.L_moe * comm + self.L_dense * comm_dense
         parts = {"attention": self.layers * (proj + core) * c.pp, "experts": self.L_moe * experts * c.pp,
