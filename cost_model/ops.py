@@ -26,6 +26,7 @@ class TableOps:
         self.c = cluster
         self.fp8 = fp8mask
         self.fp8_gemm_time = 1.0 if fp8_gemm_time is None else np.asarray(fp8_gemm_time, float)
+        self._coll_min: dict[str, float] = {}  # collective -> smallest tabled message (`collective`)
         self.any_fp8 = bool(fp8mask.any()) and tables["gemm"].has("fp8")
         self.bw = {op: float(tables["membw"].lookup(op)) * 1e9 for op in
                    ("elementwise", "permute", "router", "cross_entropy", "optimizer")}
@@ -173,13 +174,11 @@ class TableOps:
 
     def _collective_min_bytes(self, coll) -> float:
         """The smallest message size the collectives table holds for `coll` (either fabric)."""
-        cache = self.__dict__.setdefault("_coll_min", {})
-        if coll not in cache:
+        if coll not in self._coll_min:
             tab = self.t["collectives"]
-            i = tab.axes.index("bytes")
-            sizes = [float(np.exp(tab.grids[k][0][i][0])) for k in tab.row_keys() if k[0] == coll]
-            cache[coll] = min(sizes) if sizes else 0.0
-        return cache[coll]
+            sizes = [tab.axis_min(k, "bytes") for k in tab.row_keys() if k[0] == coll]
+            self._coll_min[coll] = min(sizes) if sizes else 0.0
+        return self._coll_min[coll]
 
     def ep_dispatch(self, backend_code, nbytes_d, nbytes_c, ep, etp, inter=None, intra=None, token_bytes=None):
         """fwd seconds of (dispatch, combine) for per-GPU payloads (all copies). `inter`: the share of

@@ -117,6 +117,11 @@ class GridTable:
         """The row keys the table has."""
         return list(self.grids)
 
+    def axis_min(self, key, axis: str) -> float:
+        """The smallest value row `key` holds on `axis` (lookups clamp below it)."""
+        logax, _ = self.grids[tuple([key] if isinstance(key, str) else key)]
+        return float(np.exp(logax[self.axes.index(axis)][0]))
+
     def lookup(self, key, value: str | None = None, **axes) -> np.ndarray:
         """Interpolated value(s) at the given axis arrays (broadcast together)."""
         key = tuple([key] if isinstance(key, str) else key)
