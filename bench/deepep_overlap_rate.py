@@ -27,10 +27,14 @@ Rate = (time alone) / (time in the trace), summed over the trace's dispatch and 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.trace_host_idle import load  # noqa: E402
 
 TOKENS, HIDDEN, EXPERTS, NODES, TOPK, TOPK_GROUPS = 4096, 7168, 256, 8, 8, 4
 DISPATCH_GBPS, COMBINE_GBPS = 46.0, 45.0  # DeepEP README @ebfe47e, internode EP64 (RDMA bottleneck)
@@ -57,14 +61,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", help="DeepSeek profile-data train.json")
     args = ap.parse_args()
-    try:
-        with open(args.trace) as f:
-            d = json.load(f)
-    except (OSError, ValueError) as e:
-        print(f"deepep_overlap_rate: cannot read {args.trace}: {e}", file=sys.stderr)
-        return 2
-    ev = d.get("traceEvents") if isinstance(d, dict) else d
-    kernels = [e for e in ev or [] if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "kernel"]
+    ev = load(args.trace, "deepep_overlap_rate")
+    kernels = [e for e in ev if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "kernel"]
     comm = [e for e in kernels if "::internode::dispatch<" in e["name"] or "::internode::combine<" in e["name"]]
     if not comm:
         print(f"deepep_overlap_rate: {args.trace} has no DeepEP internode dispatch / combine kernels", file=sys.stderr)

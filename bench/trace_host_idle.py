@@ -22,16 +22,18 @@ import sys
 WAIT_US = 20.0  # a gap this long is a wait (communication event, sync), not a launch-to-launch gap
 
 
-def load(path):
+def load(path, tool="trace_host_idle"):
+    """The events of a PyTorch-profiler (Chrome) trace; a file that cannot be read, or holds no kernel
+    events, ends the run with one line naming `tool` and exit code 2."""
     try:
         with open(path) as f:
             d = json.load(f)
     except (OSError, ValueError) as e:
-        print(f"trace_host_idle: cannot read {path}: {e}", file=sys.stderr)
+        print(f"{tool}: cannot read {path}: {e}", file=sys.stderr)
         sys.exit(2)
     ev = d.get("traceEvents") if isinstance(d, dict) else d
     if not isinstance(ev, list) or not any(e.get("cat") == "kernel" for e in ev if isinstance(e, dict)):
-        print(f"trace_host_idle: {path} has no kernel events (not a PyTorch profiler trace)", file=sys.stderr)
+        print(f"{tool}: {path} has no kernel events (not a PyTorch profiler trace)", file=sys.stderr)
         sys.exit(2)
     return ev
 
