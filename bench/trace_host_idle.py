@@ -8,7 +8,8 @@ DualPipe forward + backward chunk pair of 4 MoE layers each, H800, EP64 TP1, seq
 host ranges are user annotations (attn(F), mlp(B), dispatch(F), ...). Prints, per annotated phase,
 the kernels launched in it (cudaLaunchKernel / cudaLaunchKernelExC, any host thread), its host
 wall time per launch and the GPU seconds of those kernels on the compute stream; then the compute
-stream's idle time, split into back-to-back gaps (< 20 us) and waits (>= 20 us). The host figures
+stream's idle time, split into back-to-back gaps (< 20 us) and waits (>= 20 us), and what a
+near-empty kernel (<= 4 us) costs back to back with its gap. The host figures
 include the profiler's own per-op cost. Reads only the file named.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import statistics
 import sys
 
 WAIT_US = 20.0  # a gap this long is a wait (communication event, sync), not a launch-to-launch gap
+TINY_US = 4.0  # a kernel this short does almost no work: its duration is the per-kernel floor
 
 
 def load(path, tool="trace_host_idle"):
@@ -74,6 +76,20 @@ def idle(events, stream):
     return span, busy, [g for g in gaps if 0 <= g < WAIT_US], [g for g in gaps if g >= WAIT_US], len(k)
 
 
+def tiny_kernels(events, stream):
+    """(durations, durations + the back-to-back gap before each) [us] of the kernels on `stream`
+    lasting at most TINY_US that ran right behind the previous kernel (gap < WAIT_US): what one
+    near-empty kernel costs back to back, the floor `cost_model.serving.constants` KERNEL_MIN_S prices."""
+    k = sorted((e for e in events if e.get("cat") == "kernel" and e["tid"] == stream), key=lambda e: e["ts"])
+    durs, with_gap = [], []
+    for a, b in zip(k, k[1:]):
+        gap = b["ts"] - (a["ts"] + a["dur"])
+        if b["dur"] <= TINY_US and 0 <= gap < WAIT_US:
+            durs.append(b["dur"])
+            with_gap.append(b["dur"] + gap)
+    return durs, with_gap
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace")
@@ -101,6 +117,10 @@ def main(argv=None) -> int:
         print(f"  back-to-back gaps: {len(small)}, median {statistics.median(small):.1f} us, "
               f"sum {sum(small) / 1e3:.2f} ms ({sum(small) / span:.1%})")
     print(f"  waits >= {WAIT_US:.0f} us: {len(waits)}, sum {sum(waits) / 1e3:.2f} ms ({sum(waits) / span:.1%})")
+    durs, with_gap = tiny_kernels(ev, s)
+    if durs:
+        print(f"  kernels <= {TINY_US:.0f} us back to back: {len(durs)}, median {statistics.median(durs):.1f} us, "
+              f"with the gap before each {statistics.median(with_gap):.1f} us")
     return 0
 
 

@@ -18,6 +18,9 @@ GPU_KERNEL_GAP_S = 1.5e-6
 # replayed from a CUDA graph, 5.2 us on H100 (vllm-project/vllm PR #36899, FlashInfer column);
 # RMSNorm 1 x 4096 bf16, 6.1 us on H100 and 6.4 us on B200 (linkedin/Liger-Kernel PR #1462).
 # Taken as 5 us on every GPU. Small decode batches are bound by it (floor x kernels x layers).
+# The same figure from a whole step: in DeepSeek's public H800 training trace (deepseek-ai/profile-data
+# train.json, kernels queued ahead of the GPU) the 254 kernels of <= 4 us that run right behind another
+# last a median 3 us, 5 us with the gap before each (`python bench/trace_host_idle.py train.json`).
 KERNEL_MIN_S = 5e-6
 
 # Of KERNELS_PER_LAYER, the kernels the step prices by their work (each then floored at
