@@ -22,7 +22,9 @@ x (1 + 4/128) / 2 in FP8. The pairs per token are simulated here with the test's
 (random scores, top-4 node groups, top-8 experts).
 
 Rate = (time alone) / (time in the trace), summed over the trace's dispatch and combine kernels
-(notify kernels excluded: their benchmark time is not published).
+(notify kernels excluded: their benchmark time is not published). Also printed: the CTAs the
+trace's GEMMs launch against the GPU's SMs (DeepSeek's GEMMs leave DeepEP's SMs free; TE's GEMMs
+under megatron-core reserve none).
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", help="DeepSeek profile-data train.json")
     args = ap.parse_args()
-    ev = load(args.trace, "deepep_overlap_rate")
+    ev, gpu = load(args.trace, "deepep_overlap_rate", device=True)
     kernels = [e for e in ev if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "kernel"]
     comm = [e for e in kernels if "::internode::dispatch<" in e["name"] or "::internode::combine<" in e["name"]]
     if not comm:
@@ -97,6 +99,16 @@ def main() -> int:
               f"{min(share):.0%}-{max(share):.0%}")
     print(f"rate beside compute (dispatch + combine, time alone / time in trace): {tot_alone / tot_trace:.3f} "
           f"({tot_later / tot_trace:.3f} against the README's later {LATER_GBPS[0]:.0f} / {LATER_GBPS[1]:.0f} GB/s)")
+    # the SMs the compute beside them left free: the CTA counts of the trace's GEMMs (DeepSeek's own
+    # persistent CUTLASS grouped GEMMs, one CTA per SM they use) against the GPU's SMs
+    sms = int(gpu.get("numSms") or 0)
+    grids = sorted({int(np.prod(e["args"]["grid"])) for e in kernels
+                    if "grouped_gemm" in e["name"] and "device_kernel" in e["name"]
+                    and isinstance(e.get("args", {}).get("grid"), list)})
+    if sms and grids:
+        print(f"the GEMMs beside them launch {', '.join(map(str, grids))} CTAs (persistent) on the "
+              f"{gpu.get('name', 'GPU')}'s {sms} SMs: {sms - max(grids)} SMs left to DeepEP, so the rate above "
+              f"is measured with the GEMMs kept off its SMs")
     return 0
 
 

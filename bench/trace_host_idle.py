@@ -24,8 +24,9 @@ WAIT_US = 20.0  # a gap this long is a wait (communication event, sync), not a l
 TINY_US = 4.0  # a kernel this short does almost no work: its duration is the per-kernel floor
 
 
-def load(path, tool="trace_host_idle"):
-    """The events of a PyTorch-profiler (Chrome) trace; a file that cannot be read, or holds no kernel
+def load(path, tool="trace_host_idle", device=False):
+    """The events of a PyTorch-profiler (Chrome) trace (with `device`: and the first GPU's
+    properties, {} when the trace has none); a file that cannot be read, or holds no kernel
     events, ends the run with one line naming `tool` and exit code 2."""
     try:
         with open(path) as f:
@@ -37,7 +38,10 @@ def load(path, tool="trace_host_idle"):
     if not isinstance(ev, list) or not any(e.get("cat") == "kernel" for e in ev if isinstance(e, dict)):
         print(f"{tool}: {path} has no kernel events (not a PyTorch profiler trace)", file=sys.stderr)
         sys.exit(2)
-    return ev
+    if not device:
+        return ev
+    props = d.get("deviceProperties") if isinstance(d, dict) else None
+    return ev, (props[0] if isinstance(props, list) and props and isinstance(props[0], dict) else {})
 
 
 def compute_stream(events):

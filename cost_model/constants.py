@@ -179,7 +179,12 @@ STARVED_COMM_RATE = 0.35
 # ebfe47e, 2025-02-24: internode EP64 46 GB/s dispatch, 45 GB/s combine, RDMA bytes of
 # tests/test_internode.py, 3.99 destination nodes per token) puts them alone at 2.62 and 5.20 ms:
 # rate 0.78 (0.70 against the README's later 51 / 50 GB/s, after DeepEP's April 2025 speed-ups).
-# The trace's notify kernels (1.0-3.8 ms each: waiting for the other ranks) are not in it. NCCL's
+# The trace's notify kernels (1.0-3.8 ms each: waiting for the other ranks) are not in it. A caveat
+# on carrying it to megatron-core: the trace's GEMMs (DeepSeek's persistent CUTLASS grouped GEMMs)
+# launch 112 CTAs on the H800's 132 SMs, leaving DeepEP's 20 free (printed by the same bench), while
+# TE's GEMMs under megatron-core take every SM (TE gemm.py: NVTE_EXT_MARGIN_SM, which Megatron-LM,
+# Megatron-Bridge and the ModelZoo leave unset), so there DeepEP's kernels also wait for SMs to free;
+# no measurement of that wait exists, so the rate is used as measured (an upper bound). NCCL's
 # all-to-all: no kernel-level measurement beside compute (1.0; its one public overlap A/B hides at
 # least what the held pricing allows, see COMM_STARVED); HybridEP is starved (STARVED_COMM_RATE).
 DEEPEP_BESIDE_COMPUTE_RATE = 0.78
