@@ -43,6 +43,27 @@ REWRITES: dict[str, str] = {
 }
 
 
+def context_length(model) -> int:
+    """The context length SGLang serves `model` at without --context-length (0: the model names
+    none). SG/utils/hf_transformers/common.py get_context_length reads the config's
+    max_position_embeddings and multiplies it by a rope-scaling factor only when the scaling names
+    no original_max_position_embeddings; the YaRN configs here always name it (DeepSeek-V3/R1,
+    gpt-oss), so the product never applies."""
+    return int(getattr(model, "max_position_embeddings", 0) or 0)
+
+
+def check_request_fits_context(model, isl: int, osl: int) -> None:
+    """Refuse a request SGLang refuses (SG/managers/tokenizer_manager.py _validate_one_request: an
+    input of the context length or more; input + max_new_tokens beyond it, validate_total_tokens
+    being on by default). Raises SpecError naming the lengths and the model's context length."""
+    from specs.errors import SpecError
+    ctx = context_length(model)
+    if ctx and (isl >= ctx or isl + osl > ctx):
+        raise SpecError(f"--isl {isl:,} + --osl {osl:,} does not fit {getattr(model, 'name', 'the model')}'s context "
+                        f"length of {ctx:,} tokens: SGLang refuses such requests (input below the context "
+                        f"length, input + output within it)")
+
+
 def memory_tier_defaults(gpu_mib: float | None, tp: int) -> tuple[int, int]:
     """SGLang 0.5.23's memory-tier defaults (chunked_prefill_size, decode CUDA-graph max batch) for a
     GPU of `gpu_mib` MiB (SG/arg_groups/memory_hook.py:89-170; the tier edges are MiB / 1024 = GiB);

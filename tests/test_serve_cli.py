@@ -322,3 +322,56 @@ def test_predict_serve_unrealizable_prints_no_numbers_without_force(capsys):
     assert main([*argv, "--force"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("NOT REALIZABLE") and "output tok/s/GPU" in out
+
+
+def _sglang_context_lengths(configs: list[dict]) -> list[int]:
+    """SGLang 0.5.23's own get_context_length on each config (in a child with the oracle's import
+    stubs: its module's import path reaches the multimodal loaders)."""
+    import subprocess
+    import sys
+    code = ("import json, sys, types\n"
+            "from tuner.space.sglang_oracle import _install_stubs\n"
+            "_install_stubs()\n"
+            "from sglang.srt.utils.hf_transformers.common import get_context_length\n"
+            "print(json.dumps([get_context_length(types.SimpleNamespace(**c)) for c in json.loads(sys.argv[1])]))\n")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(configs)], capture_output=True, text=True, timeout=600,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.xdist_group("sglang")
+def test_a_request_beyond_the_models_context_is_refused_as_sglang_refuses_it(capsys, tmp_path):
+    """SGLang refuses a request whose input reaches the context length or whose input + output
+    exceeds it (tokenizer_manager._validate_one_request); the context length is SGLang's own
+    get_context_length of the model's config (YaRN configs name original_max_position_embeddings,
+    so their factor does not multiply it). Every serving command that takes --isl / --osl refuses
+    such a workload with one line and exit 2, writing nothing; the longest accepted one is priced."""
+    from specs.models import load_model
+    from specs.serve_resolve import context_length
+    from tuner.space import sglang_oracle
+    if not sglang_oracle.available():
+        pytest.skip("sglang is not installed (its get_context_length is the oracle)")
+    names = ["deepseek-r1", "qwen3-235b-a22b", "gpt-oss-120b", "tiny-moe"]
+    specs = [load_model(n) for n in names]
+    configs = []
+    for m in specs:
+        c = {"max_position_embeddings": m.max_position_embeddings}
+        if m.yarn_original_max_position:  # as the checkpoints' config.json carry it
+            c["rope_scaling"] = {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": m.yarn_original_max_position}
+        configs.append(c)
+    assert [context_length(m) for m in specs] == _sglang_context_lengths(configs) == [163840, 40960, 131072, 4096]
+    # a rope factor without original_max_position_embeddings would multiply it: none of the presets has one
+    assert _sglang_context_lengths([{"max_position_embeddings": 4096, "rope_scaling": {"factor": 4.0}}]) == [16384]
+    q235 = ["--model", "qwen3-235b-a22b", "--cluster", "h200-sxm", "--gpus", "8"]
+    for isl, osl in ((40960, 1), (40000, 961), (1, 40960)):  # input at the context length; total one over
+        for argv in (["predict", "--mode", "serve", *q235, "--plan", "tp=8"],
+                     ["plans", "--mode", "serve", "--rank", *q235],
+                     ["emit", "sglang", *q235, "--plan", "tp=8", "--out", str(tmp_path / "x.sh")]):
+            assert main([*argv, "--isl", str(isl), "--osl", str(osl)]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "context length of 40,960 tokens" in err[0], err
+    assert not list(tmp_path.iterdir())
+    assert main(["predict", "--mode", "serve", *q235, "--plan", "tp=8", "--isl", "40000", "--osl", "960",
+                 "--concurrency", "8", "--json"]) in (0, 3)
+    d = json.loads(capsys.readouterr().out)
+    assert d["isl"] + d["osl"] == 40960 and d["output_tokens_per_s_per_gpu"] > 0

@@ -306,7 +306,7 @@ def _run_serve(args) -> int:
     space = default_serve_space(cluster.num_devices)
     from tuner.space.serve_precision import resolve as resolve_weights
     weights = resolve_weights(args, model, cluster)
-    workload, kw = _serve_rank_inputs(args, cluster, weights["precision"]) if args.rank else (None, {})
+    workload, kw = _serve_rank_inputs(args, model, cluster, weights["precision"]) if args.rank else (None, {})
     t0 = time.time()
     s = summarize(space, model, cluster, max_examples=args.examples, keep_effective=args.rank)
     elapsed = time.time() - t0
@@ -460,11 +460,11 @@ def _what_would_fit(model, cluster, weights) -> str:
             + (" or " + " ".join(alt) if alt else "") + " (weights only, to first order)")
 
 
-def _serve_rank_inputs(args, cluster, precision: str):
+def _serve_rank_inputs(args, model, cluster, precision: str):
     """The serving workload and cost-model inputs of `plans --mode serve --rank` (checked before
     the walk, so a bad flag costs one line)."""
     from tuner.rank.serve_predict import serve_workload_from_args
-    w = serve_workload_from_args(args, cluster.num_devices, what="plans --mode serve --rank")
+    w = serve_workload_from_args(args, cluster.num_devices, what="plans --mode serve --rank", model=model)
     if args.routing_skew < 0:
         raise UsageError(f"--routing-skew must be >= 0, got {args.routing_skew}")
     kw = {"precision": precision, "routing_skew": args.routing_skew}

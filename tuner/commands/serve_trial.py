@@ -49,7 +49,7 @@ def run(args) -> int:
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
     require_backend_runs_on(args.backend, cluster)
-    workload = serve_workload_from_args(args, cluster.num_devices, what="serve-trial")
+    workload = serve_workload_from_args(args, cluster.num_devices, what="serve-trial", model=model)
     plan = serve_plan_from_args(args, cluster.num_devices)
     backend = get_backend(args.backend, model=model)
     result = backend.run(plan, workload, Resources(devices=cluster.num_devices, timeout_s=args.timeout),

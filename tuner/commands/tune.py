@@ -189,7 +189,7 @@ def _serve_mode(args):
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus)
     require_backend_runs_on(backend, cluster)
-    w = serve_workload_from_args(args, cluster.num_devices)
+    w = serve_workload_from_args(args, cluster.num_devices, model=model)
     # the weights the server loads, priced as `predict --mode serve` and `plans --mode serve` price
     # them: the checkpoint's own format (DeepSeek-V3's fp8), else --precision
     from tuner.space.serve_precision import resolve as resolve_weights

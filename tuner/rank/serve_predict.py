@@ -20,14 +20,22 @@ def default_concurrency(phase: str, devices: int) -> int:
     return 16 if phase == "decode" else 8 * devices
 
 
-def serve_workload_from_args(args, devices: int, *, what: str = "--mode serve"):
+def serve_workload_from_args(args, devices: int, *, what: str = "--mode serve", model=None):
     """The serving workload of the flags, for every serving command: --isl, --osl, --concurrency
     (default `default_concurrency`), and where the command has them --phase, --request-rate,
-    --ttft-slo / --tpot-slo. `devices`: the deployment's. A bad value is one UsageError line."""
+    --ttft-slo / --tpot-slo. `devices`: the deployment's; `model`: the model served, whose context
+    length a request must fit (`specs.serve_resolve.check_request_fits_context`). A bad value is
+    one UsageError line."""
     from specs.errors import SpecError
     from specs.serve_plan import ServeWorkload
+    from specs.serve_resolve import check_request_fits_context
     if args.isl is None or args.osl is None:
         raise UsageError(f"{what} needs --isl and --osl")
+    if model is not None:
+        try:
+            check_request_fits_context(model, args.isl, args.osl)
+        except SpecError as e:
+            raise UsageError(str(e)) from None
     if args.concurrency is not None and args.concurrency <= 0:
         raise UsageError(f"--concurrency must be a positive whole number, got {args.concurrency}")
     phase = getattr(args, "phase", "both")
@@ -58,7 +66,7 @@ def serve_prediction(args, extra_reasons=(), *, strict: bool = False) -> dict:
     cluster = load_cluster(args.cluster, args.gpus)
     weights = resolve_weights(args, model, cluster)
     precision = weights["precision"]
-    w = serve_workload_from_args(args, cluster.num_devices)
+    w = serve_workload_from_args(args, cluster.num_devices, model=model)
     tables = load_tables(args.tables or tables_dir_for(cluster.kind))
     cal = None
     if args.calibration:
