@@ -214,7 +214,9 @@ def test_predict_serve_megakernel_what_if(capsys):
     assert w["applicable"] and w["reason_code"] == "megakernel-not-in-stack"
     assert w["prefill_weave_ms"] > 0 and w["decode_weave_ms"] > 0 and w["speedup"] >= 0
     assert w["prefill_tokens_per_gpu"] > w["decode_batch_tokens_per_gpu"] > 0
-    assert main([*base, "--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2", "--plan", "tp=2"]) == 0
+    # tiny-moe's context is 4,096 tokens: a workload it can serve (4000 + 1000 would be refused)
+    tiny = [*base[:3], "--isl", "2000", "--osl", "500", *base[7:]]
+    assert main([*tiny, "--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2", "--plan", "tp=2"]) == 0
     assert json.loads(capsys.readouterr().out)["what_if"]["applicable"] is False
     text = [a for a in base if a != "--json"]
     assert main([*text, *Q, "--gpus", "8", "--plan", "tp=8,attn_dp=8,a2a=deepep"]) == 0
