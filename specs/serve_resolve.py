@@ -40,7 +40,14 @@ REWRITES: dict[str, str] = {
                         "(SG/arg_groups/memory_hook.py:245)",
     "backend-page-size": "the attention backend forces its page size (trtllm_mla: 32 or 64, else 64; "
                          "SG/arg_groups/overrides.py:1146)",
+    "allreduce-fusion": "FlashInfer all-reduce fusion turns on by itself (all-reduce + residual add + RMSNorm in one "
+                        "kernel; SG/arg_groups/overrides.py:956-1001 _flashinfer_allreduce_fusion_auto_enable)",
 }
+
+# the architectures SGLang turns FlashInfer all-reduce fusion on for (SG/arg_groups/overrides.py:929
+# _FLASHINFER_ALLREDUCE_FUSION_ARCHS), of those a ServePlan's model can be (specs.hf_export.ARCHS;
+# Mixtral is not among them)
+ALLREDUCE_FUSION_ARCHS = frozenset({"DeepseekV3ForCausalLM", "GptOssForCausalLM", "Qwen3MoeForCausalLM"})
 
 
 def context_length(model) -> int:
@@ -85,6 +92,23 @@ def memory_tier_defaults(gpu_mib: float | None, tp: int) -> tuple[int, int]:
 def is_blackwell(device_name: str) -> bool:
     name = device_name.upper()
     return "BLACKWELL" in name or any(t in name.replace("-", " ").split() for t in ("B200", "GB200", "B300", "GB300"))
+
+
+def is_hopper(device_name: str) -> bool:
+    """sm90 GPUs (H100, H200, H800, H20, GH200): what SGLang's `is_sm90` probe says on them."""
+    return any(t in device_name.upper().replace("-", " ").split() for t in ("H100", "H200", "H800", "H20", "GH200"))
+
+
+def allreduce_fusion(model, cluster, plan: ServePlan, nnodes: int) -> bool:
+    """Whether SGLang 0.5.23 turns FlashInfer all-reduce fusion on for `plan` by itself
+    (SG/arg_groups/overrides.py:956-1001): the model's architecture in its list, an sm90 or sm100
+    GPU, tp > 1, no attention DP, no all-to-all backend, and one node (Hopper) or any (Blackwell).
+    Each tensor-parallel all-reduce then also adds the residual and runs the RMSNorm after it, in
+    one kernel (SG/layers/layernorm.py _forward_with_allreduce_fusion)."""
+    from specs.hf_export import pick_architecture
+    bw = is_blackwell(cluster.device_name)
+    return (pick_architecture(model) in ALLREDUCE_FUSION_ARCHS and (bw or is_hopper(cluster.device_name))
+            and plan.tp > 1 and plan.attn_dp == 1 and plan.a2a == "none" and (nnodes == 1 or bw))
 
 
 def attention_backend(model, cluster) -> str:
@@ -173,6 +197,7 @@ class EffectivePlan:
     prefill_cuda_graph: bool  # SGLang 0.5.23 leaves prefill CUDA graphs off unless asked (none of our flags asks)
     prefill_graph_max_bs: int  # their token cap, resolved all the same (the chunk flag; MLA: at most 8192)
     rewrites: tuple[str, ...]
+    allreduce_fusion: bool = False  # FlashInfer all-reduce + residual + RMSNorm fusion on (`allreduce_fusion`)
 
     def mem_frac_for(self, role: str) -> float:
         return {"agg": self.mem_frac, "prefill": self.mem_frac_prefill, "decode": self.mem_frac_decode}[role]
@@ -244,9 +269,13 @@ def resolve(plan: ServePlan, model, cluster) -> EffectivePlan:
         mf, mf_p, mf_d = (static_mem_frac(mem_mib, role=r, **kw) for r in ROLES)
     eff = p.replace(ep=ep, deepep_mode=mode, chunked_prefill=chunk, cuda_graph_max_bs=bs, page_size=page,
                     mem_frac=min(max(mf, 0.0), 0.999))
+    nnodes = server_nodes(p, cluster.devices_per_node)
+    fusion = getattr(cluster, "is_gpu", True) and allreduce_fusion(model, cluster, eff, nnodes)
+    if fusion:
+        fired.append("allreduce-fusion")
     return EffectivePlan(
         source=p, plan=eff, chunk_flag=chunk_flag, graph_bs_mem=bs_mem, mem_frac=mf, mem_frac_prefill=mf_p,
-        mem_frac_decode=mf_d, nnodes=server_nodes(p, cluster.devices_per_node), attention_backend=backend,
+        mem_frac_decode=mf_d, nnodes=nnodes, attention_backend=backend,
         schedule_conservativeness=0.3 if p.attn_dp > 1 else 1.0, overlap_schedule=p.pp == 1,
         prefill_cuda_graph=False, prefill_graph_max_bs=min(8192, chunk_flag) if model.mla else chunk_flag,
-        rewrites=tuple(fired))
+        rewrites=tuple(fired), allreduce_fusion=bool(fusion))

@@ -45,6 +45,7 @@ def expected(v) -> dict:
         "decode_graph_max_bs": e.graph_bs_mem,
         "prefill_graph_backend": "enabled" if e.prefill_cuda_graph else "disabled",
         "prefill_graph_max_bs": e.prefill_graph_max_bs,
+        "flashinfer_allreduce_fusion_backend": "auto" if e.allreduce_fusion else None,
     }
 
 

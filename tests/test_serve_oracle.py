@@ -41,6 +41,14 @@ EMITTED = [("qwen3-30b-a3b", 8, "tp=4,dp=2,cuda_graph_max_bs=256", False),
                                "max_running=2048,kv_cache_dtype=fp8_e4m3", False)]
 
 
+# FlashInfer all-reduce fusion, which SGLang turns on by itself (one node on Hopper, any on
+# Blackwell; tp > 1, no attention DP, no all-to-all; not for Mixtral): (cluster, GPUs, model, plan, on)
+FUSION = [("h200-sxm", 8, "deepseek-v3", "tp=8", True), ("h200-sxm", 16, "deepseek-v3", "tp=16", False),
+          ("h200-sxm", 8, "qwen3-235b-a22b", "tp=8,attn_dp=2", False), ("h200-sxm", 8, "qwen3-30b-a3b", "tp=8,a2a=deepep", False),
+          ("h200-sxm", 8, "mixtral-8x7b", "tp=8", False), ("h200-sxm", 8, "gpt-oss-120b", "tp=1,dp=8", False),
+          ("b200", 16, "deepseek-v3", "tp=16", True), ("b200", 8, "gpt-oss-120b", "tp=4,dp=2", True),
+          ("h100-sxm", 8, "qwen3-30b-a3b", "tp=4,pp=2", True)]
+
 # (cluster, GPUs): the sampled spaces; 16 plans per model and space (seeded: the same plans every run)
 SAMPLED = (("h200-sxm", 8), ("h100-sxm", 16), ("b200", 32), ("gb200-nvl72", 72))
 PER_MODEL = 16
@@ -54,6 +62,8 @@ def resolved(tmp_path_factory):
         plans.setdefault(model.name, []).extend([ServePlan.parse(bad), ServePlan.parse(good)])
     plans.setdefault("deepseek-v3", []).extend(ServePlan.parse(t) for t in REWRITE_PLANS)
     cl, cs = cases(plans, tmp)
+    for kind, gpus, name, text, _on in FUSION:
+        cs += cases({name: [ServePlan.parse(text)]}, tmp / f"fusion-{kind}", kind, gpus)[1]
     n_fixed = len(cs)
     for kind, gpus in SAMPLED:
         sp = ServeSpace(gpus=gpus)
@@ -83,6 +93,18 @@ def test_rule_pairs_and_rewrites_agree_with_resolver(resolved):
             assert by_plan[(model.name, ServePlan.parse(good))]["ok"], code
 
 
+def test_allreduce_fusion_turns_on_where_sglang_turns_it_on(resolved):
+    """SGLang 0.5.23 turns FlashInfer all-reduce fusion on by itself (overrides.py:956-1001); ours
+    says where (specs.serve_resolve.allreduce_fusion) and the resolver agrees on each case (the
+    field is compared by `mismatches` with the rest)."""
+    cs, res, *_ = resolved
+    got = {(c[4].kind, c[0], str(c[1])): (c[2].effective.allreduce_fusion, r["resolved"]["flashinfer_allreduce_fusion_backend"])
+           for c, r in zip(cs, res) if r["ok"] and c[2].ok}
+    for kind, _g, name, text, on in FUSION:
+        ours, sglang = got[(kind, name, str(ServePlan.parse(text)))]
+        assert ours == on and sglang == ("auto" if on else None), (kind, name, text)
+
+
 def test_emitted_commands_resolve(resolved):
     _, _, emitted, res, *_ = resolved
     for name, n, pd, cmds in emitted:
@@ -106,6 +128,7 @@ def test_sampled_plans_agree_with_resolver_field_by_field(resolved):
     assert any(c[2].effective.nnodes > 1 for c in ok)
     assert any("backend-page-size" in c[2].effective.rewrites for c in ok)
     assert any(c[2].effective.plan.moe_dense_tp == 1 for c in ok)  # --moe-dense-tp-size 1, resolved alike
+    assert any(c[2].effective.allreduce_fusion for c in ok)  # SGLang's own all-reduce fusion default
 
 
 def test_pinned_plan_resolves_to_the_same_effective_plan(resolved):

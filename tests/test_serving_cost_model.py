@@ -310,3 +310,30 @@ def test_medians_beside_p90_and_the_warm_up_burst():
     # 64 prompts sent together queue behind each other: far above the closed loop's median
     b = predict_serve(DSV3, H200, ServePlan.parse("tp=8"), w, precision="fp8", calibration=ID, burst=True, n_requests=64)
     assert b.extra["ttft_mean_with_warmup_s"] > 5 * x["ttft_p50_s"]
+
+
+def test_sglangs_allreduce_fusion_runs_a_layers_norms_inside_its_all_reduces():
+    """Where SGLang turns FlashInfer all-reduce fusion on by itself (specs.serve_resolve; the
+    resolver agrees in tests/test_serve_oracle.py) a layer's two RMSNorms run inside its all-reduces:
+    its decode and prefill steps launch two small kernels fewer per layer, each a kernel's minimum
+    duration (and, eager, its launch gap), and nothing else changes. Off across two Hopper nodes and
+    under attention DP."""
+    import dataclasses
+
+    from cost_model.serving import _setup
+    from cost_model.serving.constants import GPU_KERNEL_GAP_S, KERNEL_MIN_S, NORMS_PER_LAYER
+    from specs.serve_resolve import resolve
+    e = resolve(ServePlan.parse("tp=8"), DSV3, H200)
+    assert e.allreduce_fusion and "allreduce-fusion" in e.rewrites
+    assert not resolve(ServePlan.parse("tp=16"), DSV3, load_cluster("h200-sxm", 16)).allreduce_fusion
+    assert resolve(ServePlan.parse("tp=16"), DSV3, load_cluster("b200", 16)).allreduce_fusion  # Blackwell: any nodes
+    assert not resolve(ServePlan.parse("tp=8,attn_dp=8"), DSV3, H200).allreduce_fusion
+    off = dataclasses.replace(e, allreduce_fusion=False)
+    _c, sm, _ = _setup(DSV3, H200, [e, off], "fp8", None, 1.0, 0.0)
+    layers = DSV3.num_layers
+    for B in (1, 8, 64):
+        t, _ = sm.decode(np.array([B, B]), 1500.0)
+        assert t[1] - t[0] == pytest.approx(NORMS_PER_LAYER * layers * KERNEL_MIN_S, rel=1e-9)
+    # an eager (prefill) step also waits a launch gap before each kernel it launches
+    t, _ = sm.prefill(np.array([2048.0, 2048.0]), 0.0)
+    assert t[1] - t[0] == pytest.approx(NORMS_PER_LAYER * layers * (KERNEL_MIN_S + GPU_KERNEL_GAP_S), rel=1e-9)

@@ -30,6 +30,12 @@ KERNEL_MIN_S = 5e-6
 # top-k, activation, permute/unpermute, quantize) do almost no work and cost KERNEL_MIN_S each.
 PRICED_KERNELS = {"attention_proj": 4, "attention_core": 1, "mlp": 2, "experts": 2, "collectives": 2}
 SMALL_KERNELS_PER_LAYER = KERNELS_PER_LAYER - sum(PRICED_KERNELS.values())
+# Of the small kernels, the two RMSNorms of a layer (input and post-attention, each SGLang's fused
+# residual-add + RMSNorm). Where SGLang turns FlashInfer all-reduce fusion on
+# (specs.serve_resolve.allreduce_fusion) each runs inside the tensor-parallel all-reduce before it,
+# one kernel (sglang layers/layernorm.py _forward_with_allreduce_fusion), so the layer launches
+# two kernels fewer; the all-reduce keeps its price.
+NORMS_PER_LAYER = 2
 
 # Fixed cost of one request outside the GPU steps, added to its TTFT: HTTP handling, tokenization,
 # the hop tokenizer -> scheduler, and streaming the first token back. Measured for SGLang with a

@@ -40,6 +40,7 @@ class ServeCols:
     pd_p: np.ndarray  # prefill instances of a pd-disaggregated unit (0 = aggregated)
     pd_d: np.ndarray  # decode instances of a pd-disaggregated unit
     kv_bytes: np.ndarray  # bytes of one KV-cache element (--kv-cache-dtype: 2, fp8_e4m3 1)
+    ar_fusion: np.ndarray  # FlashInfer all-reduce + residual + RMSNorm fusion on (EffectivePlan.allreduce_fusion)
 
     def mem_frac_for(self, role: str) -> np.ndarray:
         return {"agg": self.mem_frac, "prefill": self.mem_frac_prefill, "decode": self.mem_frac_decode}[role]
@@ -88,4 +89,5 @@ def to_cols(effs: list[EffectivePlan]) -> ServeCols:
         pd_p=col(lambda p: p.pd_ratio[0] if p.pd_ratio else 0),
         pd_d=col(lambda p: p.pd_ratio[1] if p.pd_ratio else 0),
         kv_bytes=col(lambda p: p.kv_bytes, float),
+        ar_fusion=np.array([e.allreduce_fusion for e in effs], bool),
     )

@@ -24,6 +24,7 @@ from cost_model.serving.constants import (
     GPU_KERNEL_GAP_S,
     KERNEL_MIN_S,
     KERNELS_PER_LAYER,
+    NORMS_PER_LAYER,
     PRICED_KERNELS,
     SCHED_OVERHEAD_S,
     SMALL_KERNELS_PER_LAYER,
@@ -457,11 +458,14 @@ class StepModel:
         activation, ...) add a kernel's minimum duration each, and the priced ones the GPU gap
         between kernels. Eager steps are floored by the CPU enqueueing every kernel, and each of
         their kernels also waits a launch gap (a graph replays them back to back, as the kernel
-        minimum was measured). A TBO step launches every kernel twice (once per half batch)."""
+        minimum was measured). A TBO step launches every kernel twice (once per half batch). Under
+        SGLang's all-reduce fusion (`c.ar_fusion`) a layer's two RMSNorms run inside its all-reduces
+        (constants.NORMS_PER_LAYER): two small kernels fewer."""
         c = self.c
         per_layer = self.layers * np.where(c.tbo, 2, 1)
-        kernels = KERNELS_PER_LAYER * per_layer
-        gpu = (gpu_s + SMALL_KERNELS_PER_LAYER * per_layer * self.kmin
+        small = SMALL_KERNELS_PER_LAYER - np.where(c.ar_fusion, NORMS_PER_LAYER, 0)
+        kernels = (KERNELS_PER_LAYER - SMALL_KERNELS_PER_LAYER + small) * per_layer
+        gpu = (gpu_s + small * per_layer * self.kmin
                + (KERNELS_PER_LAYER - SMALL_KERNELS_PER_LAYER) * per_layer * GPU_KERNEL_GAP_S)
         t = np.where(graphs, gpu, np.maximum(gpu, kernels * self.ops.gap) + kernels * GPU_KERNEL_GAP_S)
         return t + np.where(c.overlap_sched, 0.0, SCHED_OVERHEAD_S)

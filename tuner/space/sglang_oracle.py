@@ -25,7 +25,7 @@ KEYS = ("tp_size", "pp_size", "dp_size", "attn_dp_size", "ep_size", "moe_dense_t
         "enable_two_batch_overlap", "enable_eplb", "ep_num_redundant_experts", "chunked_prefill_size",
         "max_running_requests", "schedule_conservativeness", "disable_overlap_schedule",
         "mem_fraction_static", "page_size", "nnodes", "disaggregation_mode", "kv_cache_dtype",
-        "attention_backend", "enable_dp_lm_head")
+        "attention_backend", "enable_dp_lm_head", "flashinfer_allreduce_fusion_backend")
 _STUBBED = ("torchvision", "gguf")
 
 
@@ -37,10 +37,13 @@ def available() -> bool:
 def platform_facts(cluster) -> dict:
     """SGLang platform facts (`runtime_context.override_platform`) of the target GPU that its
     resolver reads and a CPU host probes wrongly: Blackwell's (the trtllm_mla backend is refused
-    without them). Hopper targets keep the host's probes, as they always have."""
-    from specs.serve_resolve import is_blackwell
+    without them) and Hopper's `is_sm90` (FlashInfer all-reduce fusion turns on by itself on sm90
+    and sm100, SG/arg_groups/overrides.py:991)."""
+    from specs.serve_resolve import is_blackwell, is_hopper
     if is_blackwell(cluster.device_name):
         return {"is_blackwell": True, "is_sm100": True, "is_sm100_or_sm110": True}
+    if is_hopper(cluster.device_name):
+        return {"is_sm90": True}
     return {}
 
 
