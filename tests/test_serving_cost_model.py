@@ -309,7 +309,7 @@ def test_medians_beside_p90_and_the_warm_up_burst():
     assert x["ttft_mean_with_warmup_s"] != pytest.approx(x["ttft_p50_s"], rel=1e-3)
     # 64 prompts sent together queue behind each other: far above the closed loop's median
     b = predict_serve(DSV3, H200, ServePlan.parse("tp=8"), w, precision="fp8", calibration=ID, burst=True, n_requests=64)
-    assert b.extra["ttft_mean_with_warmup_s"] > 5 * x["ttft_p50_s"]
+    assert b.extra["ttft_mean_with_warmup_s"] > 3 * x["ttft_p50_s"]  # (x4.2 at the shipped model)
 
 
 def test_sglangs_allreduce_fusion_runs_a_layers_norms_inside_its_all_reduces():
@@ -337,3 +337,32 @@ def test_sglangs_allreduce_fusion_runs_a_layers_norms_inside_its_all_reduces():
     # an eager (prefill) step also waits a launch gap before each kernel it launches
     t, _ = sm.prefill(np.array([2048.0, 2048.0]), 0.0)
     assert t[1] - t[0] == pytest.approx(NORMS_PER_LAYER * layers * (KERNEL_MIN_S + GPU_KERNEL_GAP_S), rel=1e-9)
+
+
+def test_deepseeks_shared_expert_runs_inside_the_routed_kernel_where_sglang_fuses_it():
+    """SGLang fuses DeepSeek-V3/R1's shared expert into the routed Triton fused_moe as one more
+    expert every token picks (models/deepseek_v2.py shared_experts_fusion_disable_reason) unless two-
+    batch overlap, a DeepEP-class all-to-all, expert parallelism or Blackwell's flashinfer_trtllm
+    runner keeps it apart. Fused: no MLP of its own, one more always-active expert shard read and
+    one more row per token in the routed kernel."""
+    from cost_model.serving import _setup
+    from cost_model.serving.step import shared_expert_fused
+    plans = ["tp=8", "tp=8,attn_dp=8", "tp=8,attn_dp=8,a2a=deepep", "tp=8,attn_dp=8,tbo=1", "tp=8,ep=8"]
+    c, sm, _ = _setup(DSV3, H200, [ServePlan.parse(t) for t in plans], "fp8", None, 1.0, 0.0)
+    assert sm.shared_fused.tolist() == [True, True, False, False, False]
+    assert not _setup(DSV3, load_cluster("b200", 8), [ServePlan.parse("tp=8")], "fp8", None, 1.0, 0.0)[1].shared_fused[0]
+    assert not _setup(QWEN, H200, [ServePlan.parse("tp=8")], "fp8", None, 1.0, 0.0)[1].shared_fused[0]  # no shared expert
+    assert shared_expert_fused(DSV3, c, np.array(["triton_fused_moe"] * len(plans))).tolist() == sm.shared_fused.tolist()
+    # the same plan priced with the shared expert apart
+    _c1, fused, _ = _setup(DSV3, H200, [ServePlan.parse("tp=8")], "fp8", None, 1.0, 0.0)
+    _c2, apart, _ = _setup(DSV3, H200, [ServePlan.parse("tp=8")], "fp8", None, 1.0, 0.0)
+    apart.shared_fused = np.array([False])
+    T = np.array([8.0])
+    shard = 3 * DSV3.hidden_size * DSV3.moe_ffn_hidden_size / 8 * 1.0  # gate, up and down of one TP8 shard, fp8
+    assert fused.expert_weight_bytes(T)[0] - apart.expert_weight_bytes(T)[0] == pytest.approx(shard)
+    assert fused._expert_rows(T)[0] - apart._expert_rows(T)[0] == pytest.approx(8.0)
+    assert fused._shared_step(T)[0] == 0.0 < apart._shared_step(T)[0]
+    # decode at a small batch: two kernels fewer, the shard read at the routed kernel's rate instead
+    t_f, _ = fused.decode(np.array([8]), 1500.0)
+    t_a, _ = apart.decode(np.array([8]), 1500.0)
+    assert t_f[0] < t_a[0]

@@ -106,7 +106,11 @@ def test_prefill_prices_the_triton_fused_moe_below_deepgemm():
     slow = float(on._experts(T)[0]) / float(lifted._experts(T)[0])
     assert slow > 1.3
     g, _ = on._expert_parts(T)
-    casts = float(on.ops.fp8_cast(8192.0 * 8 * DSV3.hidden_size)[0]) + float(on.ops.fp8_cast(8192.0 * 8 * 256)[0])
+    # each token's 8 routed rows, and its shared expert's row: SGLang runs DeepSeek's shared expert in
+    # the same fused_moe call without EP (`step.shared_expert_fused`)
+    assert on.shared_fused[0]
+    per_token = DSV3.moe_router_topk + 1
+    casts = float(on.ops.fp8_cast(8192.0 * per_token * DSV3.hidden_size)[0]) + float(on.ops.fp8_cast(8192.0 * per_token * 256)[0])
     rate = float(on.expert_flops(T)[0]) / (float(g[0]) - casts)
     assert rate == pytest.approx(fused_moe_ceiling_flops(H200, True, False) * TUNED_CONFIG_SPEEDUP, rel=1e-6)
 
@@ -123,8 +127,10 @@ def test_topk_sum_is_priced_only_without_an_all_to_all():
     # the same experts and kernels, only the all-to-all flag (low-latency kernels) differs
     sm.c = replace(c, a2a=np.array([2]), low_latency_prefill=np.array([True]))
     without = float(sm._experts(T)[0])
-    rows = 8192.0 * DSV3.moe_router_topk
-    want = 8192 * (DSV3.moe_router_topk + 1) * DSV3.hidden_size * 2.0 / sm.hbm_bw + float(sm.ops.fp8_cast(rows * DSV3.hidden_size)[0])
+    # (the shared expert runs in the same kernel here, `step.shared_expert_fused`: one more row a token)
+    sf = float(sm.shared_fused[0])
+    rows = 8192.0 * (DSV3.moe_router_topk + sf)
+    want = 8192 * (DSV3.moe_router_topk + sf + 1) * DSV3.hidden_size * 2.0 / sm.hbm_bw + float(sm.ops.fp8_cast(rows * DSV3.hidden_size)[0])
     assert with_sum - without == pytest.approx(want, rel=1e-6)
 
 

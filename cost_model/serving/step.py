@@ -83,6 +83,24 @@ def _custom_ar_rows(hw: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return _CAR[hw]
 
 
+def shared_expert_fused(spec, c, moe_kernel) -> np.ndarray:
+    """Per plan, whether SGLang 0.5.23 runs the model's shared expert inside the routed experts'
+    Triton fused_moe, as one more expert that every token picks (its weights beside the routed
+    ones, E = 257), rather than as an MLP of its own. SGLang does it unless told not to
+    (--disable-shared-experts-fusion, default off) where models/deepseek_v2.py
+    shared_experts_fusion_disable_reason finds no reason: a DeepseekV3ForCausalLM checkpoint of 256
+    routed experts and one shared, no two-batch overlap, no DeepEP-class all-to-all, moe_ep_size 1
+    (plain TP experts), an NVIDIA GPU of sm 80 or newer; and a MoE runner that keeps it
+    (arg_groups/overrides.py _moe_runner_fusion_disable: not flashinfer_trtllm, Blackwell's fp8
+    runner). `moe_kernel`: the routed experts' kernel per plan (`kernel_path.moe_path`)."""
+    from specs.hf_export import pick_architecture
+    if not (spec.num_experts == 256 and getattr(spec, "moe_shared_expert_count", 0) == 1
+            and pick_architecture(spec) == "DeepseekV3ForCausalLM"):
+        return np.zeros(len(c), bool)
+    return ((np.asarray(moe_kernel) == "triton_fused_moe") & (np.asarray(c.ep) == 1) & ~np.asarray(c.tbo, bool)
+            & (np.asarray(c.a2a) == 0))
+
+
 # Rows per expert at which the bf16 grouped-GEMM table is compute-bound (its weights amortised over
 # the rows): the rate W4A16 experts' FLOPs are priced at (`StepModel._expert_parts`).
 W4A16_RATE_ROWS = 4096.0
@@ -148,6 +166,10 @@ class StepModel:
         self.tbo_dense_cap = np.where(a2a | dg_dense, cap, 1.0)  # attention projections, shared expert
         self.tbo_moe_cap = np.where(a2a | dg_moe, cap, 1.0)  # routed experts' grouped GEMMs
         self.tbo_core_cap = np.where(a2a, cap, 1.0)  # attention core (FlashAttention: all SMs it finds)
+        # per plan, whether SGLang runs the shared expert inside the routed experts' Triton fused_moe as
+        # one more expert every token picks (E = 257 for DeepSeek-V3/R1) instead of as its own MLP
+        # (`shared_expert_fused`)
+        self.shared_fused = shared_expert_fused(spec, c, moe_kernel) & bool(cluster.is_gpu)
         # per plan and phase, whether the all-to-all runs DeepEP's normal kernels (not low latency):
         # read by the experts' scatter / gather and the TBO prefill on every simulated step
         self.deepep_normal = {"decode": a2a & ~np.asarray(c.low_latency_decode, bool),
@@ -235,6 +257,11 @@ class StepModel:
         f = f / self.dense_eff + ops.fp8_cast(np.maximum(np.asarray(m, float), 1.0) * h)  # the input cast (fp8 linears)
         return np.maximum(f, params_per_gpu * self.wlin / self.hbm_bw)
 
+    def _shared_step(self, tokens_inst):
+        """Seconds of the shared expert's own MLP in one MoE layer (`_shared`, each kernel floored),
+        0 where SGLang runs it inside the routed experts' kernel (`shared_fused`: priced there)."""
+        return np.where(self.shared_fused, 0.0, self._floor(self._shared(tokens_inst), "mlp"))
+
     def _shared(self, tokens_inst):
         """Seconds of the shared expert (and router) on one GPU for `tokens_inst` tokens of the
         instance. Under a DeepEP all-to-all SGLang keeps the shared expert whole on every rank
@@ -269,7 +296,8 @@ class StepModel:
         s, c = self.s, self.c
         E = s.num_experts
         e_loc = (E + c.redundant) / c.ep
-        return np.minimum(self.distinct_experts(tokens_inst) / c.ep * (1 + c.redundant / E), e_loc)
+        # (+ the shared expert where the fused_moe runs it as one more, always active: `shared_fused`)
+        return np.minimum(self.distinct_experts(tokens_inst) / c.ep * (1 + c.redundant / E), e_loc) + self.shared_fused
 
     def expert_weight_bytes(self, tokens_inst):
         """Bytes of routed-expert weights one GPU reads in one MoE layer for `tokens_inst` tokens of
@@ -293,7 +321,7 @@ class StepModel:
             return 0.0, 0.0
         k, h = s.moe_router_topk, s.hidden_size
         f_loc = s.moe_ffn_hidden_size / c.moe_tp
-        rows = tokens_inst * k / c.ep * self.imb  # routed rows landing on this GPU
+        rows = self._expert_rows(tokens_inst)
         active = np.maximum(self.active_local_experts(tokens_inst), 1e-9)
         m = np.maximum(rows / active, 1.0)
         if self.w4a16:
@@ -344,9 +372,15 @@ class StepModel:
         # DeepEP's normal path sums the copies bound for each rank before the combine (ep_gather:
         # reads each routed row's output, writes one row per received token); the low-latency
         # combine sums them itself (priced in `_comm`)
-        topk_sum = tokens_inst * (k + 1) * h * 2.0 / self.hbm_bw
+        topk_sum = tokens_inst * (k + self.shared_fused + 1) * h * 2.0 / self.hbm_bw
         gather = (R + recv) * h * 2.0 / self.hbm_bw
         return gemms, act + np.where(normal, scatter + gather, np.where(a2a, 0.0, topk_sum))
+
+    def _expert_rows(self, tokens_inst):
+        """Rows the routed-expert kernel runs on one GPU per MoE layer for `tokens_inst` tokens of the
+        instance: the routed copies landing here, and each token once more where the shared expert
+        runs inside the kernel (`shared_fused`)."""
+        return tokens_inst * self.s.moe_router_topk / self.c.ep * self.imb + tokens_inst * self.shared_fused
 
     def expert_flops(self, tokens_inst, rows=None, active=None):
         """FLOPs the Triton fused_moe kernel runs for the routed experts' two GEMMs (gate + up, down)
@@ -360,7 +394,7 @@ class StepModel:
         if not s.num_experts:
             return np.zeros(len(c))
         if rows is None:
-            rows = tokens_inst * s.moe_router_topk / c.ep * self.imb
+            rows = self._expert_rows(tokens_inst)
         if active is None:
             active = self.active_local_experts(tokens_inst)
         rows = np.atleast_1d(np.asarray(rows, float))
@@ -464,9 +498,11 @@ class StepModel:
         c = self.c
         per_layer = self.layers * np.where(c.tbo, 2, 1)
         small = SMALL_KERNELS_PER_LAYER - np.where(c.ar_fusion, NORMS_PER_LAYER, 0)
-        kernels = (KERNELS_PER_LAYER - SMALL_KERNELS_PER_LAYER + small) * per_layer
-        gpu = (gpu_s + small * per_layer * self.kmin
-               + (KERNELS_PER_LAYER - SMALL_KERNELS_PER_LAYER) * per_layer * GPU_KERNEL_GAP_S)
+        # the shared expert's two GEMMs are not launched where the routed kernel runs it (`shared_fused`)
+        priced = ((KERNELS_PER_LAYER - SMALL_KERNELS_PER_LAYER) * per_layer
+                  - np.where(self.shared_fused, PRICED_KERNELS["mlp"], 0) * self.L_moe * np.where(c.tbo, 2, 1))
+        kernels = priced + small * per_layer
+        gpu = gpu_s + small * per_layer * self.kmin + priced * GPU_KERNEL_GAP_S
         t = np.where(graphs, gpu, np.maximum(gpu, kernels * self.ops.gap) + kernels * GPU_KERNEL_GAP_S)
         return t + np.where(c.overlap_sched, 0.0, SCHED_OVERHEAD_S)
 
@@ -488,7 +524,7 @@ class StepModel:
         core_f, _ = self.ops.attention(fl, np.maximum(ctx, 16), min(hd, 256), B * heads)
         core = self._floor(np.maximum(kv_read / self.hbm_bw, core_f), "attention_core")
         dense = self._floor(self._dense_mlp(T), "mlp")
-        shared = self._floor(self._shared(T), "mlp")
+        shared = self._shared_step(T)
         experts = self._floor(self._experts(T, decode=True), "experts") if s.num_experts else 0.0
         comm, comm_dense = self._comm(T, decode=True)
         head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp, ops=self.head_ops) / c.pp
@@ -537,7 +573,7 @@ class StepModel:
         disp, comb = self._ep_legs(T)
         moe_comm, comm_dense = self._comm(T, legs=(disp, comb))
         return {"attn_proj": proj, "attn_core": core, "dense": self._floor(self._dense_mlp(T), "mlp"),
-                "shared": self._floor(self._shared(T), "mlp"), "experts": experts, "experts_gemm": egemm,
+                "shared": self._shared_step(T), "experts": experts, "experts_gemm": egemm,
                 "dispatch": np.where(c.a2a > 0, disp, 0.0), "combine": np.where(c.a2a > 0, comb, 0.0),
                 "moe_comm": moe_comm, "dense_comm": comm_dense}
 
