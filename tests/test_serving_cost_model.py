@@ -361,7 +361,7 @@ def test_deepseeks_shared_expert_runs_inside_the_routed_kernel_where_sglang_fuse
     shard = 3 * DSV3.hidden_size * DSV3.moe_ffn_hidden_size / 8 * 1.0  # gate, up and down of one TP8 shard, fp8
     assert fused.expert_weight_bytes(T)[0] - apart.expert_weight_bytes(T)[0] == pytest.approx(shard)
     assert fused._expert_rows(T)[0] - apart._expert_rows(T)[0] == pytest.approx(8.0)
-    assert fused._shared_step(T)[0] == 0.0 < apart._shared_step(T)[0]
+    assert fused._shared_step(T)[0] == 0.0 < apart._shared_step(T)[0]  # (the router: a small kernel of `_launch`)
     # decode at a small batch: two kernels fewer, the shard read at the routed kernel's rate instead
     t_f, _ = fused.decode(np.array([8]), 1500.0)
     t_a, _ = apart.decode(np.array([8]), 1500.0)

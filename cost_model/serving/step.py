@@ -258,8 +258,11 @@ class StepModel:
         return np.maximum(f, params_per_gpu * self.wlin / self.hbm_bw)
 
     def _shared_step(self, tokens_inst):
-        """Seconds of the shared expert's own MLP in one MoE layer (`_shared`, each kernel floored),
-        0 where SGLang runs it inside the routed experts' kernel (`shared_fused`: priced there)."""
+        """Seconds of the shared expert's own MLP (with the router's weights, `_shared`, each kernel
+        floored) in one MoE layer; 0 where SGLang runs the shared expert inside the routed experts'
+        kernel (`shared_fused`: priced there). The router's own kernel is one of the small kernels
+        `_launch` counts at a kernel's minimum duration, which its weight read (7168 x 256 at most a
+        few MB, ~1 us) stays under."""
         return np.where(self.shared_fused, 0.0, self._floor(self._shared(tokens_inst), "mlp"))
 
     def _shared(self, tokens_inst):
