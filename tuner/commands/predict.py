@@ -181,7 +181,9 @@ def run_serve(args, extra_reasons=()) -> int:
         print("NOT REALIZABLE — indicative only: SGLang cannot run this plan (--force)")
     print(f"plan           {d['plan']}")
     print(f"completion     {_describe_serve_completion(d['completion'])}")
-    print(f"priced as      {d['effective_plan']}")
+    # what SGLang changes by itself, as `emit sglang`'s header says it (e.g. its own all-reduce fusion)
+    rewrites = f"  (SGLang's rewrites: {', '.join(d['rewrites']) or 'none'})" if "rewrites" in d else ""
+    print(f"priced as      {d.get('effective_plan', d['plan'])}{rewrites}")
     print(f"workload       {d['model']} on {d['gpus']}x {d['cluster']}, phase {d['phase']}, isl {d['isl']}, "
           f"osl {d['osl']}, concurrency {d['concurrency']}")
     print(f"weights        {d['weight_dtype']} ({d['weight_source']})")
