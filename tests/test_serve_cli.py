@@ -372,6 +372,13 @@ def test_a_request_beyond_the_models_context_is_refused_as_sglang_refuses_it(cap
             assert main([*argv, "--isl", str(isl), "--osl", str(osl)]) == 2
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and "context length of 40,960 tokens" in err[0], err
+    # the serving study and a single trial refuse it before any folder or server: tiny-moe's 4,096 tokens
+    tiny = ["--model", "tiny-moe", "--cluster", "cpu-local", "--gpus", "2", "--isl", "4000", "--osl", "200"]
+    for argv in (["tune", "--mode", "serve", *tiny, "--trials", "1", "--study-dir", str(tmp_path / "study")],
+                 ["serve-trial", "--backend", "vllm", *tiny, "--plan", "tp=2"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "context length of 4,096 tokens" in err[0], err
     assert not list(tmp_path.iterdir())
     assert main(["predict", "--mode", "serve", *q235, "--plan", "tp=8", "--isl", "40000", "--osl", "960",
                  "--concurrency", "8", "--json"]) in (0, 3)
