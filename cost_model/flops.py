@@ -15,6 +15,8 @@ padded vocabulary; pass `padded_vocab` to reproduce that exactly.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from specs.model_spec import ModelSpec
 
 
@@ -43,6 +45,31 @@ def attention_params(spec: ModelSpec) -> int:
     out = n * d * h
     bias = ((n + 2 * g) * d + h) if spec.attention_bias else 0
     return norm + qkv + out + bias
+
+
+def attention_params_per_rank(spec: ModelSpec, tp):
+    """Weights of one attention block on one of `tp` attention-TP ranks as SGLang shards it (`tp`:
+    int or array; tp = 1 gives `attention_params`). MLA: the down projections and their norms stay
+    whole on every rank (sglang models/deepseek_v2.py: fused_qkv_a_proj_with_mqa / kv_a_proj_with_mqa
+    are ReplicatedLinear), the query / key-value up and output projections are split over tp. GQA:
+    query and output over tp, the K/V heads over tp but never below one head per rank
+    (QKVParallelLinear replicates a head when there are fewer heads than ranks)."""
+    h, n = spec.hidden_size, spec.num_attention_heads
+    tp = np.asarray(tp, float)
+    if spec.mla:
+        qk = spec.qk_head_dim + spec.qk_pos_emb_head_dim
+        whole = h + h * (spec.kv_lora_rank + spec.qk_pos_emb_head_dim) + spec.kv_lora_rank  # input norm, kv down, kv norm
+        split = spec.kv_lora_rank * n * (spec.qk_head_dim + spec.v_head_dim) + n * spec.v_head_dim * h
+        if spec.q_lora_rank:
+            whole = whole + h * spec.q_lora_rank + spec.q_lora_rank
+            split = split + spec.q_lora_rank * n * qk
+        else:
+            split = split + h * n * qk
+        bias = (n * qk + n * spec.v_head_dim + h) if spec.attention_bias else 0
+        return whole + (split + bias) / tp
+    d, g = spec.head_dim, spec.query_groups
+    bias = ((n + 2 * g) * d + h) if spec.attention_bias else 0
+    return h + (h * n * d + n * d * h + bias) / tp + h * 2 * d * np.maximum(g / tp, 1.0)
 
 
 def param_counts(spec: ModelSpec) -> dict:

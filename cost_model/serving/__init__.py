@@ -276,8 +276,13 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
         K = max(int(round(max(w.concurrency, 1) / (replicas * a))), 1)
         total = n_requests or max(4 * K, 64)
         first = min(chunk, w.isl)
-        life = (np.ceil(w.isl / chunk) * pre(first, first / 2.0)
-                + (osl - 1) * dec(min(K, max_b), w.isl + osl / 2)) if osl > 1 else pre(first, first / 2.0)
+        # a request's life in the desynchronised steady state the stagger starts from: its decode
+        # steps, its own prefill and those of the other K - 1 in flight, each replaced once per life
+        # (a spacing life / K at least one prefill long, so decode steps run between the arrivals;
+        # counting only its own prefill put that spacing at a prefill's length for some workloads,
+        # DeepSeek-V3 TP8 2000/200 at 64, and the loop fell into lock-step waves there)
+        pre_one = np.ceil(w.isl / chunk) * pre(first, first / 2.0)
+        life = (min(K, max_b) * pre_one + (osl - 1) * dec(min(K, max_b), w.isl + osl / 2)) if osl > 1 else pre_one
         r = simulate(pre, dec, [(0.0, w.isl, osl)], chunk=chunk, max_batch=max_b,
                      kv_tokens=est["kv_pool_tokens"][0], closed_loop=K, total=total, stagger_s=float(life),
                      prefill_stall=stall, prefill_aligned_t=pre_all)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_model.flops import param_counts
+from cost_model.flops import attention_params_per_rank, param_counts
 from cost_model.serving.constants import ACT_HIDDEN_MULT, DEFAULT_MAX_RUNNING
 
 GIB = 1024 ** 3
@@ -16,8 +16,10 @@ MIB = 1024 ** 2
 
 
 def weight_bytes_per_gpu(spec, c, wbytes) -> np.ndarray:
-    """Weight bytes on one GPU: attention sharded over attention-TP (replicated across attention-DP
-    ranks), routed experts over EP (plus EPLB redundant copies) and expert-TP, dense MLPs over their
+    """Weight bytes on one GPU: attention sharded over attention-TP as SGLang shards it (MLA's down
+    projections whole on every rank, GQA's K/V heads never below one per rank:
+    `flops.attention_params_per_rank`; replicated across attention-DP ranks), routed experts over EP
+    (plus EPLB redundant copies) and expert-TP, dense MLPs over their
     own TP width (`c.dense_tp`: whole on every rank with --moe-dense-tp-size 1), shared experts /
     vocabulary over TP; one pipeline stage's share of the layers. `wbytes`: (routed-expert, other
     linear) bytes per weight (`constants.WEIGHT_FORMAT_BYTES`)."""
@@ -25,7 +27,7 @@ def weight_bytes_per_gpu(spec, c, wbytes) -> np.ndarray:
     pl = pc["per_layer"]
     L_moe, L_dense = pc["num_moe_layers"], pc["num_dense_layers"]
     E = max(spec.num_experts, 1)
-    attn = pl["attention"] * spec.num_layers / c.attn_tp
+    attn = attention_params_per_rank(spec, c.attn_tp) * spec.num_layers
     dense = pl["dense_mlp"] * L_dense / c.dense_tp
     experts = pl["moe_expert"] * (E + c.redundant) / c.ep / c.moe_tp * L_moe if spec.num_experts else 0.0
     shared = (pl["shared_expert"] + pl["router"]) * L_moe / c.tp

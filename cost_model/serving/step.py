@@ -18,7 +18,7 @@ from scipy.stats import poisson
 from clusters import is_blackwell, load_cluster
 from cost_model.blocks import distinct_ranks, ep_wire_seconds
 from cost_model.constants import DEEPEP_BESIDE_COMPUTE_RATE, DEEPEP_SMS
-from cost_model.flops import param_counts
+from cost_model.flops import attention_params_per_rank, param_counts
 from cost_model.ops import TableOps
 from cost_model.serving.constants import (
     GPU_KERNEL_GAP_S,
@@ -178,6 +178,8 @@ class StepModel:
         self.kmin = KERNEL_MIN_S if cluster.is_gpu else GPU_KERNEL_GAP_S
         self.imb = imbalance
         self.pc = param_counts(spec)
+        # the attention weights one attention-TP rank holds and multiplies (MLA's down projections whole)
+        self.attn_params = attention_params_per_rank(spec, c.attn_tp)
         self.hbm_bw = self.ops.bw["elementwise"]  # achieved bytes/s of a memory-bound kernel
         # achieved bytes/s of the routed-expert kernel (GPU: measured fused-MoE timings by shard row bytes)
         self.expert_bw = (cluster.hbm_tbps * 1e12 * expert_bandwidth_efficiency(spec.moe_ffn_hidden_size / c.moe_tp,
@@ -512,9 +514,9 @@ class StepModel:
     # ---- steps ----------------------------------------------------------------------------
     def _decode_gpu(self, B, ctx):
         """(compute, communication, parts) seconds of one decode step at `B` requests per rank."""
-        s, c, pl = self.s, self.c, self.pc["per_layer"]
+        s, c = self.s, self.c
         T = B * c.attn_dp
-        proj = self._floor(self._gemm(B, pl["attention"] / c.attn_tp), "attention_proj")
+        proj = self._floor(self._gemm(B, self.attn_params), "attention_proj")
         kv_read = B * ctx * self.kvt / self.layers
         heads = s.num_attention_heads / c.attn_tp
         if s.mla:  # absorbed MLA: scores and values against the latent
@@ -557,9 +559,9 @@ class StepModel:
         operation: attention projections and core, dense MLP, shared expert, routed experts (and
         their grouped GEMMs apart), all-to-all dispatch and combine, and the collectives of a MoE
         layer (`moe_comm`: the all-to-all's, or the plain gather/all-reduces) and of a dense layer."""
-        s, c, pl = self.s, self.c, self.pc["per_layer"]
+        s, c = self.s, self.c
         T = C * ranks
-        proj = self._floor(self._gemm(C, pl["attention"] / c.attn_tp), "attention_proj")
+        proj = self._floor(self._gemm(C, self.attn_params), "attention_proj")
         heads = s.num_attention_heads / c.attn_tp
         if s.mla:  # prefill runs MLA un-absorbed: q.k over (nope + rope) dims, values over v dim
             dqk, dv = s.qk_head_dim + s.qk_pos_emb_head_dim, s.v_head_dim
