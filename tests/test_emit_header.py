@@ -74,7 +74,7 @@ def test_emit_serving_refuses_weights_that_do_not_fit_and_says_what_would(capsys
             "--osl", "1024", "--plan", "tp=8"]
     assert main([*base, "--weight-dtype", "bf16"]) == 3
     err = capsys.readouterr().err
-    assert "weights_exceed_hbm" in err and "156.2 GiB/GPU" in err and "fp8 weights" in err and "16 GPUs" in err
+    assert "weights_exceed_hbm" in err and "157.7 GiB/GPU" in err and "fp8 weights" in err and "16 GPUs" in err
     assert main(base) == 0  # the checkpoint's own fp8 weights fit
     text = capsys.readouterr().out
     assert "weights: fp8 (checkpoint quantization_config" in text and "--quantization fp8" in text
