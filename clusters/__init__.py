@@ -15,6 +15,7 @@ from pathlib import Path
 from specs.errors import SpecError
 from specs.inputs import as_bool, as_float, as_int, as_str, load_yaml, safe_name
 from specs.plan import PRECISIONS
+from specs.serve_resolve import is_hopper as _hopper_by_name
 
 CLUSTER_DIR = Path(__file__).parent
 TABLES_ROOT = CLUSTER_DIR / "tables"  # shipped performance tables, one folder per kind
@@ -168,8 +169,9 @@ def _detect_host(values: dict) -> dict:
 
 # Hardware facts the plan space and realizability read from a ClusterSpec.
 def is_hopper(cluster) -> bool:
-    """Blockwise fp8 scaling is a Hopper (sm90) recipe in TransformerEngine."""
-    return any(tag in cluster.device_name.upper() for tag in ("H100", "H200", "H800", "H20", "GH200"))
+    """Hopper (sm90) GPUs (`specs.serve_resolve.is_hopper` on the device name): blockwise fp8 scaling
+    is a Hopper recipe in TransformerEngine; SGLang's sm90 defaults."""
+    return _hopper_by_name(cluster.device_name)
 
 
 def is_blackwell(cluster) -> bool:

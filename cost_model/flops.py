@@ -25,26 +25,9 @@ def _mlp_matrices(spec: ModelSpec) -> int:
 
 
 def attention_params(spec: ModelSpec) -> int:
-    """Weights of one self-attention block, incl. its input layer norm (and MLA's inner norms)."""
-    h, n = spec.hidden_size, spec.num_attention_heads
-    norm = h  # input_layernorm (fused into linear_qkv in Megatron's TE spec)
-    if spec.mla:
-        qk = spec.qk_head_dim + spec.qk_pos_emb_head_dim
-        if spec.q_lora_rank:
-            q = h * spec.q_lora_rank + spec.q_lora_rank + spec.q_lora_rank * n * qk  # down, norm, up
-        else:
-            q = h * n * qk
-        kv = (h * (spec.kv_lora_rank + spec.qk_pos_emb_head_dim)  # kv down + rope key
-              + spec.kv_lora_rank  # kv norm
-              + spec.kv_lora_rank * n * (spec.qk_head_dim + spec.v_head_dim))  # kv up
-        out = n * spec.v_head_dim * h
-        bias = (n * qk + n * spec.v_head_dim + h) if spec.attention_bias else 0
-        return norm + q + kv + out + bias
-    d, g = spec.head_dim, spec.query_groups
-    qkv = h * (n + 2 * g) * d
-    out = n * d * h
-    bias = ((n + 2 * g) * d + h) if spec.attention_bias else 0
-    return norm + qkv + out + bias
+    """Weights of one self-attention block, incl. its input layer norm (and MLA's inner norms): what
+    one rank of attention-TP 1 holds (`attention_params_per_rank`, the one formula)."""
+    return int(round(float(attention_params_per_rank(spec, 1))))
 
 
 def attention_params_per_rank(spec: ModelSpec, tp):
@@ -58,9 +41,10 @@ def attention_params_per_rank(spec: ModelSpec, tp):
     tp = np.asarray(tp, float)
     if spec.mla:
         qk = spec.qk_head_dim + spec.qk_pos_emb_head_dim
-        whole = h + h * (spec.kv_lora_rank + spec.qk_pos_emb_head_dim) + spec.kv_lora_rank  # input norm, kv down, kv norm
-        split = spec.kv_lora_rank * n * (spec.qk_head_dim + spec.v_head_dim) + n * spec.v_head_dim * h
-        if spec.q_lora_rank:
+        # input norm (fused into linear_qkv in Megatron's TE spec), kv down + rope key, kv norm
+        whole = h + h * (spec.kv_lora_rank + spec.qk_pos_emb_head_dim) + spec.kv_lora_rank
+        split = spec.kv_lora_rank * n * (spec.qk_head_dim + spec.v_head_dim) + n * spec.v_head_dim * h  # kv up, out
+        if spec.q_lora_rank:  # q down and norm whole, q up split
             whole = whole + h * spec.q_lora_rank + spec.q_lora_rank
             split = split + spec.q_lora_rank * n * qk
         else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from specs.errors import SpecError
 from specs.serve_plan import A2A_BACKENDS, ServePlan
 
 # backends in SGLang's "a2a forces ep = tp" set (SG/arg_groups/overrides.py:1578-1620): every
@@ -63,7 +64,6 @@ def check_request_fits_context(model, isl: int, osl: int) -> None:
     """Refuse a request SGLang refuses (SG/managers/tokenizer_manager.py _validate_one_request: an
     input of the context length or more; input + max_new_tokens beyond it, validate_total_tokens
     being on by default). Raises SpecError naming the lengths and the model's context length."""
-    from specs.errors import SpecError
     ctx = context_length(model)
     if ctx and (isl >= ctx or isl + osl > ctx):
         raise SpecError(f"--isl {isl:,} + --osl {osl:,} does not fit {getattr(model, 'name', 'the model')}'s context "
@@ -95,8 +95,9 @@ def is_blackwell(device_name: str) -> bool:
 
 
 def is_hopper(device_name: str) -> bool:
-    """sm90 GPUs (H100, H200, H800, H20, GH200): what SGLang's `is_sm90` probe says on them."""
-    return any(t in device_name.upper().replace("-", " ").split() for t in ("H100", "H200", "H800", "H20", "GH200"))
+    """sm90 GPUs (H100, H200, H800, H20, GH200) by device name: what SGLang's `is_sm90` probe says on
+    them, and the one rule `clusters.is_hopper` reads."""
+    return any(tag in device_name.upper() for tag in ("H100", "H200", "H800", "H20", "GH200"))
 
 
 def allreduce_fusion(model, cluster, plan: ServePlan, nnodes: int) -> bool:

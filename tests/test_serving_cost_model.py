@@ -374,8 +374,11 @@ def test_attention_weights_per_rank_as_sglang_shards_them():
     rank; one rank of TP1 holds the whole block. The serving memory and the projection GEMMs read it."""
     from cost_model.flops import attention_params, attention_params_per_rank
     from cost_model.serving import _setup
-    for m in (DSV3, QWEN, load_model("qwen3-235b-a22b"), load_model("gpt-oss-120b")):
-        assert float(attention_params_per_rank(m, 1)) == attention_params(m)
+    # one rank of TP1 holds the whole block: the per-layer attention weights of the presets
+    whole_block = [(DSV3, 187114496), (QWEN, 18876416), (load_model("qwen3-235b-a22b"), 71307264),
+                   (load_model("gpt-oss-120b"), 26552960)]
+    for m, n in whole_block:
+        assert float(attention_params_per_rank(m, 1)) == attention_params(m) == n
     h = DSV3.hidden_size
     whole = h + h * (DSV3.q_lora_rank + DSV3.kv_lora_rank + DSV3.qk_pos_emb_head_dim) + DSV3.q_lora_rank + DSV3.kv_lora_rank
     for tp in (2, 8, 16):

@@ -94,7 +94,7 @@ def shared_expert_fused(spec, c, moe_kernel) -> np.ndarray:
     (arg_groups/overrides.py _moe_runner_fusion_disable: not flashinfer_trtllm, Blackwell's fp8
     runner). `moe_kernel`: the routed experts' kernel per plan (`kernel_path.moe_path`)."""
     from specs.hf_export import pick_architecture
-    if not (spec.num_experts == 256 and getattr(spec, "moe_shared_expert_count", 0) == 1
+    if not (spec.num_experts == 256 and spec.moe_shared_expert_count == 1
             and pick_architecture(spec) == "DeepseekV3ForCausalLM"):
         return np.zeros(len(c), bool)
     return ((np.asarray(moe_kernel) == "triton_fused_moe") & (np.asarray(c.ep) == 1) & ~np.asarray(c.tbo, bool)
@@ -503,9 +503,10 @@ class StepModel:
         c = self.c
         per_layer = self.layers * np.where(c.tbo, 2, 1)
         small = SMALL_KERNELS_PER_LAYER - np.where(c.ar_fusion, NORMS_PER_LAYER, 0)
-        # the shared expert's two GEMMs are not launched where the routed kernel runs it (`shared_fused`)
+        # the shared expert's two GEMMs are not launched where the routed kernel runs it (`shared_fused`,
+        # never under TBO)
         priced = ((KERNELS_PER_LAYER - SMALL_KERNELS_PER_LAYER) * per_layer
-                  - np.where(self.shared_fused, PRICED_KERNELS["mlp"], 0) * self.L_moe * np.where(c.tbo, 2, 1))
+                  - np.where(self.shared_fused, PRICED_KERNELS["mlp"], 0) * self.L_moe)
         kernels = priced + small * per_layer
         gpu = gpu_s + small * per_layer * self.kmin + priced * GPU_KERNEL_GAP_S
         t = np.where(graphs, gpu, np.maximum(gpu, kernels * self.ops.gap) + kernels * GPU_KERNEL_GAP_S)

@@ -245,12 +245,14 @@ def _vllm_body(args, plan, model, cluster, model_path, weights, conc):
 def serve_completion_for_emit(args, model, cluster, precision: str):
     """`--complete` of `emit sglang`: best needs the workload (--isl/--osl; concurrency 8 per GPU, as
     `predict --mode serve`); without it the plan keeps SGLang's defaults, said so."""
-    from specs.serve_plan import ServeWorkload
     from tuner.rank.serve_complete import complete_serve
+    from tuner.rank.serve_predict import serve_workload_from_args
     how = getattr(args, "complete", None) or "defaults"
     if how == "best" and not (args.isl and args.osl):
         c = complete_serve(args.plan, model, cluster, None, "defaults")
         c.note = "best needs --isl and --osl"
         return c
-    w = ServeWorkload(isl=args.isl, osl=args.osl, concurrency=args.concurrency or 8 * cluster.num_devices) if how == "best" else None
+    # the workload every serving command builds (and refuses, e.g. beyond the model's context), before
+    # the completion's search
+    w = serve_workload_from_args(args, cluster.num_devices, what=f"emit {args.target}", model=model) if how == "best" else None
     return complete_serve(args.plan, model, cluster, w, how, precision=precision)
