@@ -48,9 +48,10 @@ from cost_model.constants import (
     NCCL_COMM_SMS,
     P2P_CHANNELS_PER_PEER,
     P2P_PEERS,
+    POST_SYNC_IDLE_S,
     ROPE_EAGER_BWD_BYTES_PER_ELEMENT,
     ROPE_EAGER_FWD_BYTES_PER_ELEMENT,
-    STARVED_COMM_RATE,
+    STARVED_WORK_PER_PAIRED_S,
     TOKEN_DROP_BWD_BYTES_PER_SCORE,
     TOKEN_DROP_FWD_BYTES_PER_SCORE,
     WEIGHT_BYTES,
@@ -508,15 +509,16 @@ def paired_exposure(comm, compute, share, held, rate=1.0):
     alone at full speed: excess comm + (1 - rate) compute / (1 - share) - compute, of which
     share x comm / rate is counted as the slowed compute and the rest as communication left over
     (rate 1: max(comm, compute + share x comm) as wall time). Not held (starved: plain-launched
-    CTAs waiting for the SMs the compute takes): the compute keeps its speed and comm progresses at
-    STARVED_COMM_RATE of its own while the compute runs, then alone at full speed: wall compute +
-    max(0, comm - STARVED_COMM_RATE x compute), all of the excess communication."""
+    CTAs waiting for the SMs the compute takes): the compute keeps its speed and comm does
+    STARVED_WORK_PER_PAIRED_S of its work per second of that compute (its rate while beside it x the
+    share of the window it is), then runs alone at full speed: wall compute +
+    max(0, comm - STARVED_WORK_PER_PAIRED_S x compute), all of the excess communication."""
     held = np.asarray(held, dtype=bool)
     rate = np.asarray(rate, dtype=float)
     slowed = share * comm / rate
     left = comm + (1.0 - rate) * compute / (1.0 - share) - compute - slowed
     beyond = np.where(held, np.where((1.0 - share) * comm / rate <= compute, 0.0, np.maximum(0.0, left)),
-                      np.maximum(0.0, comm - STARVED_COMM_RATE * compute))
+                      np.maximum(0.0, comm - STARVED_WORK_PER_PAIRED_S * compute))
     return beyond, np.where(held, slowed, 0.0)
 
 
@@ -525,8 +527,8 @@ def wgrad_left(first, node: Node, share, held, rate=1.0):
     run once the communication `first`, started with the node's backward, has finished: it held
     `share` of the SMs for first / rate (`rate`: its speed beside compute), so the compute did
     (1 - share) x first / rate meanwhile, or it was starved and the compute did
-    first / STARVED_COMM_RATE (`paired_exposure`'s two cases)."""
-    done = first * np.where(held, (1.0 - share) / rate, 1.0 / STARVED_COMM_RATE)
+    first / STARVED_WORK_PER_PAIRED_S (`paired_exposure`'s two cases)."""
+    done = first * np.where(held, (1.0 - share) / rate, 1.0 / STARVED_WORK_PER_PAIRED_S)
     return np.clip(node.b - done, 0.0, node.w)
 
 
@@ -599,7 +601,7 @@ def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: Node, mlp_node:
     hall = comm_hbm_share(ep.dispatch_bytes + ep.combine_bytes, ep.f, hbm)
     hsf, hsb = hbm_contention(mb_shared.f, ep.f, hall), hbm_contention(mb_shared.b, ep.b, hall)
     # a starved kernel moves its bytes at its lower rate while the compute runs, a held one at `r`
-    hr = np.where(held, r, STARVED_COMM_RATE)
+    hr = np.where(held, r, STARVED_WORK_PER_PAIRED_S)
     hs = FwdBwd(hr * np.where(a2o, paired * hf, np.where(seo, hsf, z)),
                 hr * np.where(a2o, paired * hb, np.where(seo, hsb, z)))
     return EPExposed(serial, beyond, sm, hs)
@@ -649,11 +651,15 @@ def moe_host_sync(x: Inputs, after: np.ndarray, after_gpu_s: np.ndarray, extra_s
     synchronisation"): the round trip, the first launch, and what launching the `after` kernels
     takes beyond their `after_gpu_s` GPU seconds; the allgather dispatcher keeps the counts on the
     device. `extra_syncs` more syncs in the layer (the unfused permutation's masked_selects,
-    `nongemm.permute_syncs`) each idle the round trip and the next launch. GPUs only (CPU devices
-    execute on the dispatching thread)."""
+    `nongemm.permute_syncs`) each idle the round trip and the next launch. Without EP a2a overlap
+    (nothing of another microbatch queued behind the sync) the dispatcher's drain idles at least
+    the measured POST_SYNC_IDLE_S per forward (`constants`). GPUs only (CPU devices execute on the
+    dispatching thread)."""
     gap = x.ops.gap
     t = D2H_SYNC_S + gap + np.maximum(0.0, after * gap - after_gpu_s)
-    t = dispatcher_syncs(x.pa.dispatch, drop_and_pad(x.pa)) * t + extra_syncs * (D2H_SYNC_S + gap)
+    n = dispatcher_syncs(x.pa.dispatch, drop_and_pad(x.pa))
+    floor = np.where(x.pa.a2a_overlap.astype(bool), 0.0, POST_SYNC_IDLE_S) * (n > 0)
+    t = np.maximum(n * t, floor) + extra_syncs * (D2H_SYNC_S + gap)
     return t * (1.0 if x.ops.async_launch else 0.0)
 
 

@@ -169,6 +169,17 @@ COMM_STARVED = (False, False, False, True)
 # same uncount would make the rate lower still). A kernel-level measurement of the mechanism, not the
 # A/B's step times (which the model is checked against).
 STARVED_COMM_RATE = 0.35
+# ... and only while it is beside them: the same Nsight has the on case's communication kernels
+# concurrent with GEMM / attention for 3.96 s, where the model pairs each of them with a whole compute
+# node (`blocks.ep_exposed`), 10.67 s of paired compute for that workload (the first pair of
+# bench/overlap_ab_pairs.py: its hidden communication is linear in the rate, 7.572 s beyond at rate 0
+# and 3.838 s at 0.35). A plain-launched grid gets an SM only when a whole SM frees, and TE's Hopper
+# GEMM CTAs hold most of an SM's shared memory, so the communication runs in the GEMMs' tail waves and
+# between kernels: share 3.96 / 10.67 = 0.37 of the paired window. Priced (`blocks.paired_exposure`),
+# a starved kernel does STARVED_COMM_RATE x STARVED_COMM_CONCURRENCY = 0.13 s of its work per second of
+# the compute it is paired with (the Nsight's 1.38 s of hidden work), where the rate alone hid 3.7 s.
+STARVED_COMM_CONCURRENCY = 3.959 / 10.67
+STARVED_WORK_PER_PAIRED_S = STARVED_COMM_RATE * STARVED_COMM_CONCURRENCY
 # The rate a held communication kernel progresses at while compute runs beside it, as a share of its
 # rate alone (`blocks.paired_exposure`; the compute beside it on the SMs left). DeepEP's normal
 # kernels (`bench/deepep_overlap_rate.py`): in DeepSeek's public training trace (deepseek-ai/
@@ -307,6 +318,18 @@ KERNELS_ROPE_EAGER = 12
 # D2H small-copy latency, ~10 us (NVIDIA CUDA C++ Best Practices Guide, "Data Transfer Between Host
 # and Device": small transfers are latency-bound at ~10 us).
 D2H_SYNC_S = 10e-6
+# What the GPU measurably idles per MoE layer forward after the dropless dispatcher's host sync, when
+# no other microbatch's work is queued behind it (no EP a2a overlap): the same Nsight A/B as
+# STARVED_COMM_RATE (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md, Qwen3-30B-A3B
+# 16 H100 BF16 HybridEP, TE graphs of moe_router + moe_preprocess) has the overlap-off step at
+# 24.714 s against a 22.821 s GPU-active union: 1.89 s idle over 48 layers x 64 microbatches of MoE
+# forwards, 616 us each (the host's Python between the sync's return and the next launch: the
+# dispatch's output allocation, the permutation and grouped-GEMM setup from the host token counts;
+# the D2H round trip and the first launch above are a small part of it). With overlap on, the union
+# covers the step (21.221 s against 20.992 s): the other microbatch's queued work fills the drain.
+# Priced as a floor under the modelled drain (`blocks.moe_host_sync`); a host measurement of that
+# stack (Hopper-class host CPU), used for every GPU kind (no second measurement exists).
+POST_SYNC_IDLE_S = (24.714 - 22.821) / (48 * 64)
 
 # ---- DeepEP / HybridEP: what their bandwidth figures count, and the per-token cost ------------------
 # The `ep_dispatch` rows of the flex backends are the libraries' own benchmark figures, which count

@@ -2,7 +2,7 @@
 (`specs.stack.HYBRIDEP_NUM_SMS`), is what the emitted script and the trial's TransformerConfig set;
 megatron-core's own default (16) is neither. HybridEP launches its kernels as plain grids, so
 under overlap the compute keeps the SMs and the communication is starved (`constants`
-COMM_STARVED, STARVED_COMM_RATE): the cost model charges the compute no SM share for it."""
+COMM_STARVED, STARVED_WORK_PER_PAIRED_S): the cost model charges the compute no SM share for it."""
 import shlex
 
 import pytest
@@ -43,7 +43,7 @@ def test_overlapped_hybridep_is_starved_not_holding_sms():
     """Under a2a overlap HybridEP's communication trickles beside the paired compute
     (blocks.paired_exposure, not held): no SM share charged to the compute, and the exposed
     communication at least comm - rate x (all the compute the pairs could hide it under)."""
-    from cost_model.constants import STARVED_COMM_RATE
+    from cost_model.constants import STARVED_WORK_PER_PAIRED_S
     w = _w()
     base = complete_plan("ep=16,dispatcher=flex,flex_backend=hybridep", w, GPU_FULL)
     plain, ovl = cost_model.predict_many(w, [base, base.replace(a2a_overlap=True)])
@@ -52,7 +52,7 @@ def test_overlapped_hybridep_is_starved_not_holding_sms():
     beyond = ovl.breakdown_s["ep_overlap_beyond"]
     assert 0.0 < beyond < comm
     # the pairs' compute is at most the whole step's: the starved rate bounds what hides
-    assert beyond >= comm * (1 - 1 / 64) - STARVED_COMM_RATE * plain.step_time_s
+    assert beyond >= comm * (1 - 1 / 64) - STARVED_WORK_PER_PAIRED_S * plain.step_time_s
 
 
 def test_trial_config_holds_the_same_sms():

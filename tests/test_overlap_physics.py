@@ -8,8 +8,15 @@ import cost_model
 from clusters import load_cluster
 from cost_model.blocks import paired_exposure
 from cost_model.calibration import IDENTITY
-from cost_model.constants import DEEPEP_BESIDE_COMPUTE_RATE, DEEPEP_SMS, STARVED_COMM_RATE
+from cost_model.constants import (
+    DEEPEP_BESIDE_COMPUTE_RATE,
+    DEEPEP_SMS,
+    STARVED_COMM_CONCURRENCY,
+    STARVED_COMM_RATE,
+    STARVED_WORK_PER_PAIRED_S,
+)
 from specs.models import load_model
+from specs.plan import Plan
 from specs.stack import GPU_FULL, HYBRIDEP_NUM_SMS
 from specs.workload import Workload
 from tuner.rank.complete import complete_plan
@@ -40,7 +47,7 @@ def test_paired_exposure_is_the_wall_time_of_a_shared_gpu():
                     if rate == 1.0:
                         np.testing.assert_allclose(wall, np.maximum(comm, compute + share * comm))
                 else:  # the compute at full speed, comm trickling beside it, then alone
-                    np.testing.assert_allclose(wall, compute + np.maximum(0.0, comm - STARVED_COMM_RATE * compute))
+                    np.testing.assert_allclose(wall, compute + np.maximum(0.0, comm - STARVED_WORK_PER_PAIRED_S * compute))
                     assert (sm == 0).all()
                 # more communication or more compute never shortens the pair
                 assert (np.diff(wall, axis=0) >= -1e-15).all() and (np.diff(wall, axis=1) >= -1e-15).all()
@@ -120,6 +127,38 @@ def test_the_starved_rate_is_the_nsight_split():
     assert lo < STARVED_COMM_RATE < hi
 
 
+def test_the_starved_concurrency_is_the_nsight_overlap_over_the_paired_windows():
+    """STARVED_COMM_CONCURRENCY (constants): the Nsight's 3,959 ms of communication beside GEMM /
+    attention over the compute the model pairs the communication with on that very workload (the
+    first pair of bench/overlap_ab_pairs.py), measured here by what the pairing hides at two rates:
+    the windows are the slope. The model then hides what the Nsight says was hidden (the work done
+    beside the compute, 1.38 s of 8.25 s: 16.7% of the communication), not the 3.7 s the rate alone
+    hid over whole windows."""
+    import dataclasses
+
+    import cost_model.blocks as blocks
+    w = Workload(load_model("qwen3-30b-a3b"), load_cluster("h100-sxm", 16), 1024, 4096)
+    on = Plan(tp=1, pp=1, ep=16, mbs=1, precision="bf16", dispatcher="flex", flex_backend="hybridep",
+              grad_reduce_bf16=True, cuda_graph_impl="transformer_engine",
+              cuda_graph_scope=("moe_router", "moe_preprocess"), a2a_overlap=True)
+    beyond = {}
+    saved = blocks.STARVED_WORK_PER_PAIRED_S
+    try:
+        for r in (0.05, 0.1):
+            blocks.STARVED_WORK_PER_PAIRED_S = r
+            beyond[r] = cost_model.predict(w, on, calibration=IDENTITY).breakdown_s["ep_overlap_beyond"]
+    finally:
+        blocks.STARVED_WORK_PER_PAIRED_S = saved
+    windows = (beyond[0.05] - beyond[0.1]) / 0.05
+    assert STARVED_COMM_CONCURRENCY == pytest.approx(3.958997 / windows, rel=0.03)
+    pr = cost_model.predict(w, on, calibration=IDENTITY)
+    off = cost_model.predict(w, dataclasses.replace(on, a2a_overlap=False), calibration=IDENTITY)
+    comm = off.breakdown_s["ep_dispatch_combine"]
+    hidden = comm - pr.breakdown_s["ep_overlap_beyond"] - pr.breakdown_s["ep_dispatch_combine"]
+    alone = 9.079e-3 / 0.0011
+    assert hidden / comm == pytest.approx((alone - (3.958997 / 0.3655 - 3.958997)) / alone, abs=0.02)
+
+
 def test_wgrad_left_is_what_the_first_communication_has_not_covered():
     """delay_wgrad_compute: the next communication on the stream starts after the data gradients,
     beside the part of the weight-gradient node the first one left (`blocks.wgrad_left`): all of
@@ -136,8 +175,8 @@ def test_wgrad_left_is_what_the_first_communication_has_not_covered():
     # held: the compute did (1 - 0.15) x 1.0 s of the node while a 1.0 s comm ran
     assert wgrad_left(np.float64(1.0), node, 0.15, True) == pytest.approx(0.8)
     assert wgrad_left(np.float64(1.5), node, 0.15, True) == pytest.approx(2.0 - 0.85 * 1.5)
-    # starved: 0.35 s of comm takes 1 s of compute beside it
-    assert wgrad_left(np.float64(0.35 * 1.5), node, 0.15, False) == pytest.approx(0.5)
+    # starved: STARVED_WORK_PER_PAIRED_S s of comm takes 1 s of compute beside it
+    assert wgrad_left(np.float64(STARVED_WORK_PER_PAIRED_S * 1.5), node, 0.15, False) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("dispatch", ["dispatcher=alltoall", "dispatcher=flex,flex_backend=deepep",

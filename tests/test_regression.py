@@ -161,6 +161,14 @@ REGENERATIONS = [
      "per-expert token-count all-gathers (8 experts) move, dispatcher_preprocess up, 4 of its 10 step times "
      "x1.0001-x1.0004; plans, counts and scripts identical",
      "2ede761751db0ec3dba6421fd07e2d935f32c82bd18daa3635e4bc50b0b49cd4"),
+    ("drain idle + starved concurrency (2026-12-07)", "`--keep-plans`: the GPU idle after the dropless "
+     "dispatcher's host sync is at least the Nsight A/B's 616 us per MoE forward without a2a overlap "
+     "(constants.POST_SYNC_IDLE_S), and a starved (HybridEP) kernel beside compute does 0.35 x 0.37 = 0.13 s of "
+     "work per second of its paired compute (STARVED_WORK_PER_PAIRED_S: the Nsight's 3.96 s of concurrency over "
+     "the 10.67 s the model pairs); GPU calibration refit 1.1734 -> 1.1353. Raw step times x1.000-x1.095 (mixtral "
+     "<= x1.020, deepseek-v3 x1.001-x1.014, qwen3-30b <= x1.042, gpt-oss-120b <= x1.046, qwen3-235b gb200 <= "
+     "x1.095), calibrated x0.968-x1.060; plans, counts and scripts identical",
+     "b67f8aed1f89fce1f5112828467364a3081c44df7ee6e04447bfafd7f63a6467"),
 ]
 
 
