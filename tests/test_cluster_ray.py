@@ -77,6 +77,10 @@ def cluster(tmp_path_factory):
     # plain ray.init() (or a Ray job's "auto") of any other process on this host would join it. A
     # short path: Ray's unix sockets live under it (107-byte limit).
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    # Cluster.add_node still records the head's address in Ray's default temp dir (/tmp/ray), which a
+    # fresh machine has not made yet when this is the first Ray of the run
+    from ray._private.utils import get_ray_address_file
+    os.makedirs(os.path.dirname(get_ray_address_file(None)), exist_ok=True)
     c = Cluster(initialize_head=True, head_node_args=dict(
         temp_dir=temp_dir, gcs_server_port=GCS_PORT, num_cpus=1, resources={"moetune_node0": 1}, node_ip_address="127.0.0.1",
         include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=DASHBOARD_PORT,
