@@ -48,7 +48,7 @@ from cost_model.constants import (
     NCCL_COMM_SMS,
     P2P_CHANNELS_PER_PEER,
     P2P_PEERS,
-    POST_SYNC_IDLE_S,
+    POST_SYNC_IDLE_LAUNCHES,
     ROPE_EAGER_BWD_BYTES_PER_ELEMENT,
     ROPE_EAGER_FWD_BYTES_PER_ELEMENT,
     STARVED_WORK_PER_PAIRED_S,
@@ -653,12 +653,13 @@ def moe_host_sync(x: Inputs, after: np.ndarray, after_gpu_s: np.ndarray, extra_s
     device. `extra_syncs` more syncs in the layer (the unfused permutation's masked_selects,
     `nongemm.permute_syncs`) each idle the round trip and the next launch. Without EP a2a overlap
     (nothing of another microbatch queued behind the sync) the dispatcher's drain idles at least
-    the measured POST_SYNC_IDLE_S per forward (`constants`). GPUs only (CPU devices execute on the
-    dispatching thread)."""
+    the measured POST_SYNC_IDLE_S per forward, host work counted in the kind's launch time
+    (`constants` POST_SYNC_IDLE_LAUNCHES x gap). GPUs only (CPU devices execute on the dispatching
+    thread)."""
     gap = x.ops.gap
     t = D2H_SYNC_S + gap + np.maximum(0.0, after * gap - after_gpu_s)
     n = dispatcher_syncs(x.pa.dispatch, drop_and_pad(x.pa))
-    floor = np.where(x.pa.a2a_overlap.astype(bool), 0.0, POST_SYNC_IDLE_S) * (n > 0)
+    floor = np.where(x.pa.a2a_overlap.astype(bool), 0.0, POST_SYNC_IDLE_LAUNCHES * gap) * (n > 0)
     t = np.maximum(n * t, floor) + extra_syncs * (D2H_SYNC_S + gap)
     return t * (1.0 if x.ops.async_launch else 0.0)
 

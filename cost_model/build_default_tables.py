@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from cost_model.constants import HOST_US_PER_LAUNCH
 from cost_model.tables import TABLE_ROOT, write_family, write_meta
 
 # --- public measurements (a copy of cost_model/data/deepgemm_h800_fp8.csv) ----------
@@ -456,8 +457,8 @@ def build(kind: str, out_root: Path, params, rms) -> str:
 # phases. The leanest phase is taken: a lower bound for a Megatron / TransformerEngine step, whose
 # modules run more Python per kernel; the profiler's own per-op cost (no-op aten calls take 0-3 us in
 # that trace) is inside it. A host property (CPU, Python, PyTorch), measured on one host and used
-# for every GPU kind; `moetune profile` measures the target's own.
-HOST_US_PER_LAUNCH = 22.0
+# for every GPU kind; `moetune profile` measures the target's own. (The figure lives in
+# cost_model.constants, where the cost model also counts host work in these launches.)
 HOST_US_PER_LAUNCH_SRC = ("derived: deepseek-ai/profile-data train.json (PyTorch profiler, H800 host): 21.9 us host per launched "
                           "kernel in the leanest compute phase (26-51 in the others); a lower bound "
                           "(bench/trace_host_idle.py, cost_model/build_default_tables.py HOST_US_PER_LAUNCH)")

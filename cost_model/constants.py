@@ -327,9 +327,16 @@ D2H_SYNC_S = 10e-6
 # dispatch's output allocation, the permutation and grouped-GEMM setup from the host token counts;
 # the D2H round trip and the first launch above are a small part of it). With overlap on, the union
 # covers the step (21.221 s against 20.992 s): the other microbatch's queued work fills the drain.
-# Priced as a floor under the modelled drain (`blocks.moe_host_sync`); a host measurement of that
-# stack (Hopper-class host CPU), used for every GPU kind (no second measurement exists).
+# Priced as a floor under the modelled drain (`blocks.moe_host_sync`). It is host work, so it is
+# counted in the host's per-launch time: 616 us over the 22 us per launch of an x86 host
+# (HOST_US_PER_LAUNCH) = 28 launches' worth, scaled by the kind's own `dispatch_gap` (a Grace host's
+# 2.75x, `build_default_tables` GRACE_OVER_X86_HOST; a `moetune profile` table's measured gap).
 POST_SYNC_IDLE_S = (24.714 - 22.821) / (48 * 64)
+# The shipped host time per PyTorch-level launched kernel of an x86 host, in us
+# (`build_default_tables` writes it into every x86 kind's dispatch_gap table, with its source:
+# deepseek-ai/profile-data train.json, the leanest compute phase, a lower bound).
+HOST_US_PER_LAUNCH = 22.0
+POST_SYNC_IDLE_LAUNCHES = POST_SYNC_IDLE_S / (HOST_US_PER_LAUNCH * 1e-6)
 
 # ---- DeepEP / HybridEP: what their bandwidth figures count, and the per-token cost ------------------
 # The `ep_dispatch` rows of the flex backends are the libraries' own benchmark figures, which count

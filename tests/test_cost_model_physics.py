@@ -228,6 +228,27 @@ def test_host_sync_for_dropless_dispatchers_only():
     assert cpu[0] == 0.0  # synchronous CPU execution: no queue to drain
 
 
+def test_the_drain_idles_the_measured_host_time_without_overlap():
+    """After the dropless dispatcher's host sync the GPU idles at least the Nsight A/B's 616 us per
+    MoE forward (constants.POST_SYNC_IDLE_S), host work counted in the kind's launch time: x2.75 on
+    a Grace host; none of that floor under a2a overlap, whose other microbatch fills the drain; and
+    none where the token counts stay on the device (drop-and-pad)."""
+    from cost_model.build_default_tables import GRACE_OVER_X86_HOST
+    from cost_model.constants import POST_SYNC_IDLE_S
+    spec = load_model("qwen3-30b-a3b")
+    plans = [Plan(ep=8, dispatcher="alltoall"), Plan(ep=8, dispatcher="alltoall", a2a_overlap=True),
+             Plan(ep=8, dispatcher="alltoall", capacity_factor=1.0, pad_to_capacity=True)]
+    per_fwd = {}
+    for kind in ("h100-sxm", "gb200-nvl72"):
+        w = Workload(spec, load_cluster(kind, 8), 64, 4096)
+        s = _bd(w, plans)["breakdown_s"]["moe_host_sync"]
+        forwards = spec.num_layers * 64 / 8  # MoE layers x microbatches (mbs 1, dp 8)
+        per_fwd[kind] = s[0] / forwards
+        assert s[1] < s[0] and s[2] == 0.0
+    assert per_fwd["h100-sxm"] == pytest.approx(POST_SYNC_IDLE_S, rel=1e-6)
+    assert per_fwd["gb200-nvl72"] == pytest.approx(POST_SYNC_IDLE_S * GRACE_OVER_X86_HOST, rel=1e-3)
+
+
 def test_bf16_gradient_reduction_saves_two_bytes_per_parameter():
     w = _w(gpus=16, gbs=512)
     plan = Plan(pp=2, vpp=24, ep=8, mbs=2, precision="fp8-delayed")

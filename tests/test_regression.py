@@ -169,6 +169,11 @@ REGENERATIONS = [
      "<= x1.020, deepseek-v3 x1.001-x1.014, qwen3-30b <= x1.042, gpt-oss-120b <= x1.046, qwen3-235b gb200 <= "
      "x1.095), calibrated x0.968-x1.060; plans, counts and scripts identical",
      "b67f8aed1f89fce1f5112828467364a3081c44df7ee6e04447bfafd7f63a6467"),
+    ("drain idle in host launches (2026-12-07)", "`--keep-plans`: the post-sync idle floor is host work, 28 "
+     "launches' worth (616 us / the x86 22 us, constants.POST_SYNC_IDLE_LAUNCHES) at the kind's own dispatch "
+     "gap: only the qwen3-235b gb200-nvl72 workload (Grace host, 60.5 us per launch) moves, x1.000-x1.172; "
+     "x86 kinds identical; calibration unchanged (its rows are x86); plans, counts and scripts identical",
+     "ee93bd049965ba1f7fa2746dffcec653977486f0b31006544e99af39e23d6b40"),
 ]
 
 
