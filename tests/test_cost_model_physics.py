@@ -235,14 +235,13 @@ def test_the_drain_idles_the_measured_host_time_without_overlap():
     none where the token counts stay on the device (drop-and-pad)."""
     from cost_model.build_default_tables import GRACE_OVER_X86_HOST
     from cost_model.constants import POST_SYNC_IDLE_S
-    spec = load_model("qwen3-30b-a3b")
     plans = [Plan(ep=8, dispatcher="alltoall"), Plan(ep=8, dispatcher="alltoall", a2a_overlap=True),
              Plan(ep=8, dispatcher="alltoall", capacity_factor=1.0, pad_to_capacity=True)]
     per_fwd = {}
     for kind in ("h100-sxm", "gb200-nvl72"):
-        w = Workload(spec, load_cluster(kind, 8), 64, 4096)
+        w = _w(kind=kind, gpus=8, gbs=64)
         s = _bd(w, plans)["breakdown_s"]["moe_host_sync"]
-        forwards = spec.num_layers * 64 / 8  # MoE layers x microbatches (mbs 1, dp 8)
+        forwards = w.model.num_layers * 64 / 8  # MoE layers (every one of Qwen3-30B's) x microbatches (mbs 1, dp 8)
         per_fwd[kind] = s[0] / forwards
         assert s[1] < s[0] and s[2] == 0.0
     assert per_fwd["h100-sxm"] == pytest.approx(POST_SYNC_IDLE_S, rel=1e-6)

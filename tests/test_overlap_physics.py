@@ -114,20 +114,26 @@ def test_fp8_quantisation_kernels_count_on_the_host():
     assert 0 < floors[0] < floors[1] < floors[2]
 
 
+# Megatron-Bridge's Nsight A/B (constants STARVED_COMM_RATE): the communication kernels' seconds
+# concurrent with GEMM / attention off (9.079 ms = 0.11% of them) and on (3,958.997 ms = 36.55%)
+NSIGHT_CONCURRENT_OFF_S, NSIGHT_CONCURRENT_S = 9.079e-3, 3.958997
+NSIGHT_ALONE_S = NSIGHT_CONCURRENT_OFF_S / 0.0011  # the communication's work alone (overlap off)
+NSIGHT_ON_TOTAL_S = NSIGHT_CONCURRENT_S / 0.3655  # its kernels' seconds with overlap on
+
+
 def test_the_starved_rate_is_the_nsight_split():
     """STARVED_COMM_RATE is the component split of Megatron-Bridge's Nsight A/B (constants): the
-    communication's work alone (overlap off: 9.079 ms concurrent = 0.11%), the part of it the on case
-    ran with no GEMM / attention beside it (at full rate), the rest done in the concurrent 3,959 ms."""
-    alone = 9.079e-3 / 0.0011
-    on_total, concurrent = 3.958997 / 0.3655, 3.958997
-    rate = (alone - (on_total - concurrent)) / concurrent
+    communication's work alone (overlap off), the part of it the on case ran with no GEMM / attention
+    beside it (at full rate), the rest done in the concurrent 3,959 ms."""
+    alone_on = NSIGHT_ON_TOTAL_S - NSIGHT_CONCURRENT_S
+    rate = (NSIGHT_ALONE_S - alone_on) / NSIGHT_CONCURRENT_S
     assert STARVED_COMM_RATE == pytest.approx(rate, abs=0.01)
     # the rounding of "0.11%" (0.105-0.115%) bounds it; the constant sits inside
-    lo, hi = ((9.079e-3 / f - (on_total - concurrent)) / concurrent for f in (0.00115, 0.00105))
+    lo, hi = ((NSIGHT_CONCURRENT_OFF_S / f - alone_on) / NSIGHT_CONCURRENT_S for f in (0.00115, 0.00105))
     assert lo < STARVED_COMM_RATE < hi
 
 
-def test_the_starved_concurrency_is_the_nsight_overlap_over_the_paired_windows():
+def test_the_starved_concurrency_is_the_nsight_overlap_over_the_paired_windows(monkeypatch):
     """STARVED_COMM_CONCURRENCY (constants): the Nsight's 3,959 ms of communication beside GEMM /
     attention over the compute the model pairs the communication with on that very workload (the
     first pair of bench/overlap_ab_pairs.py), measured here by what the pairing hides at two rates:
@@ -137,26 +143,22 @@ def test_the_starved_concurrency_is_the_nsight_overlap_over_the_paired_windows()
     import dataclasses
 
     import cost_model.blocks as blocks
-    w = Workload(load_model("qwen3-30b-a3b"), load_cluster("h100-sxm", 16), 1024, 4096)
+    w = _w()
     on = Plan(tp=1, pp=1, ep=16, mbs=1, precision="bf16", dispatcher="flex", flex_backend="hybridep",
               grad_reduce_bf16=True, cuda_graph_impl="transformer_engine",
               cuda_graph_scope=("moe_router", "moe_preprocess"), a2a_overlap=True)
+    pr = cost_model.predict(w, on, calibration=IDENTITY)  # at the shipped constant, before the patching
     beyond = {}
-    saved = blocks.STARVED_WORK_PER_PAIRED_S
-    try:
-        for r in (0.05, 0.1):
-            blocks.STARVED_WORK_PER_PAIRED_S = r
-            beyond[r] = cost_model.predict(w, on, calibration=IDENTITY).breakdown_s["ep_overlap_beyond"]
-    finally:
-        blocks.STARVED_WORK_PER_PAIRED_S = saved
+    for r in (0.05, 0.1):
+        monkeypatch.setattr(blocks, "STARVED_WORK_PER_PAIRED_S", r)
+        beyond[r] = cost_model.predict(w, on, calibration=IDENTITY).breakdown_s["ep_overlap_beyond"]
     windows = (beyond[0.05] - beyond[0.1]) / 0.05
-    assert STARVED_COMM_CONCURRENCY == pytest.approx(3.958997 / windows, rel=0.03)
-    pr = cost_model.predict(w, on, calibration=IDENTITY)
+    assert STARVED_COMM_CONCURRENCY == pytest.approx(NSIGHT_CONCURRENT_S / windows, rel=0.03)
     off = cost_model.predict(w, dataclasses.replace(on, a2a_overlap=False), calibration=IDENTITY)
     comm = off.breakdown_s["ep_dispatch_combine"]
     hidden = comm - pr.breakdown_s["ep_overlap_beyond"] - pr.breakdown_s["ep_dispatch_combine"]
-    alone = 9.079e-3 / 0.0011
-    assert hidden / comm == pytest.approx((alone - (3.958997 / 0.3655 - 3.958997)) / alone, abs=0.02)
+    hidden_nsight = NSIGHT_ALONE_S - (NSIGHT_ON_TOTAL_S - NSIGHT_CONCURRENT_S)
+    assert hidden / comm == pytest.approx(hidden_nsight / NSIGHT_ALONE_S, abs=0.02)
 
 
 def test_wgrad_left_is_what_the_first_communication_has_not_covered():
