@@ -19,6 +19,12 @@ Rows (each as its source states it; what the plan pins is the source's server co
   defaults otherwise, random 1k/512 with --random-range-ratio 1, concurrency 8, 200 prompts: 102,400
   output tokens in 409.60 s with the PR's tuned config (437.69 s before) -> 15.6 output tok/s per GPU.
   No TPOT published.
+- gpustack docs/performance-lab/deepseek-r1/h200.md (SGLang v0.5.3, the page's optimized
+  `--tp 8 --enable-dp-attention`, 8 H200, `vllm bench serve` with every prompt sent at once): its
+  two "Other Benchmark Cases" that are not calibration rows (the page's ShareGPT, 2K and 32K
+  results are r02-r04 of cost_model/data/published_serving_reference.csv): random 4000 / 200, 500
+  prompts (1,997,530 / 100,000 tokens printed): 16,096.80 total tok/s; random 128 / 4, 1000 prompts
+  (126,882 / 4,000 tokens): 20,448.42 total tok/s. Priced as bursts at the printed mean lengths.
 Prints, per row, the raw (identity) and the shipped calibrated prediction beside the published
 figure, and the mean absolute error per metric. Medians of the simulated requests are set against
 the published means.
@@ -33,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clusters import load_cluster  # noqa: E402
 from cost_model.serving import predict_serve  # noqa: E402
 from cost_model.serving.calibration import IDENTITY, load_default  # noqa: E402
+from cost_model.serving.lengths import fixed_lengths  # noqa: E402
 from specs.models import load_model  # noqa: E402
 from specs.serve_plan import ServePlan, ServeWorkload  # noqa: E402
 
@@ -51,6 +58,12 @@ ROWS = [
     (TT, "h100-sxm", 16, "tp=16", 1024, 128, 1, None, None, 23.2),
     (TT, "h100-sxm", 16, "tp=16", 4096, 128, 1, None, None, 23.7),
     (SG, "h200-sxm", 16, "tp=16", 1024, 512, 8, 200, 102400 / 409.60 / 16, None),
+]
+GS = "gpustack deepseek-r1/h200"
+# bursts: (source, plan, prompts, input tokens printed, output tokens printed, published total tok/s)
+BURSTS = [
+    (GS, "tp=8,attn_dp=8", 500, 1997530, 100000, 16096.80),
+    (GS, "tp=8,attn_dp=8", 1000, 126882, 4000, 20448.42),
 ]
 
 
@@ -80,6 +93,16 @@ def main() -> int:
     print("signed errors (prediction / published - 1):")
     for k, v in errs.items():
         print(f"  {k:9s} " + " ".join(f"{e:+.1%}" for e in v) + f"   MAPE {sum(abs(e) for e in v) / len(v):.1%}")
+    print("bursts, total tok/s of the 8 GPUs (prediction / published - 1):")
+    cl = load_cluster("h200-sxm", 8)
+    for src, text, n, tin, tout, pub in BURSTS:
+        isl, osl = round(tin / n), round(tout / n)
+        w = ServeWorkload(isl=isl, osl=osl, concurrency=n)
+        tot = [(p.input_tokens_per_s_per_gpu + p.output_tokens_per_s_per_gpu) * cl.num_devices
+               for p in (predict_serve(model, cl, ServePlan.parse(text), w, precision="fp8", calibration=c, n_requests=n,
+                                       burst=True, requests=fixed_lengths(n, isl, osl)) for c in (IDENTITY, cal))]
+        print(f"  {src} {text} {isl}/{osl} x{n}: published {pub:,.0f}  raw {tot[0]:,.0f} ({tot[0] / pub - 1:+.1%})  "
+              f"calibrated {tot[1]:,.0f} ({tot[1] / pub - 1:+.1%})")
     return 0
 
 

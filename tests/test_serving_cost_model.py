@@ -223,6 +223,25 @@ def test_sharegpt_lengths_means_filters_and_tail():
     assert L[:, 0].max() <= 1024 and (L.sum(1) <= 2048).all() and L.min() >= 4
     assert L[:, 1].max() > 4 * 198  # the long tail that ends a burst
     assert sharegpt_lengths(1000) == sharegpt_lengths(1000)  # deterministic
+    # sent in random order (a prompt-length-sorted burst admits its short half first)
+    first, last = L[:500, 0].mean(), L[500:, 0].mean()
+    assert abs(first / last - 1) < 0.15
+    M = np.array(sharegpt_lengths(984, 217.6, 197.0))  # a run's own printed means
+    assert M[:, 0].mean() == pytest.approx(217.6, rel=0.01) and M[:, 1].mean() == pytest.approx(197.0, rel=0.02)
+
+
+def test_burst_lasts_until_its_slowest_rank():
+    """Dealt round robin over attention-DP ranks, a burst ends with the rank that holds the long
+    request, whichever rank that is (one rank's share alone missed it unless it was rank 0's)."""
+    p, w = ServePlan.parse("tp=8,attn_dp=8"), ServeWorkload(isl=200, osl=100, concurrency=64)
+    base = [(200, 100)] * 64
+    out = []
+    for at in (0, 3):
+        reqs = list(base)
+        reqs[at] = (200, 3000)
+        out.append(predict_serve(DSV3, H200, p, w, precision="fp8", calibration=ID, n_requests=64, burst=True,
+                                 requests=reqs).output_tokens_per_s_per_gpu)
+    assert out[1] == pytest.approx(out[0], rel=0.01)
 
 
 def test_burst_tail_lowers_throughput():

@@ -12,18 +12,24 @@ time, as it is here: a + b reproduces t(1, 1) within 1%, see the provenance's `l
 measured seconds per token = f_prefill a + f_decode b is fitted in log space; every fitted and
 leave-one-out error is then re-checked by simulating the row at the fitted factors.
 
-How each row's benchmark is reproduced (the CSV has no lengths for ShareGPT; the assumptions are
-ours and are stated here):
-- ShareGPT, 1000 prompts sent at once: bench_serving's ShareGPT sample, lengths from
-  `lengths.sharegpt_lengths` (means 215 / 198 from the published 1000-prompt totals, exponential
-  shape truncated by the sampler's filters; see that module), all arriving at t=0 (burst, an open
-  arrival that is never refilled); total throughput = all tokens / makespan.
-- r03 "random 2000 in / 100 out": prompt count not given; 1000 assumed (burst), exact lengths
-  (the benchmark client's random dataset at fixed lengths; the page gives no range ratio).
-- r04 "random 32000 in / 100 out, 100 prompts": burst of 100.
+How each row's benchmark is reproduced. Every row's page (gpustack docs/performance-lab/
+deepseek-r1/h200.md and qwen3-235b-a22b/h100.md) prints the client's result block: the client is
+`vllm bench serve --backend openai-chat` with all prompts sent at once (no request rate, no max
+concurrency: "Peak concurrent requests" equals the prompt count), and the block gives the prompt
+count and the total input / output tokens the row was measured on. Those are used as printed:
+- ShareGPT: the row's own count and mean lengths (its totals over its count; the tokenizer sets
+  them: 219,171 / 200,767 tokens over 1000 prompts for DeepSeek-R1 r01, 219,171 / 200,752 r02;
+  214,137 / 193,829 over the 984 prompts Qwen3-235B r05 kept), shaped by `lengths.sharegpt_lengths`
+  (exponential, truncated by the sampler's filters; the shape is our assumption, see that module),
+  all arriving at t=0 (burst, an open arrival that is never refilled); total throughput = all
+  tokens / makespan.
+- r03 "random 2000 in / 100 out": 500 prompts (`--num-prompts 500`), 998,393 / 50,000 tokens.
+- r04 "random 32000 in / 100 out": 100 prompts, 3,199,900 / 9,952 tokens.
+  Random prompts at one length each (vLLM's random dataset at its default range ratio 0).
 - DeepSeek-R1: the deepseek-r1 preset (DeepSeek-V3's architecture); fp8 weights.
 - `--enable-dp-attention` with tp 8 = attn_dp 8 (SGLang's rewrite); SGLang 0.5.3 / 0.5.5 defaults
   otherwise (no DeepEP: a2a none).
+Not modelled: the chat template the openai-chat endpoint adds to every prompt (a few tokens).
 """
 from __future__ import annotations
 
@@ -44,13 +50,14 @@ from specs.serve_plan import ServePlan, ServeWorkload
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "published_serving_reference.csv"
 
-# row id -> (model preset, plan, isl, osl, prompts)
+# row id -> (model preset, plan, mean input, mean output tokens, prompts): the printed totals over
+# the printed prompt count (module doc)
 ROWS = {
-    "r01": ("deepseek-r1", "tp=8", 215, 198, 1000),
-    "r02": ("deepseek-r1", "tp=8,attn_dp=8", 215, 198, 1000),
-    "r03": ("deepseek-r1", "tp=8,attn_dp=8", 2000, 100, 1000),
-    "r04": ("deepseek-r1", "tp=8,attn_dp=8", 32000, 100, 100),
-    "r05": ("qwen3-235b-a22b", "tp=8", 215, 198, 1000),
+    "r01": ("deepseek-r1", "tp=8", 219171 / 1000, 200767 / 1000, 1000),
+    "r02": ("deepseek-r1", "tp=8,attn_dp=8", 219171 / 1000, 200752 / 1000, 1000),
+    "r03": ("deepseek-r1", "tp=8,attn_dp=8", 998393 / 500, 50000 / 500, 500),
+    "r04": ("deepseek-r1", "tp=8,attn_dp=8", 3199900 / 100, 9952 / 100, 100),
+    "r05": ("qwen3-235b-a22b", "tp=8", 214137 / 984, 193829 / 984, 984),
 }
 
 
@@ -58,8 +65,9 @@ def predict_row(row: dict, cal: Calibration) -> float:
     """Predicted total tokens/s of the whole deployment for one reference row."""
     model, plan, isl, osl, n = ROWS[row["id"]]
     cl = load_cluster(row["hw"], int(row["gpus"]))
-    w = ServeWorkload(isl=isl, osl=osl, concurrency=n)
-    reqs = sharegpt_lengths(n) if "sharegpt" in row["workload"].lower() else fixed_lengths(n, isl, osl)
+    w = ServeWorkload(isl=round(isl), osl=round(osl), concurrency=n)
+    reqs = (sharegpt_lengths(n, isl, osl) if "sharegpt" in row["workload"].lower()
+            else fixed_lengths(n, round(isl), round(osl)))
     p = predict_serve(load_model(model), cl, ServePlan.parse(plan), w, precision=row["precision"],
                       calibration=cal, n_requests=n, burst=True, requests=reqs)
     return (p.input_tokens_per_s_per_gpu + p.output_tokens_per_s_per_gpu) * cl.num_devices

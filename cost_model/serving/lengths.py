@@ -43,14 +43,18 @@ def _trunc_exp_quantiles(n: int, mean: float, lo: float, hi: float) -> np.ndarra
     return q(0.5 * (s_lo + s_hi))
 
 
-def sharegpt_lengths(n: int) -> list[tuple[int, int]]:
-    """`n` (input, output) token lengths shaped like bench_serving's ShareGPT sample (see above)."""
+def sharegpt_lengths(n: int, mean_in: float = SHAREGPT_MEAN_IN, mean_out: float = SHAREGPT_MEAN_OUT) -> list[tuple[int, int]]:
+    """`n` (input, output) token lengths shaped like bench_serving's ShareGPT sample (see above), at
+    the means a run printed where it did (its totals over its prompt count: the tokenizer sets them)."""
     n = max(int(n), 1)
-    ins = _trunc_exp_quantiles(n, SHAREGPT_MEAN_IN, SHAREGPT_MIN, SHAREGPT_MAX_IN)
-    outs = _trunc_exp_quantiles(n, SHAREGPT_MEAN_OUT, SHAREGPT_MIN, SHAREGPT_MAX_TOTAL - SHAREGPT_MIN)
+    ins = _trunc_exp_quantiles(n, mean_in, SHAREGPT_MIN, SHAREGPT_MAX_IN)
+    outs = _trunc_exp_quantiles(n, mean_out, SHAREGPT_MIN, SHAREGPT_MAX_TOTAL - SHAREGPT_MIN)
     outs = outs[np.random.RandomState(0).permutation(n)]  # independent of the input length
     outs = np.minimum(outs, SHAREGPT_MAX_TOTAL - ins)
-    return [(int(round(a)), int(max(round(b), SHAREGPT_MIN))) for a, b in zip(ins, outs)]
+    # in the order the sampler sends them: random, not by length (the quantiles come sorted; a burst
+    # sent shortest prompt first prefilled half its requests in a fifth of the prefill time)
+    order = np.random.RandomState(1).permutation(n)
+    return [(int(round(a)), int(max(round(b), SHAREGPT_MIN))) for a, b in zip(ins[order], outs[order])]
 
 
 def fixed_lengths(n: int, isl: int, osl: int) -> list[tuple[int, int]]:
