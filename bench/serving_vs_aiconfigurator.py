@@ -97,7 +97,10 @@ def run_aic(aic: str, hf: str, gpus: int, isl: int, osl: int, ttft: float, tpot:
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     (save / "stdout.log").write_text(p.stdout + "\n--- stderr ---\n" + p.stderr)
-    return {"cmd": " ".join(cmd), "rc": p.returncode, "wall_s": time.perf_counter() - t0}
+    # recorded without this machine's paths (the results are committed): the tool by name, the
+    # save folder by its own name
+    shown = [Path(aic).name, *cmd[1:-1], save.name]
+    return {"cmd": " ".join(shown), "rc": p.returncode, "wall_s": time.perf_counter() - t0}
 
 
 def read_aic(save: Path) -> dict:
