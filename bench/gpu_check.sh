@@ -19,6 +19,10 @@
 #   4 timing probe       bench/gpu_timing_probe.py: the size of each timing bias
 #   5 sglang serving     one-GPU `moetune serve-trial --backend sglang` of the tiny MoE (skips
 #                        without CUDA or without SGLang's CUDA kernels)
+#   6 kernels            the Triton kernels of kernels/ against torch references, a block-config
+#                        sweep and a (c, K) grid
+#   7 sm share           bench/sm_share_probe.py, run right after step 0: a 20-program copy grid
+#                        beside cuBLAS GEMMs (high / normal priority, cooperative): its rate beside them
 # Environment knobs: PYTHON (interpreter), GPU_CHECK_TOTAL_S (whole-run limit, default 570 s,
 # under the device tool's 600 s per command), GPU_CHECK_PROFILE_MIN (step 3 budget, default 2.5).
 set -u
@@ -119,6 +123,18 @@ NO_MEG="megatron-core not importable (build bench/.gpu_site with bench/make_gpu_
 say "       cuda=$HAVE_CUDA megatron=$HAVE_MEG te=$HAVE_TE gpu=$(envget gpu) torch=$(envget torch) nccl=$(envget nccl)"
 
 TRIAL=("$PY" -m tuner.cli trial --cluster h200-sxm --gpus 1 --stack gpu-plain --json)
+
+# ---- step 7 (run first: short, and it measures what issue 22's search depends on most): who gets
+#      the SMs when a 20-program copy grid runs beside cuBLAS GEMMs, on a high- or normal-priority
+#      stream or launched cooperatively (bench/sm_share_probe.py)
+if [ "$HAVE_CUDA" != 1 ]; then say "SKIP step7: $NO_CUDA"
+else
+  lim=$(step_limit 90)
+  if [ "$lim" -lt 30 ]; then say "SKIP step7: whole-run limit ${TOTAL_S}s leaves ${lim}s"; else
+    rc=$(run_cmd step7_sm_share "$lim" "$PY" bench/sm_share_probe.py --out "$OUTDIR/sm_share.json" --max-s $((lim - 20)))
+    say "RAN step7 sm share: rc=$rc (sm_share.json) $(tail -1 "$OUTDIR/step7_sm_share.log" 2>/dev/null)"
+  fi
+fi
 
 # ---- step 1: tiny-moe, one rank, NCCL ----------------------------------------------------------
 if [ "$HAVE_CUDA" != 1 ]; then say "SKIP step1: $NO_CUDA"
