@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clusters import load_cluster  # noqa: E402
 from cost_model.serving import predict_serve  # noqa: E402
 from cost_model.serving.calibration import IDENTITY, load_default  # noqa: E402
-from cost_model.serving.lengths import fixed_lengths  # noqa: E402
+from cost_model.serving.fit_calibration import burst_prediction, total_tokens_per_s  # noqa: E402
 from specs.models import load_model  # noqa: E402
 from specs.serve_plan import ServePlan, ServeWorkload  # noqa: E402
 
@@ -94,15 +94,11 @@ def main() -> int:
     for k, v in errs.items():
         print(f"  {k:9s} " + " ".join(f"{e:+.1%}" for e in v) + f"   MAPE {sum(abs(e) for e in v) / len(v):.1%}")
     print("bursts, total tok/s of the 8 GPUs (prediction / published - 1):")
-    cl = load_cluster("h200-sxm", 8)
     for src, text, n, tin, tout, pub in BURSTS:
-        isl, osl = round(tin / n), round(tout / n)
-        w = ServeWorkload(isl=isl, osl=osl, concurrency=n)
-        tot = [(p.input_tokens_per_s_per_gpu + p.output_tokens_per_s_per_gpu) * cl.num_devices
-               for p in (predict_serve(model, cl, ServePlan.parse(text), w, precision="fp8", calibration=c, n_requests=n,
-                                       burst=True, requests=fixed_lengths(n, isl, osl)) for c in (IDENTITY, cal))]
-        print(f"  {src} {text} {isl}/{osl} x{n}: published {pub:,.0f}  raw {tot[0]:,.0f} ({tot[0] / pub - 1:+.1%})  "
-              f"calibrated {tot[1]:,.0f} ({tot[1] / pub - 1:+.1%})")
+        tot = [total_tokens_per_s(burst_prediction("deepseek-r1", "h200-sxm", 8, text, n, tin / n, tout / n, sharegpt=False,
+                                                   precision="fp8", cal=c), 8) for c in (IDENTITY, cal)]
+        print(f"  {src} {text} {round(tin / n)}/{round(tout / n)} x{n}: published {pub:,.0f}  raw {tot[0]:,.0f} "
+              f"({tot[0] / pub - 1:+.1%})  calibrated {tot[1]:,.0f} ({tot[1] / pub - 1:+.1%})")
     return 0
 
 

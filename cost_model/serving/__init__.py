@@ -265,23 +265,25 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
     pre = prefill_grid(r_ext)
     pre_all = prefill_grid(None) if stall > 0 else None  # a queued rank's step: every rank extends (`simulate`)
     if burst:
+        # dealt round robin over the ranks (SGLang's DP controller and replicas' router default),
+        # each rank's share simulated: the burst lasts until its slowest rank is done, and a rank's
+        # share of a length-varied burst may hold more of the tail than another's. Without per-request
+        # lengths every rank gets the same share, so one simulation stands for all
+        ranks = replicas * a
         if requests is None:
-            n = max(n_requests // (replicas * a), 1)
-            reqs = [(0.0, w.isl, osl)] * n
-            r = simulate(pre, dec, reqs, chunk=chunk, max_batch=max_b, kv_tokens=est["kv_pool_tokens"][0])
-        else:
-            # dealt round robin over the ranks (SGLang's DP controller and replicas' router default),
-            # each rank's share simulated: the burst lasts until its slowest rank is done, and a
-            # rank's share of a length-varied burst may hold more of the tail than another's
-            runs = [simulate(pre, dec, [(0.0, i_, 1 if w.phase == "prefill" else o_)
-                                        for i_, o_ in requests[k::replicas * a]],
-                             chunk=chunk, max_batch=max_b, kv_tokens=est["kv_pool_tokens"][0])
-                    for k in range(min(replicas * a, len(requests)))]
-            r = max(runs, key=lambda x: x["makespan_s"])
-            r = dict(r, ttft=np.concatenate([x["ttft"] for x in runs]), tpot=np.concatenate([x["tpot"] for x in runs]),
-                     in_tokens=sum(x["in_tokens"] for x in runs) / (replicas * a),
-                     out_tokens=sum(x["out_tokens"] for x in runs) / (replicas * a),
-                     steps=max(x["steps"] for x in runs))
+            requests = [(w.isl, osl)] * (max(n_requests // ranks, 1) * ranks)
+        done: dict = {}
+        runs = []
+        for k in range(min(ranks, len(requests))):
+            share = tuple((0.0, i_, 1 if w.phase == "prefill" else o_) for i_, o_ in requests[k::ranks])
+            if share not in done:
+                done[share] = simulate(pre, dec, list(share), chunk=chunk, max_batch=max_b,
+                                       kv_tokens=est["kv_pool_tokens"][0])
+            runs.append(done[share])
+        r = max(runs, key=lambda x: x["makespan_s"])
+        r = dict(r, ttft=np.concatenate([x["ttft"] for x in runs]), tpot=np.concatenate([x["tpot"] for x in runs]),
+                 in_tokens=sum(x["in_tokens"] for x in runs) / ranks,
+                 out_tokens=sum(x["out_tokens"] for x in runs) / ranks, steps=max(x["steps"] for x in runs))
         window, in_t, out_t = r["makespan_s"], r["in_tokens"], r["out_tokens"]
     else:
         K = max(int(round(max(w.concurrency, 1) / (replicas * a))), 1)

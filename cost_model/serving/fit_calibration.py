@@ -61,16 +61,28 @@ ROWS = {
 }
 
 
+def burst_prediction(model: str, hw: str, gpus: int, plan: str, n: int, mean_in: float, mean_out: float, *,
+                     sharegpt: bool, precision: str, cal: Calibration):
+    """The prediction of a published burst (module doc): `n` prompts sent at once, ShareGPT-shaped
+    at those mean lengths or all of one length (each rounded to a whole token)."""
+    cl = load_cluster(hw, gpus)
+    w = ServeWorkload(isl=round(mean_in), osl=round(mean_out), concurrency=n)
+    reqs = sharegpt_lengths(n, mean_in, mean_out) if sharegpt else fixed_lengths(n, round(mean_in), round(mean_out))
+    return predict_serve(load_model(model), cl, ServePlan.parse(plan), w, precision=precision, calibration=cal,
+                         n_requests=n, burst=True, requests=reqs)
+
+
+def total_tokens_per_s(p, gpus: int) -> float:
+    """Input + output tokens/s of the whole deployment, the figure a burst's page prints."""
+    return (p.input_tokens_per_s_per_gpu + p.output_tokens_per_s_per_gpu) * gpus
+
+
 def predict_row(row: dict, cal: Calibration) -> float:
     """Predicted total tokens/s of the whole deployment for one reference row."""
     model, plan, isl, osl, n = ROWS[row["id"]]
-    cl = load_cluster(row["hw"], int(row["gpus"]))
-    w = ServeWorkload(isl=round(isl), osl=round(osl), concurrency=n)
-    reqs = (sharegpt_lengths(n, isl, osl) if "sharegpt" in row["workload"].lower()
-            else fixed_lengths(n, round(isl), round(osl)))
-    p = predict_serve(load_model(model), cl, ServePlan.parse(plan), w, precision=row["precision"],
-                      calibration=cal, n_requests=n, burst=True, requests=reqs)
-    return (p.input_tokens_per_s_per_gpu + p.output_tokens_per_s_per_gpu) * cl.num_devices
+    p = burst_prediction(model, row["hw"], int(row["gpus"]), plan, n, isl, osl,
+                         sharegpt="sharegpt" in row["workload"].lower(), precision=row["precision"], cal=cal)
+    return total_tokens_per_s(p, int(row["gpus"]))
 
 
 def _phase_cal(p: float, d: float) -> Calibration:
