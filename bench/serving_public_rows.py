@@ -10,7 +10,20 @@ Rows (each as its source states it; what the plan pins is the source's server co
   prompts; the server command of InferenceX benchmarks/single_node/fixed_seq_len/dsr1_fp8_h200.sh
   (1k/1k branch: --max-running-requests 512 --cuda-graph-max-bs 512 --chunked-prefill-size 32768
   --mem-fraction-static 0.82 --disable-radix-cache). Reported: output tok/s per GPU and mean TPOT.
-  (The script's random-range ratio draws lengths below 1k; priced at exactly 1k/1k.)
+- InferenceX PR 3173 (github.com/SemiAnalysisAI/InferenceX/pull/3173, 2026-09-16, the published
+  baseline of 2026-05-17 it quotes): the same family on SGLang v0.5.12 (lmsysorg/sglang:v0.5.12-cu130),
+  TP8 on 8 H200, 1k/1k and 8k/1k at concurrency 4 / 8 / 16 / 32 / 64 (the script's 8k/1k branch:
+  --max-running-requests 256 --cuda-graph-max-bs 256, otherwise as above). Output tok/s per GPU and
+  mean TPOT.
+- InferenceX PR 3183 (2026-09-16, the published baseline of 2026-05-22): DeepSeek-R1-0528 NVFP4
+  (nvidia/DeepSeek-R1-0528-FP4-V2), SGLang v0.5.12, B300, 1k/1k at concurrency 1 / 2 / 4 / 8 / 16 / 32,
+  TP4 EP4 (4 GPUs) and TP8 EP8 (8 GPUs); the server command of dsr1_fp4_b300.sh: --cuda-graph-max-bs
+  256 --max-running-requests 256 --mem-fraction-static 0.85 --kv-cache-dtype fp8_e4m3
+  --chunked-prefill-size 16384 --ep-size EP --quantization modelopt_fp4
+  --enable-flashinfer-allreduce-fusion --enable-symm-mem --attention-backend trtllm_mla
+  --moe-runner-backend flashinfer_trtllm. Its concurrency-1 rows are batch-1 TPOT on one node.
+  InferenceX draws every length uniformly in [0.8 L, L] (its benchmark template's RANDOM_RANGE_RATIO
+  0.8, utils/bench_serving's random sampler): priced at the mean, 0.9 L.
 - tenstorrent/tt-inference-server issue 356 (2025-07-09): DeepSeek-R1-0528 on 16 H100 (two nodes,
   SGLang over InfiniBand), concurrency 1, 128 output tokens: TPOT at several input lengths; the
   server flags are not published, priced as plain TP16 (SGLang's defaults).
@@ -44,20 +57,44 @@ from specs.models import load_model  # noqa: E402
 from specs.serve_plan import ServePlan, ServeWorkload  # noqa: E402
 
 IX = "InferenceX#870"
+IX12 = "InferenceX#3173"
+IXB3 = "InferenceX#3183"
 TT = "tt-inference-server#356"
-IX_PLAN = "tp=8,max_running=512,cuda_graph_max_bs=512,chunked_prefill=32768,mem_frac=0.82"
 SG = "sglang#7687"
-# (source, cluster kind, GPUs, plan, isl, osl, concurrency, requests (None: 10 x concurrency, at least
-# 16), published output tok/s/GPU or None, published mean TPOT ms or None)
+IX_PLAN = "tp=8,max_running=512,cuda_graph_max_bs=512,chunked_prefill=32768,mem_frac=0.82"
+IX_PLAN_8K = "tp=8,max_running=256,cuda_graph_max_bs=256,chunked_prefill=32768,mem_frac=0.82"
+B300_FLAGS = "max_running=256,cuda_graph_max_bs=256,chunked_prefill=16384,mem_frac=0.85,kv_cache_dtype=fp8_e4m3"
+# InferenceX's lengths: uniform in [0.8 L, L], priced at their mean
+IX_RANGE = 0.8
+# (source, cluster kind, GPUs, plan, precision, isl, osl, length range ratio (1: fixed), concurrency,
+# requests (None: 10 x concurrency, at least 16), published output tok/s/GPU or None, published mean
+# TPOT ms or None)
 ROWS = [
-    (IX, "h200-sxm", 8, IX_PLAN, 1024, 1024, 8, None, 74.6, 12.8),
-    (IX, "h200-sxm", 8, IX_PLAN, 1024, 1024, 16, None, 111.9, 17.2),
-    (IX, "h200-sxm", 8, IX_PLAN, 1024, 1024, 32, None, 151.1, 25.6),
-    (IX, "h200-sxm", 8, IX_PLAN, 1024, 1024, 64, None, 223.6, 34.6),
-    (TT, "h100-sxm", 16, "tp=16", 128, 128, 1, None, None, 23.1),
-    (TT, "h100-sxm", 16, "tp=16", 1024, 128, 1, None, None, 23.2),
-    (TT, "h100-sxm", 16, "tp=16", 4096, 128, 1, None, None, 23.7),
-    (SG, "h200-sxm", 16, "tp=16", 1024, 512, 8, 200, 102400 / 409.60 / 16, None),
+    (IX, "h200-sxm", 8, IX_PLAN, "fp8", 1024, 1024, IX_RANGE, 8, None, 74.6, 12.8),
+    (IX, "h200-sxm", 8, IX_PLAN, "fp8", 1024, 1024, IX_RANGE, 16, None, 111.9, 17.2),
+    (IX, "h200-sxm", 8, IX_PLAN, "fp8", 1024, 1024, IX_RANGE, 32, None, 151.1, 25.6),
+    (IX, "h200-sxm", 8, IX_PLAN, "fp8", 1024, 1024, IX_RANGE, 64, None, 223.6, 34.6),
+    (IX12, "h200-sxm", 8, IX_PLAN, "fp8", 1024, 1024, IX_RANGE, 4, None, 49.17, 9.7),
+    (IX12, "h200-sxm", 8, IX_PLAN, "fp8", 1024, 1024, IX_RANGE, 8, None, 82.37, 11.73),
+    (IX12, "h200-sxm", 8, IX_PLAN, "fp8", 1024, 1024, IX_RANGE, 16, None, 126.62, 15.28),
+    (IX12, "h200-sxm", 8, IX_PLAN, "fp8", 1024, 1024, IX_RANGE, 32, None, 177.14, 21.8),
+    (IX12, "h200-sxm", 8, IX_PLAN, "fp8", 1024, 1024, IX_RANGE, 64, None, 259.8, 29.77),
+    (IX12, "h200-sxm", 8, IX_PLAN_8K, "fp8", 8192, 1024, IX_RANGE, 4, None, 43.12, 10.94),
+    (IX12, "h200-sxm", 8, IX_PLAN_8K, "fp8", 8192, 1024, IX_RANGE, 8, None, 68.33, 13.88),
+    (IX12, "h200-sxm", 8, IX_PLAN_8K, "fp8", 8192, 1024, IX_RANGE, 16, None, 93.89, 20.02),
+    (IX12, "h200-sxm", 8, IX_PLAN_8K, "fp8", 8192, 1024, IX_RANGE, 32, None, 121.01, 31.37),
+    (IX12, "h200-sxm", 8, IX_PLAN_8K, "fp8", 8192, 1024, IX_RANGE, 64, None, 150.98, 49.33),
+] + [
+    (IXB3, "b300", g, f"tp={g},ep={g},{B300_FLAGS}", "nvfp4", 1024, 1024, IX_RANGE, conc, None, out, tpot)
+    for g, conc, out, tpot in ((4, 1, 41.56, 5.94), (8, 1, 21.87, 5.64), (4, 2, 73.14, 6.71), (8, 2, 38.98, 6.29),
+                               (4, 4, 123.74, 7.72), (8, 4, 68.79, 6.93), (4, 8, 209.84, 9.2), (8, 8, 120.33, 8.0),
+                               (4, 16, 332.82, 11.5), (8, 16, 199.71, 9.56), (4, 32, 511.26, 14.54),
+                               (8, 32, 318.21, 11.57))
+] + [
+    (TT, "h100-sxm", 16, "tp=16", "fp8", 128, 128, 1.0, 1, None, None, 23.1),
+    (TT, "h100-sxm", 16, "tp=16", "fp8", 1024, 128, 1.0, 1, None, None, 23.2),
+    (TT, "h100-sxm", 16, "tp=16", "fp8", 4096, 128, 1.0, 1, None, None, 23.7),
+    (SG, "h200-sxm", 16, "tp=16", "fp8", 1024, 512, 1.0, 8, 200, 102400 / 409.60 / 16, None),
 ]
 GS = "gpustack deepseek-r1/h200"
 # bursts: (source, plan, prompts, input tokens printed, output tokens printed, published total tok/s)
@@ -67,32 +104,48 @@ BURSTS = [
 ]
 
 
-def main() -> int:
+def mean_length(n: int, ratio: float) -> int:
+    """Mean of lengths drawn uniformly in [ratio x n, n]."""
+    return round(n * (1.0 + ratio) / 2.0)
+
+
+def predict_rows(rows=ROWS, calibrations=None):
+    """Per row: (row, raw prediction, calibrated prediction)."""
     model = load_model("deepseek-r1")
+    cals = calibrations or (IDENTITY, load_default())
+    out = []
+    for row in rows:
+        src, kind, gpus, text, prec, isl, osl, ratio, conc, n, out_pub, tpot_pub = row
+        w = ServeWorkload(isl=mean_length(isl, ratio), osl=mean_length(osl, ratio), concurrency=conc)
+        preds = [predict_serve(model, load_cluster(kind, gpus), ServePlan.parse(text), w, precision=prec, calibration=c,
+                               n_requests=n or max(10 * conc, 16)) for c in cals]
+        out.append((row, *preds))
+    return out
+
+
+def main() -> int:
     cal = load_default()
     print(f"{'source':24s} {'gpus':>4s} {'isl/osl':>9s} {'conc':>4s} {'out/GPU pub':>11s} {'raw':>7s} {'cal':>7s} "
           f"{'TPOT pub':>8s} {'raw':>6s} {'cal':>6s}")
-    errs = {"out raw": [], "out cal": [], "tpot raw": [], "tpot cal": []}
-    for src, kind, gpus, text, isl, osl, conc, n, out_pub, tpot_pub in ROWS:
-        cl = load_cluster(kind, gpus)
-        w = ServeWorkload(isl=isl, osl=osl, concurrency=conc)
-        n = n or max(10 * conc, 16)
-        raw, calp = (predict_serve(model, cl, ServePlan.parse(text), w, precision="fp8", calibration=c, n_requests=n)
-                     for c in (IDENTITY, cal))
+    errs: dict = {}
+    for row, raw, calp in predict_rows(calibrations=(IDENTITY, cal)):
+        src, kind, gpus, text, prec, isl, osl, ratio, conc, n, out_pub, tpot_pub = row
         tr, tc = (p.extra.get("tpot_p50_s") * 1e3 for p in (raw, calp))
         t = f"{'':8s} {tr:6.1f} {tc:6.1f}"
         if tpot_pub is not None:
-            errs["tpot raw"].append(tr / tpot_pub - 1)
-            errs["tpot cal"].append(tc / tpot_pub - 1)
-            t = f"{tpot_pub:8.1f} {tr:6.1f} {tc:6.1f}"
-        o = "" if out_pub is None else f"{out_pub:11.1f} {raw.output_tokens_per_s_per_gpu:7.1f} {calp.output_tokens_per_s_per_gpu:7.1f}"
+            for k, v in (("TPOT raw", tr), ("TPOT cal", tc)):
+                errs.setdefault(src, {}).setdefault(k, []).append(v / tpot_pub - 1)
+            t = f"{tpot_pub:8.2f} {tr:6.2f} {tc:6.2f}"
+        o = ""
         if out_pub is not None:
-            errs["out raw"].append(raw.output_tokens_per_s_per_gpu / out_pub - 1)
-            errs["out cal"].append(calp.output_tokens_per_s_per_gpu / out_pub - 1)
+            o = f"{out_pub:11.1f} {raw.output_tokens_per_s_per_gpu:7.1f} {calp.output_tokens_per_s_per_gpu:7.1f}"
+            for k, p in (("out raw", raw), ("out cal", calp)):
+                errs.setdefault(src, {}).setdefault(k, []).append(p.output_tokens_per_s_per_gpu / out_pub - 1)
         print(f"{src:24s} {gpus:4d} {isl:>4d}/{osl:<4d} {conc:4d} {o:27s} {t}")
-    print("signed errors (prediction / published - 1):")
-    for k, v in errs.items():
-        print(f"  {k:9s} " + " ".join(f"{e:+.1%}" for e in v) + f"   MAPE {sum(abs(e) for e in v) / len(v):.1%}")
+    print("signed errors (prediction / published - 1), per source:")
+    for src, by in errs.items():
+        for k, v in by.items():
+            print(f"  {src:24s} {k:9s} " + " ".join(f"{e:+.1%}" for e in v) + f"   MAPE {sum(abs(e) for e in v) / len(v):.1%}")
     print("bursts, total tok/s of the 8 GPUs (prediction / published - 1):")
     for src, text, n, tin, tout, pub in BURSTS:
         tot = [total_tokens_per_s(burst_prediction("deepseek-r1", "h200-sxm", 8, text, n, tin / n, tout / n, sharegpt=False,

@@ -17,6 +17,7 @@ from specs.serve_plan import ServePlan, ServeWorkload
 
 QWEN = load_model("qwen3-30b-a3b")
 H200 = load_cluster("h200-sxm", 8)
+H200_PEAK = H200.hbm_tbps * 1e12
 
 
 def step_model(plan="tp=2", cluster=H200, model=QWEN):
@@ -129,11 +130,35 @@ def test_thin_expert_tp_shards_read_their_weights_slower_than_expert_parallel():
     T = np.array([64.0])
     # the same bytes per GPU (all experts / 8), read at the thin-shard kernel's lower bandwidth
     assert float(tp.expert_weight_bytes(T)[0]) == pytest.approx(float(ep.expert_weight_bytes(T)[0]), rel=0.25)
-    # at the same block configuration (SGLang ships a tuned one for TP8's E=128 N=192 on H200, none
-    # for EP8's E=16 N=1536: compare both at the default's speed)
-    from cost_model.serving.fused_moe import TUNED_CONFIG_SPEEDUP
+    # SGLang ships a tuned block config for TP8's E=128 N=192 on H200, none for EP8's E=16 N=1536;
+    # even tuned, the thin shard reads below the wide one's default rate, and far below it at the
+    # same (default) configuration
+    from cost_model.serving.fused_moe import expert_bandwidth_efficiency
     assert (bool(tp.tuned_moe[0]), bool(ep.tuned_moe[0])) == (True, False)
-    assert float(tp._experts(T)[0]) * TUNED_CONFIG_SPEEDUP > 1.15 * float(ep._experts(T)[0])
+    assert float(tp.expert_bw[0]) < float(ep.expert_bw[0])
+    thin_default = float(expert_bandwidth_efficiency(192, 1.0))
+    assert thin_default * 1.25 < float(ep.expert_bw[0]) / float(H200_PEAK)
+    assert float(tp._experts(T)[0]) * float(expert_bandwidth_efficiency(192, 1.0, True)) / thin_default \
+        > 1.15 * float(ep._experts(T)[0])
+
+
+def test_tuned_fused_moe_decode_reads_at_the_tuned_configs_measured_rate():
+    """A tuned block config (16-row tiles, swap-AB) reads a decode call's expert weights at its own
+    measured rate, not the default's times the compute-bound speedup: DeepSeek-R1 TP8 on H200 (E=257
+    N=256, a shipped tuned config) at the tuned class's figure; an untuned shape keeps the default's;
+    the tuned figure is never below the default one at any shard width."""
+    from cost_model.serving.fused_moe import TUNED_CONFIG_SPEEDUP, expert_bandwidth_efficiency, fitted_shapes
+    tuned = [s for s in fitted_shapes() if s["tuned"]]
+    assert tuned and all(0.5 < s["eff"] < 1.0 for s in tuned)
+    dsr1 = load_model("deepseek-r1")
+    c = to_cols(effective_plans([ServePlan.parse("tp=8")], dsr1, H200))
+    sm = StepModel(dsr1, H200, load_tables(tables_dir_for(H200.kind)), c, fp8=True)
+    assert bool(sm.tuned_moe[0])
+    want = float(expert_bandwidth_efficiency(256, 1.0, True)) * float(H200_PEAK)
+    assert float(sm.expert_bw[0]) == pytest.approx(want)
+    assert float(expert_bandwidth_efficiency(256, 1.0, True)) > TUNED_CONFIG_SPEEDUP * float(expert_bandwidth_efficiency(256, 1.0))
+    for n in (8, 192, 256, 768, 1536, 1e5):
+        assert float(expert_bandwidth_efficiency(n, 1.0, True)) >= float(expert_bandwidth_efficiency(n, 1.0))
 
 
 def test_dense_mlp_data_parallel_trades_weight_reads_for_its_collective():
@@ -178,3 +203,38 @@ def test_cli_refuses_a_training_calibration_for_serving(tmp_path):
                         "--concurrency", "1", "--calibration", str(f)], capture_output=True, text=True)
     err = r.stderr.strip()
     assert r.returncode == 2 and "not a serving calibration" in err and "\n" not in err
+
+
+def test_shared_expert_runs_beside_the_routed_experts_in_a_decode_graph():
+    """SGLang 0.5.23 runs DeepSeek's unfused shared expert on a second stream in a CUDA-graph decode
+    step (models/deepseek_v2.py forward_normal_dual_stream): the step takes the longer of the two
+    streams (both floor-bound at batch 1), never less than both weight reads at the HBM rate; an
+    eager step, a plan whose shared expert runs inside the routed kernel, and an all-to-all plan run
+    it in line."""
+    dsr1 = load_model("deepseek-r1")
+    b300 = load_cluster("b300", 8)
+
+    def sm_for(plan, cluster=b300, precision="nvfp4"):
+        c = to_cols(effective_plans([ServePlan.parse(plan)], dsr1, cluster))
+        return StepModel.for_precision(dsr1, cluster, load_tables(tables_dir_for(cluster.kind)), c, precision)
+    ep = sm_for("tp=8,ep=8")
+    assert bool(ep.shared_side_stream[0]) and not bool(ep.shared_fused[0])
+    comp_g, _, parts_g = ep._decode_gpu(np.array([1.0]), 1000.0, graphs=np.array([True]))
+    comp_e, _, parts_e = ep._decode_gpu(np.array([1.0]), 1000.0, graphs=np.array([False]))
+    hidden = float(parts_g["shared_hidden"][0])
+    assert hidden > 0 and float(parts_e["shared_hidden"][0]) == 0.0
+    assert float(comp_e[0]) - float(comp_g[0]) == pytest.approx(hidden)
+    # at batch 1 the overlap hides the shorter stream (the shared expert's floor-bound kernels) whole
+    assert hidden == pytest.approx(min(float(parts_g["dense_shared"][0]), float(parts_g["experts"][0])), rel=0.05)
+    # at a large batch both streams are bandwidth-bound: no less than both reads back to back
+    big = np.array([4096.0])
+    comp_big, _, parts_big = ep._decode_gpu(big, 1000.0, graphs=np.array([True]))
+    reads = (ep.pc["per_layer"]["shared_expert"] / ep.c.tp * ep.wlin / ep.hbm_bw
+             + ep.expert_weight_bytes(big) / ep.expert_bw)
+    assert float(parts_big["shared_hidden"][0]) <= float(parts_big["dense_shared"][0])
+    assert float(comp_big[0]) >= float(np.ravel(ep.L_moe * reads)[0])
+    # the shared expert inside the routed Triton kernel (H200 TP8): nothing on a side stream
+    assert not bool(sm_for("tp=8", load_cluster("h200-sxm", 8), "fp8").shared_side_stream[0])
+    # DeepEP's all-to-all path does not take the dual-stream branch
+    dep = sm_for("tp=8,ep=8,a2a=deepep")
+    assert not bool(dep.shared_side_stream[0])

@@ -4,18 +4,26 @@ expert-TP shards stay far below it. Why row bytes: the kernel's CTAs each stream
 weights, so the bytes in flight over the whole kernel grow with N x bytes per weight.
 
 Source: public timings of the whole fused-MoE call (both expert GEMMs, activation, alignment) at
-decode batches with the untuned default block configuration, copied with their sources into
-cost_model/data/fused_moe_kernel_latency.csv. For each shape the times are fitted by
+decode batches, copied with their sources into cost_model/data/fused_moe_kernel_latency.csv, in two
+classes by the block configuration the call ran: the default one (no tuned file for the shape) and a
+tuned one. They differ most at decode: SGLang's default for block-fp8 weights tiles 64 rows per
+expert (fused_moe_triton_config.get_default_config: BLOCK_SIZE_M 64 at every M), its tuned files 16
+(e.g. triton_3_5_1/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json
+up to 256 tokens), where SGLang 0.5.23's kernel also swaps A and B on SM90
+(fused_moe_triton_kernels.should_enable_swap_ab: BLOCK_SIZE_M < 64, BLOCK_SIZE_N >= 64). For each
+shape the times are fitted by
 
     t(B) = t0 + weight_bytes(B) / (eff * HBM peak),
     weight_bytes(B) = E (1 - (1 - k/E)^B) x 3 x hidden x N x bytes per weight
 
 (the distinct experts a batch of B tokens activates under uniform routing, as the benchmarks route);
-`eff` is the fraction of the datasheet HBM bandwidth the kernel reaches. Between the measured
-row bytes eff is interpolated in log row bytes; outside them it is held at the nearest one (no
-extrapolation). Assumed: eff, as a fraction of each GPU's own peak, carries over between GPUs
-(the rows are an H200 fp8 shape, 192 B rows, and a B200 bf16 one, 1536 B rows). The intercept t0 (~25 us on
-both shapes) is not used: it is the kernels' minimum durations, which the step prices apart
+`eff` is the fraction of the datasheet HBM bandwidth the kernel reaches. Within a class, eff is
+interpolated between the measured row bytes in log row bytes and held at the nearest one outside them
+(no extrapolation). A tuned configuration is never slower than the default it replaces (the tuner
+keeps the fastest it finds), so a tuned call reaches the larger of the two classes' figures. Assumed:
+eff, as a fraction of each GPU's own peak, carries over between GPUs (the rows: H200 fp8 192 B rows
+default and 256 B rows tuned, B200 bf16 1536 B rows default). The intercept t0 (~25 us on every shape)
+is not used: it is the kernels' minimum durations, which the step prices apart
 (constants.KERNEL_MIN_S), and matches them (5 kernels x 5 us).
 """
 from __future__ import annotations
@@ -44,10 +52,11 @@ _FIT: tuple | None = None
 
 
 def fitted_shapes() -> list[dict]:
-    """One dict per measured shape: n_shard, row_bytes, eff (fraction of HBM peak), t0_us, source."""
+    """One dict per measured shape: n_shard, row_bytes, eff (fraction of HBM peak), t0_us, tuned
+    (the call ran a tuned block config), source."""
     shapes: dict = {}
     for r in csv.DictReader(DATA.open()):
-        key = (r["gpu"], r["model"], r["n_shard"])
+        key = (r["gpu"], r["model"], r["n_shard"], r["config"])
         shapes.setdefault(key, []).append(r)
     out = []
     for rows in shapes.values():
@@ -61,35 +70,43 @@ def fitted_shapes() -> list[dict]:
         out.append({"n_shard": float(r0["n_shard"]), "gpu": r0["gpu"],
                     "row_bytes": float(r0["n_shard"]) * float(r0["weight_bytes"]),
                     "eff": float(1.0 / (slope * float(r0["hbm_tbps"]) * 1e12)), "t0_us": float(t0 * 1e6),
-                    "source": r0["source"]})
+                    "tuned": r0["config"] == "tuned", "source": r0["source"]})
     return sorted(out, key=lambda s: s["row_bytes"])
 
 
-def expert_bandwidth_efficiency(n_shard, weight_bytes: float):
+def _class_eff(shapes: list[dict], row_bytes):
+    """eff interpolated over `shapes` (one config class) in log row bytes, held at its ends."""
+    ln = np.log([x["row_bytes"] for x in shapes])
+    return np.interp(np.log(np.maximum(row_bytes, 1.0)), ln, np.array([x["eff"] for x in shapes]))
+
+
+def expert_bandwidth_efficiency(n_shard, weight_bytes: float, tuned=False):
     """Fraction of the datasheet HBM bandwidth the routed-expert kernel reaches at per-expert
-    shard width `n_shard` (array or float) with `weight_bytes` bytes per weight."""
+    shard width `n_shard` (array or float) with `weight_bytes` bytes per weight, with SGLang's
+    default block configuration, or (`tuned`, array or bool) a tuned one: the larger of the tuned
+    and the default figure."""
     global _FIT
     if _FIT is None:
         s = fitted_shapes()
-        _FIT = (np.log([x["row_bytes"] for x in s]), np.array([x["eff"] for x in s]))
-    ln, eff = _FIT
-    return np.interp(np.log(np.maximum(np.asarray(n_shard, float) * weight_bytes, 1.0)), ln, eff)
+        _FIT = ([x for x in s if not x["tuned"]], [x for x in s if x["tuned"]])
+    default, tuned_shapes = _FIT
+    rb = np.asarray(n_shard, float) * weight_bytes
+    base = _class_eff(default, rb)
+    return np.where(np.asarray(tuned, bool), np.maximum(base, _class_eff(tuned_shapes, rb)), base)
 
 
 # ---- SGLang's tuned fused-MoE configs ---------------------------------------------------------------
-# The timings above run the kernel's default block configuration. SGLang ships tuned configurations
-# for the shapes its users run (one JSON per E, N, device, dtype; sglang/srt/layers/moe/moe_runner/
-# triton_utils/fused_moe_triton_config.py get_config_file_name / get_moe_configs, which falls back
-# across its triton_* directories), and where one exists the kernel runs faster than the default
-# at the same shape: TUNED_CONFIG_SPEEDUP. The list of shipped NVIDIA configs is copied into
+# SGLang ships tuned configurations for the shapes its users run (one JSON per E, N, device, dtype;
+# sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py get_config_file_name /
+# get_moe_configs, which falls back across its triton_* directories). Decode calls read their weights
+# at the tuned class's bandwidth above; compute-bound (prefill-sized) calls run faster by
+# TUNED_CONFIG_SPEEDUP. The list of shipped NVIDIA configs is copied into
 # cost_model/data/sglang_fused_moe_configs.csv (`python -m cost_model.serving.fused_moe --refresh
 # SGLANG_PACKAGE_DIR` rewrites it from an installed sglang).
 TUNED_DATA = DATA.with_name("sglang_fused_moe_configs.csv")
-# Tuned / default kernel speed at decode batches, fp8 w8a8, from public kernel-level A/Bs of the same
-# kernel at the same shape: vLLM PR #35457 (H200, E=128 N=96 fp8: 8-11% faster at batch 48-128,
-# 5-6% at 1024-2048), vLLM PR #53819 (L40S, E=256 N=512 fp8: 2.6-7.5% over M = 2..8192, median
-# 6.6%): ~1.08. The one bf16 A/B (vLLM #35457: 20-24% at batch 16-64, 2-12% at 1-8) is higher;
-# the fp8 figure is used for both (conservative for bf16).
+# Tuned / default kernel speed at prefill-sized calls, fp8 w8a8, from public kernel-level A/Bs of the
+# same kernel at the same shape: vLLM PR #35457 (H200, E=128 N=96 fp8: 5-6% at batch 1024-2048, 8-11%
+# at 48-128), vLLM PR #53819 (L40S, E=256 N=512 fp8: 2.6-7.5% over M = 2..8192, median 6.6%): ~1.08.
 TUNED_CONFIG_SPEEDUP = 1.08
 _TUNED: set | None = None
 

@@ -101,6 +101,21 @@ def shared_expert_fused(spec, c, moe_kernel) -> np.ndarray:
             & (np.asarray(c.a2a) == 0))
 
 
+def shared_on_side_stream(spec, c, cluster) -> np.ndarray:
+    """Per plan, whether SGLang 0.5.23 runs DeepSeek-V3's shared expert on a second CUDA stream,
+    concurrently with the router, top-k and routed experts, in a decode step captured in a CUDA
+    graph: models/deepseek_v2.py DeepseekV2MoE.forward takes forward_normal_dual_stream where the
+    model has its alternate stream (every CUDA device: DeepseekV2Model's alt_stream), no all-to-all
+    (`_enable_a2a_moe` off), a shared expert that is not fused into the routed kernel
+    (num_fused_shared_experts 0; the caller removes `shared_expert_fused` plans) and graph capture
+    is on; the main stream waits for it before the output. Two-batch overlap needs an all-to-all,
+    so it never takes this path."""
+    from specs.hf_export import pick_architecture
+    if not (cluster.is_gpu and spec.moe_shared_expert_ffn and pick_architecture(spec) == "DeepseekV3ForCausalLM"):
+        return np.zeros(len(c), bool)
+    return (np.asarray(c.a2a) == 0) & ~np.asarray(c.tbo, bool)
+
+
 # Rows per expert at which the bf16 grouped-GEMM table is compute-bound (its weights amortised over
 # the rows): the rate W4A16 experts' FLOPs are priced at (`StepModel._expert_parts`).
 W4A16_RATE_ROWS = 4096.0
@@ -170,6 +185,9 @@ class StepModel:
         # one more expert every token picks (E = 257 for DeepSeek-V3/R1) instead of as its own MLP
         # (`shared_expert_fused`)
         self.shared_fused = shared_expert_fused(spec, c, moe_kernel) & bool(cluster.is_gpu)
+        # per plan, whether a decode step captured in a CUDA graph runs the shared expert on a second
+        # stream beside the router and routed experts (`shared_on_side_stream`)
+        self.shared_side_stream = shared_on_side_stream(spec, c, cluster) & ~self.shared_fused
         # per plan and phase, whether the all-to-all runs DeepEP's normal kernels (not low latency):
         # read by the experts' scatter / gather and the TBO prefill on every simulated step
         self.deepep_normal = {"decode": a2a & ~np.asarray(c.low_latency_decode, bool),
@@ -181,20 +199,21 @@ class StepModel:
         # the attention weights one attention-TP rank holds and multiplies (MLA's down projections whole)
         self.attn_params = attention_params_per_rank(spec, c.attn_tp)
         self.hbm_bw = self.ops.bw["elementwise"]  # achieved bytes/s of a memory-bound kernel
-        # achieved bytes/s of the routed-expert kernel (GPU: measured fused-MoE timings by shard row bytes)
-        self.expert_bw = (cluster.hbm_tbps * 1e12 * expert_bandwidth_efficiency(spec.moe_ffn_hidden_size / c.moe_tp,
-                                                                               self.wexp)
-                          if cluster.is_gpu and spec.num_experts else self.hbm_bw)
-        # Triton fused_moe runs a tuned block config where SGLang ships one for the shape (`fused_moe`
-        # TUNED_CONFIG_SPEEDUP; the efficiencies above are the default config's)
+        # Triton fused_moe runs a tuned block config where SGLang ships one for the shape
+        # (`fused_moe.ships_tuned_config`): its decode calls read their weights at the tuned
+        # configs' measured bandwidth, its compute-bound calls run TUNED_CONFIG_SPEEDUP faster
         self.tuned_moe = np.zeros(len(c), bool)
         if cluster.is_gpu and spec.num_experts:
             self.tuned_moe = (moe_kernel == "triton_fused_moe") & ships_tuned_config(cluster, spec.num_experts / np.asarray(c.ep, float),
                                                          spec.moe_ffn_hidden_size / np.asarray(c.moe_tp, float), fp8)
             speed = np.where(self.tuned_moe, TUNED_CONFIG_SPEEDUP, 1.0)
-            self.expert_bw = self.expert_bw * speed
             self.moe_eff = self.moe_eff * speed
             self.moe_ceiling = self.moe_ceiling * speed
+        # achieved bytes/s of the routed-expert kernel (GPU: measured fused-MoE timings by shard row
+        # bytes and block-config class)
+        self.expert_bw = (cluster.hbm_tbps * 1e12 * expert_bandwidth_efficiency(spec.moe_ffn_hidden_size / c.moe_tp,
+                                                                               self.wexp, self.tuned_moe)
+                          if cluster.is_gpu and spec.num_experts else self.hbm_bw)
         self.kvt = kv_bytes_per_token(spec, c)  # per GPU, per token, one stage
         self.layers = spec.num_layers / c.pp
         self.L_moe = self.pc["num_moe_layers"] / c.pp
@@ -513,8 +532,9 @@ class StepModel:
         return t + np.where(c.overlap_sched, 0.0, SCHED_OVERHEAD_S)
 
     # ---- steps ----------------------------------------------------------------------------
-    def _decode_gpu(self, B, ctx):
-        """(compute, communication, parts) seconds of one decode step at `B` requests per rank."""
+    def _decode_gpu(self, B, ctx, graphs=False):
+        """(compute, communication, parts) seconds of one decode step at `B` requests per rank;
+        `graphs` (per plan): the step replays a CUDA graph."""
         s, c = self.s, self.c
         T = B * c.attn_dp
         proj = self._floor(self._gemm(B, self.attn_params), "attention_proj")
@@ -532,12 +552,22 @@ class StepModel:
         dense = self._floor(self._dense_mlp(T), "mlp")
         shared = self._shared_step(T)
         experts = self._floor(self._experts(T, decode=True), "experts") if s.num_experts else 0.0
+        # the shared expert on its own stream beside the routed experts (`shared_on_side_stream`):
+        # two memory-bound streams take the longer of the two, and no less than both weight reads
+        # one after the other at the HBM rate (a small batch's kernels are floor-bound and overlap;
+        # a large one's share the bandwidth)
+        side = self.shared_side_stream & np.asarray(graphs, bool)
+        reads = (self.pc["per_layer"]["shared_expert"] / c.tp * self.wlin / self.hbm_bw
+                 + (self.expert_weight_bytes(T) / self.expert_bw if s.num_experts else 0.0))
+        moe = np.where(side, np.maximum(np.maximum(shared, experts), reads), shared + experts)
         comm, comm_dense = self._comm(T, decode=True)
         head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp, ops=self.head_ops) / c.pp
-        comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * (shared + experts) + head
+        comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * moe + head
         comm_t = self.L_moe * comm + self.L_dense * comm_dense
         parts = {"attention": self.layers * (proj + core) * c.pp, "experts": self.L_moe * experts * c.pp,
-                 "dense_shared": (self.L_dense * dense + self.L_moe * shared) * c.pp, "communication": comm_t * c.pp}
+                 "dense_shared": (self.L_dense * dense + self.L_moe * shared) * c.pp, "communication": comm_t * c.pp,
+                 # of the parts above, what the shared expert's side stream hides under the routed experts
+                 "shared_hidden": self.L_moe * (shared + experts - moe) * c.pp}
         return comp, comm_t, parts
 
     def decode(self, batch_rank, ctx):
@@ -545,10 +575,10 @@ class StepModel:
         mean context of `ctx` tokens. Returns (seconds, dict of parts)."""
         c = self.c
         B = np.maximum(np.asarray(batch_rank, float), 1.0)
-        comp, comm_t, parts = self._decode_gpu(B, ctx)
-        comp_h, comm_h, _ = self._decode_gpu(np.maximum(B / 2.0, 1.0), ctx)
-        gpu = self._two_batch((comp, comm_t), (comp_h, comm_h))
         graphs = (c.graph_bs > 0) & (B <= c.graph_bs)
+        comp, comm_t, parts = self._decode_gpu(B, ctx, graphs)
+        comp_h, comm_h, _ = self._decode_gpu(np.maximum(B / 2.0, 1.0), ctx, graphs)
+        gpu = self._two_batch((comp, comm_t), (comp_h, comm_h))
         stage = self._launch(gpu, graphs)
         t = stage * c.pp  # the batch passes every stage once per token
         return t, {**parts, "cuda_graphs": graphs}
