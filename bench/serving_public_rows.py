@@ -22,6 +22,13 @@ Rows (each as its source states it; what the plan pins is the source's server co
   --chunked-prefill-size 16384 --ep-size EP --quantization modelopt_fp4
   --enable-flashinfer-allreduce-fusion --enable-symm-mem --attention-backend trtllm_mla
   --moe-runner-backend flashinfer_trtllm. Its concurrency-1 rows are batch-1 TPOT on one node.
+- InferenceX PR 3175 (2026-09-16, the published baseline of 2026-05-22): DeepSeek-R1-0528 FP8 on B300,
+  SGLang v0.5.12, TP8 EP1 1k/1k at concurrency 1-64 and 8k/1k at concurrency 1-4 on TP4 / TP8 (the 12
+  points the PR shows); the server command of dsr1_fp8_b300.sh: SGL_ENABLE_JIT_DEEPGEMM=false,
+  --kv-cache-dtype fp8_e4m3 --enable-flashinfer-allreduce-fusion --attention-backend trtllm_mla
+  --moe-runner-backend flashinfer_trtllm --quantization fp8, TP8: --cuda-graph-max-bs 128
+  --max-running-requests 128 --mem-fraction-static 0.82 --chunked-prefill-size 32768, TP4 (8k/1k
+  only): 32 / 32 / 0.95 / 8192.
   InferenceX draws every length uniformly in [0.8 L, L] (its benchmark template's RANDOM_RANGE_RATIO
   0.8, utils/bench_serving's random sampler): priced at the mean, 0.9 L.
 - tenstorrent/tt-inference-server issue 356 (2025-07-09): DeepSeek-R1-0528 on 16 H100 (two nodes,
@@ -59,11 +66,16 @@ from specs.serve_plan import ServePlan, ServeWorkload  # noqa: E402
 IX = "InferenceX#870"
 IX12 = "InferenceX#3173"
 IXB3 = "InferenceX#3183"
+IXB3F = "InferenceX#3175"
+# sources whose server runs with SGLang's DeepGEMM JIT off (SGL_ENABLE_JIT_DEEPGEMM=false)
+NO_DEEPGEMM_JIT = {IXB3F}
 TT = "tt-inference-server#356"
 SG = "sglang#7687"
 IX_PLAN = "tp=8,max_running=512,cuda_graph_max_bs=512,chunked_prefill=32768,mem_frac=0.82"
 IX_PLAN_8K = "tp=8,max_running=256,cuda_graph_max_bs=256,chunked_prefill=32768,mem_frac=0.82"
 B300_FLAGS = "max_running=256,cuda_graph_max_bs=256,chunked_prefill=16384,mem_frac=0.85,kv_cache_dtype=fp8_e4m3"
+B300_FP8_TP8 = "max_running=128,cuda_graph_max_bs=128,chunked_prefill=32768,mem_frac=0.82"
+B300_FP8_TP4 = "max_running=32,cuda_graph_max_bs=32,chunked_prefill=8192,mem_frac=0.95"
 # InferenceX's lengths: uniform in [0.8 L, L], priced at their mean
 IX_RANGE = 0.8
 # (source, cluster kind, GPUs, plan, precision, isl, osl, length range ratio (1: fixed), concurrency,
@@ -90,6 +102,15 @@ ROWS = [
                                (4, 4, 123.74, 7.72), (8, 4, 68.79, 6.93), (4, 8, 209.84, 9.2), (8, 8, 120.33, 8.0),
                                (4, 16, 332.82, 11.5), (8, 16, 199.71, 9.56), (4, 32, 511.26, 14.54),
                                (8, 32, 318.21, 11.57))
+] + [
+    (IXB3F, "b300", g, f"tp={g},{flags},kv_cache_dtype=fp8_e4m3", "fp8", isl, 1024, IX_RANGE, conc, None, out, tpot)
+    for g, flags, isl, conc, out, tpot in (
+        (8, B300_FP8_TP8, 1024, 1, 17.58, 7.04), (8, B300_FP8_TP8, 1024, 2, 32.14, 7.64),
+        (8, B300_FP8_TP8, 1024, 4, 57.48, 8.3), (8, B300_FP8_TP8, 1024, 8, 95.35, 10.12),
+        (8, B300_FP8_TP8, 1024, 16, 154.31, 12.35), (8, B300_FP8_TP8, 1024, 32, 245.81, 15.46),
+        (8, B300_FP8_TP8, 1024, 64, 356.88, 21.17), (4, B300_FP8_TP4, 8192, 1, 30.63, 7.76),
+        (8, B300_FP8_TP8, 8192, 1, 16.61, 7.23), (4, B300_FP8_TP4, 8192, 2, 53.39, 8.87),
+        (8, B300_FP8_TP8, 8192, 2, 29.52, 8.08), (4, B300_FP8_TP4, 8192, 4, 83.82, 11.11))
 ] + [
     (TT, "h100-sxm", 16, "tp=16", "fp8", 128, 128, 1.0, 1, None, None, 23.1),
     (TT, "h100-sxm", 16, "tp=16", "fp8", 1024, 128, 1.0, 1, None, None, 23.2),
@@ -118,7 +139,8 @@ def predict_rows(rows=ROWS, calibrations=None):
         src, kind, gpus, text, prec, isl, osl, ratio, conc, n, out_pub, tpot_pub = row
         w = ServeWorkload(isl=mean_length(isl, ratio), osl=mean_length(osl, ratio), concurrency=conc)
         preds = [predict_serve(model, load_cluster(kind, gpus), ServePlan.parse(text), w, precision=prec, calibration=c,
-                               n_requests=n or max(10 * conc, 16)) for c in cals]
+                               n_requests=n or max(10 * conc, 16), deepgemm_jit=src not in NO_DEEPGEMM_JIT)
+                 for c in cals]
         out.append((row, *preds))
     return out
 

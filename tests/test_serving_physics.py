@@ -238,3 +238,21 @@ def test_shared_expert_runs_beside_the_routed_experts_in_a_decode_graph():
     # DeepEP's all-to-all path does not take the dual-stream branch
     dep = sm_for("tp=8,ep=8,a2a=deepep")
     assert not bool(dep.shared_side_stream[0])
+
+
+def test_blackwell_trtllm_moe_reads_at_its_own_measured_rate():
+    """Blackwell's flashinfer_trtllm MoE runner reads a decode call's weights at its own measured
+    rate (flashinfer PR #5301's DeepSeek-V3 EP8 shard in NVFP4 on B300), not at the Triton
+    kernel's default-config figure for the same row bytes."""
+    from cost_model.serving.fused_moe import expert_bandwidth_efficiency, fitted_shapes
+    trt = [s for s in fitted_shapes() if s["kernel"] == "flashinfer_trtllm"]
+    assert trt and all(0.5 < s["eff"] < 1.0 for s in trt)
+    dsr1 = load_model("deepseek-r1")
+    b300 = load_cluster("b300", 8)
+    c = to_cols(effective_plans([ServePlan.parse("tp=8,ep=8")], dsr1, b300))
+    sm = StepModel.for_precision(dsr1, b300, load_tables(tables_dir_for(b300.kind)), c, "nvfp4")
+    rb_n = dsr1.moe_ffn_hidden_size  # EP8: whole experts
+    want = float(expert_bandwidth_efficiency(rb_n, sm.wexp, False, "flashinfer_trtllm")) * b300.hbm_tbps * 1e12
+    assert float(sm.expert_bw[0]) == pytest.approx(want)
+    assert want != pytest.approx(float(expert_bandwidth_efficiency(rb_n, sm.wexp)) * b300.hbm_tbps * 1e12, rel=0.02)
+    assert want / (b300.hbm_tbps * 1e12) == pytest.approx(trt[0]["eff"])

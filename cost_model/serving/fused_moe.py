@@ -20,9 +20,14 @@ shape the times are fitted by
 `eff` is the fraction of the datasheet HBM bandwidth the kernel reaches. Within a class, eff is
 interpolated between the measured row bytes in log row bytes and held at the nearest one outside them
 (no extrapolation). A tuned configuration is never slower than the default it replaces (the tuner
-keeps the fastest it finds), so a tuned call reaches the larger of the two classes' figures. Assumed:
+keeps the fastest it finds), so a tuned call reaches the larger of the two classes' figures.
+Blackwell's flashinfer_trtllm MoE runner (routing, the permuting gated-activation GEMM, the second
+GEMM and the finalize of TRT-LLM's generated kernels) is a third class of its own timings (one shape: DeepSeek-V3's EP8 shard
+in NVFP4 on B300, flashinfer PR #5301, fitted over the batches at which fewer than 90% of the
+shard's experts are active, beyond which the bytes stop growing), held at that shape at every row
+width: a TP-sharded expert's thinner rows on that runner are an extrapolation. Assumed:
 eff, as a fraction of each GPU's own peak, carries over between GPUs (the rows: H200 fp8 192 B rows
-default and 256 B rows tuned, B200 bf16 1536 B rows default). The intercept t0 (~25 us on every shape)
+default and 256 B rows tuned, B200 bf16 1536 B rows default, B300 NVFP4 1152 B rows flashinfer_trtllm). The intercept t0 (~25 us on every shape)
 is not used: it is the kernels' minimum durations, which the step prices apart
 (constants.KERNEL_MIN_S), and matches them (5 kernels x 5 us).
 """
@@ -47,6 +52,8 @@ PREFILL_MIN_TOKENS = 1536
 # up to 256 tokens, 32 at 512, 64 from 1024; triton_3_2_0/E=128,N=768,...H200 fp8: 16 for 4-128,
 # 64 from 256)
 FUSED_MOE_BLOCK_M = 64
+# the `config` column of the timings: the kernel each class ran (Triton fused_moe unless named)
+KERNEL_OF_CONFIG = {"flashinfer_trtllm": "flashinfer_trtllm"}
 FUSED_MOE_BLOCK_M_SMALL = 16
 _FIT: tuple | None = None
 
@@ -62,15 +69,17 @@ def fitted_shapes() -> list[dict]:
     for rows in shapes.values():
         r0 = rows[0]
         E, k = float(r0["num_experts"]), float(r0["topk"])
+        local = float(r0["local_experts"] or E)  # an EP shard's experts (all E without one)
         per_expert = 3.0 * float(r0["hidden"]) * float(r0["n_shard"]) * float(r0["weight_bytes"])
         B = np.array([float(r["batch"]) for r in rows])
-        nbytes = E * (1.0 - (1.0 - k / E) ** B) * per_expert
+        nbytes = local * (1.0 - (1.0 - k / E) ** B) * per_expert
         t = np.array([float(r["kernel_us"]) for r in rows]) * 1e-6
         slope, t0 = np.polyfit(nbytes, t, 1)  # seconds per byte, seconds
         out.append({"n_shard": float(r0["n_shard"]), "gpu": r0["gpu"],
                     "row_bytes": float(r0["n_shard"]) * float(r0["weight_bytes"]),
                     "eff": float(1.0 / (slope * float(r0["hbm_tbps"]) * 1e12)), "t0_us": float(t0 * 1e6),
-                    "tuned": r0["config"] == "tuned", "source": r0["source"]})
+                    "tuned": r0["config"] == "tuned", "kernel": KERNEL_OF_CONFIG.get(r0["config"], "triton_fused_moe"),
+                    "source": r0["source"]})
     return sorted(out, key=lambda s: s["row_bytes"])
 
 
@@ -80,19 +89,24 @@ def _class_eff(shapes: list[dict], row_bytes):
     return np.interp(np.log(np.maximum(row_bytes, 1.0)), ln, np.array([x["eff"] for x in shapes]))
 
 
-def expert_bandwidth_efficiency(n_shard, weight_bytes: float, tuned=False):
+def expert_bandwidth_efficiency(n_shard, weight_bytes: float, tuned=False, kernel="triton_fused_moe"):
     """Fraction of the datasheet HBM bandwidth the routed-expert kernel reaches at per-expert
-    shard width `n_shard` (array or float) with `weight_bytes` bytes per weight, with SGLang's
-    default block configuration, or (`tuned`, array or bool) a tuned one: the larger of the tuned
-    and the default figure."""
+    shard width `n_shard` (array or float) with `weight_bytes` bytes per weight. Triton fused_moe
+    with SGLang's default block configuration, or (`tuned`, array or bool) a tuned one: the larger
+    of the tuned and the default figure; Blackwell's flashinfer_trtllm runner (`kernel`, array or
+    str, `kernel_path.moe_path`) at its own measured figure. Other kernels (DeepGEMM's grouped
+    GEMMs under DeepEP) have no decode timing here and take the Triton default's."""
     global _FIT
     if _FIT is None:
         s = fitted_shapes()
-        _FIT = ([x for x in s if not x["tuned"]], [x for x in s if x["tuned"]])
-    default, tuned_shapes = _FIT
+        triton = [x for x in s if x["kernel"] == "triton_fused_moe"]
+        _FIT = ([x for x in triton if not x["tuned"]], [x for x in triton if x["tuned"]],
+                [x for x in s if x["kernel"] == "flashinfer_trtllm"])
+    default, tuned_shapes, trtllm = _FIT
     rb = np.asarray(n_shard, float) * weight_bytes
     base = _class_eff(default, rb)
-    return np.where(np.asarray(tuned, bool), np.maximum(base, _class_eff(tuned_shapes, rb)), base)
+    triton = np.where(np.asarray(tuned, bool), np.maximum(base, _class_eff(tuned_shapes, rb)), base)
+    return np.where(np.asarray(kernel) == "flashinfer_trtllm", _class_eff(trtllm, rb), triton)
 
 
 # ---- SGLang's tuned fused-MoE configs ---------------------------------------------------------------

@@ -209,10 +209,10 @@ class StepModel:
             speed = np.where(self.tuned_moe, TUNED_CONFIG_SPEEDUP, 1.0)
             self.moe_eff = self.moe_eff * speed
             self.moe_ceiling = self.moe_ceiling * speed
-        # achieved bytes/s of the routed-expert kernel (GPU: measured fused-MoE timings by shard row
-        # bytes and block-config class)
+        # achieved bytes/s of the routed-expert kernel (GPU: measured fused-MoE timings by kernel,
+        # block-config class and shard row bytes)
         self.expert_bw = (cluster.hbm_tbps * 1e12 * expert_bandwidth_efficiency(spec.moe_ffn_hidden_size / c.moe_tp,
-                                                                               self.wexp, self.tuned_moe)
+                                                                               self.wexp, self.tuned_moe, moe_kernel)
                           if cluster.is_gpu and spec.num_experts else self.hbm_bw)
         self.kvt = kv_bytes_per_token(spec, c)  # per GPU, per token, one stage
         self.layers = spec.num_layers / c.pp
