@@ -14,22 +14,26 @@ up to 256 tokens), where SGLang 0.5.23's kernel also swaps A and B on SM90
 shape the times are fitted by
 
     t(B) = t0 + weight_bytes(B) / (eff * HBM peak),
-    weight_bytes(B) = E (1 - (1 - k/E)^B) x 3 x hidden x N x bytes per weight
+    weight_bytes(B) = L (1 - (1 - k/E)^B) x 3 x hidden x N x bytes per weight
 
-(the distinct experts a batch of B tokens activates under uniform routing, as the benchmarks route);
+(the distinct experts of the L on the GPU - E, or an EP shard's - that a batch of B tokens activates
+under uniform routing over E, as the benchmarks route);
 `eff` is the fraction of the datasheet HBM bandwidth the kernel reaches. Within a class, eff is
 interpolated between the measured row bytes in log row bytes and held at the nearest one outside them
 (no extrapolation). A tuned configuration is never slower than the default it replaces (the tuner
 keeps the fastest it finds), so a tuned call reaches the larger of the two classes' figures.
 Blackwell's flashinfer_trtllm MoE runner (routing, the permuting gated-activation GEMM, the second
-GEMM and the finalize of TRT-LLM's generated kernels) is a third class of its own timings (one shape: DeepSeek-V3's EP8 shard
-in NVFP4 on B300, flashinfer PR #5301, fitted over the batches at which fewer than 90% of the
-shard's experts are active, beyond which the bytes stop growing), held at that shape at every row
-width: a TP-sharded expert's thinner rows on that runner are an extrapolation. Assumed:
-eff, as a fraction of each GPU's own peak, carries over between GPUs (the rows: H200 fp8 192 B rows
-default and 256 B rows tuned, B200 bf16 1536 B rows default, B300 NVFP4 1152 B rows flashinfer_trtllm). The intercept t0 (~25 us on every shape)
-is not used: it is the kernels' minimum durations, which the step prices apart
-(constants.KERNEL_MIN_S), and matches them (5 kernels x 5 us).
+GEMM and the finalize of TRT-LLM's generated kernels) is a third class of its own timings (one
+shape: DeepSeek-V3's EP8 shard in NVFP4 on B300, flashinfer PR #5301, fitted over the batches at
+which fewer than 90% of the shard's experts are active, beyond which the bytes stop growing), held
+at that shape at every row width: a TP-sharded expert's thinner rows on that runner are an
+extrapolation. Assumed: eff, as a fraction of each GPU's own peak, carries over between GPUs (the
+rows: H200 fp8 192 B rows default and 256 B rows tuned, B200 bf16 1536 B rows default, B300 NVFP4
+1152 B rows flashinfer_trtllm). The intercept t0 (~25 us on every shape) is not used: it is the
+kernels' minimum durations, which the step prices apart (constants.KERNEL_MIN_S), and matches them
+(5 kernels x 5 us). Measured, not used: the tuned class's marginal rate over its largest calls
+(16-32 tokens) is ~90% of peak, above the straight-line fit; calls beyond the measured bytes (a
+DeepSeek TP8 decode call at 64 tokens reads ~3x the largest) are priced at the fit.
 """
 from __future__ import annotations
 
@@ -52,15 +56,15 @@ PREFILL_MIN_TOKENS = 1536
 # up to 256 tokens, 32 at 512, 64 from 1024; triton_3_2_0/E=128,N=768,...H200 fp8: 16 for 4-128,
 # 64 from 256)
 FUSED_MOE_BLOCK_M = 64
+FUSED_MOE_BLOCK_M_SMALL = 16
 # the `config` column of the timings: the kernel each class ran (Triton fused_moe unless named)
 KERNEL_OF_CONFIG = {"flashinfer_trtllm": "flashinfer_trtllm"}
-FUSED_MOE_BLOCK_M_SMALL = 16
 _FIT: tuple | None = None
 
 
 def fitted_shapes() -> list[dict]:
     """One dict per measured shape: n_shard, row_bytes, eff (fraction of HBM peak), t0_us, tuned
-    (the call ran a tuned block config), source."""
+    (the call ran a tuned block config), kernel (the MoE runner timed), source."""
     shapes: dict = {}
     for r in csv.DictReader(DATA.open()):
         key = (r["gpu"], r["model"], r["n_shard"], r["config"])
