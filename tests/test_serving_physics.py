@@ -235,9 +235,22 @@ def test_shared_expert_runs_beside_the_routed_experts_in_a_decode_graph():
     assert float(comp_big[0]) >= float(np.ravel(ep.L_moe * reads)[0])
     # the shared expert inside the routed Triton kernel (H200 TP8): nothing on a side stream
     assert not bool(sm_for("tp=8", load_cluster("h200-sxm", 8), "fp8").shared_side_stream[0])
-    # DeepEP's all-to-all path does not take the dual-stream branch
-    dep = sm_for("tp=8,ep=8,a2a=deepep")
-    assert not bool(dep.shared_side_stream[0])
+    # under DeepEP (forward_deepep) the shared expert runs beside the dispatch, routed experts and
+    # combine in every step, eager too; two-batch overlap schedules its own operations
+    h200 = load_cluster("h200-sxm", 8)
+    dep = sm_for("tp=8,attn_dp=8,ep=8,a2a=deepep", h200, "fp8")
+    assert bool(dep.shared_side_stream[0])
+    one = np.array([1.0])
+    (cg, _, pg), (ce, _, pe) = (dep._decode_gpu(one, 1000.0, graphs=np.array([g])) for g in (True, False))
+    hidden = float(pg["shared_hidden"][0])
+    assert float(pe["shared_hidden"][0]) == pytest.approx(hidden) and 0 < hidden <= float(pg["dense_shared"][0])
+    # what the side stream hides is what the same step in line would add
+    dep.shared_side_stream = np.zeros(1, bool)
+    c_line, _, p_line = dep._decode_gpu(one, 1000.0, graphs=np.array([True]))
+    assert float(p_line["shared_hidden"][0]) == 0.0
+    assert float(c_line[0]) - float(cg[0]) == pytest.approx(hidden)
+    tbo = sm_for("tp=8,attn_dp=8,ep=8,a2a=deepep,tbo=1", h200, "fp8")
+    assert not bool(tbo.shared_side_stream[0])
 
 
 def test_blackwell_trtllm_moe_reads_at_its_own_measured_rate():

@@ -102,18 +102,21 @@ def shared_expert_fused(spec, c, moe_kernel) -> np.ndarray:
 
 
 def shared_on_side_stream(spec, c, cluster) -> np.ndarray:
-    """Per plan, whether SGLang 0.5.23 runs DeepSeek-V3's shared expert on a second CUDA stream,
-    concurrently with the router, top-k and routed experts, in a decode step captured in a CUDA
-    graph: models/deepseek_v2.py DeepseekV2MoE.forward takes forward_normal_dual_stream where the
-    model has its alternate stream (every CUDA device: DeepseekV2Model's alt_stream), no all-to-all
-    (`_enable_a2a_moe` off), a shared expert that is not fused into the routed kernel
-    (num_fused_shared_experts 0; the caller removes `shared_expert_fused` plans) and graph capture
-    is on; the main stream waits for it before the output. Two-batch overlap needs an all-to-all,
-    so it never takes this path."""
+    """Per plan, whether SGLang 0.5.23 runs DeepSeek-V3's shared expert on a second CUDA stream
+    beside the routed experts in a decode step (sglang models/deepseek_v2.py, DeepseekV2MoE, every
+    CUDA device having the model's alt_stream, the shared expert not fused into the routed kernel:
+    num_fused_shared_experts 0, the caller removes `shared_expert_fused` plans):
+    - without an all-to-all, `forward_normal_dual_stream` while a CUDA graph is captured (the step
+      must replay one: `StepModel._decode_gpu`'s `graphs`), beside the router, top-k and routed
+      experts;
+    - under DeepEP, `forward_deepep` in every step, from after the router gate until the combine
+      returns: beside the top-k, dispatch, routed experts and combine (single-batch overlap, which
+      moves it elsewhere, is off by default).
+    Two-batch overlap schedules its own operations and never takes either path."""
     from specs.hf_export import pick_architecture
     if not (cluster.is_gpu and spec.moe_shared_expert_ffn and pick_architecture(spec) == "DeepseekV3ForCausalLM"):
         return np.zeros(len(c), bool)
-    return (np.asarray(c.a2a) == 0) & ~np.asarray(c.tbo, bool)
+    return ~np.asarray(c.tbo, bool)
 
 
 # Rows per expert at which the bf16 grouped-GEMM table is compute-bound (its weights amortised over
@@ -552,15 +555,20 @@ class StepModel:
         dense = self._floor(self._dense_mlp(T), "mlp")
         shared = self._shared_step(T)
         experts = self._floor(self._experts(T, decode=True), "experts") if s.num_experts else 0.0
-        # the shared expert on its own stream beside the routed experts (`shared_on_side_stream`):
-        # two memory-bound streams take the longer of the two, and no less than both weight reads
-        # one after the other at the HBM rate (a small batch's kernels are floor-bound and overlap;
-        # a large one's share the bandwidth)
-        side = self.shared_side_stream & np.asarray(graphs, bool)
-        reads = (self.pc["per_layer"]["shared_expert"] / c.tp * self.wlin / self.hbm_bw
-                 + (self.expert_weight_bytes(T) / self.expert_bw if s.num_experts else 0.0))
-        moe = np.where(side, np.maximum(np.maximum(shared, experts), reads), shared + experts)
-        comm, comm_dense = self._comm(T, decode=True)
+        legs = self._ep_legs(T, decode=True)
+        comm, comm_dense = self._comm(T, decode=True, legs=legs)
+        # the shared expert on its own stream beside the routed experts (`shared_on_side_stream`;
+        # under DeepEP beside the dispatch and combine too): the layer takes the longer stream, and
+        # no less than both weight reads one after the other at the HBM rate (a small batch's
+        # kernels are floor-bound and overlap; a large one's share the bandwidth). `moe` is the
+        # layer's compute beyond its all-to-all legs, which `comm` keeps
+        a2a = np.asarray(c.a2a) > 0
+        side = self.shared_side_stream & (np.asarray(graphs, bool) | a2a)
+        shared_rd = np.where(a2a, self.pc["per_layer"]["shared_expert"], self.pc["per_layer"]["shared_expert"] / c.tp)
+        reads = shared_rd * self.wlin / self.hbm_bw + (self.expert_weight_bytes(T) / self.expert_bw if s.num_experts else 0.0)
+        ep_legs = np.where(a2a, legs[0] + legs[1], 0.0)
+        overlapped = np.maximum(np.maximum(shared, experts + ep_legs), reads + ep_legs) - ep_legs
+        moe = np.where(side, overlapped, shared + experts)
         head = self._gemm(T / c.attn_dp, self.pc["output_layer"] / c.tp, ops=self.head_ops) / c.pp
         comp = self.layers * (proj + core) + self.L_dense * dense + self.L_moe * moe + head
         comm_t = self.L_moe * comm + self.L_dense * comm_dense
