@@ -29,6 +29,9 @@ Rows (each as its source states it; what the plan pins is the source's server co
   --moe-runner-backend flashinfer_trtllm --quantization fp8, TP8: --cuda-graph-max-bs 128
   --max-running-requests 128 --mem-fraction-static 0.82 --chunked-prefill-size 32768, TP4 (8k/1k
   only): 32 / 32 / 0.95 / 8192.
+- InferenceX PR 3363 (2026-09-22, the published baseline of 2026-05-22): the same on B200 (dsr1_fp8_b200.sh,
+  the recipe the B300 script reuses): TP8 1k/1k at concurrency 1-64, 8k/1k TP4 at 1-2 and TP8 at 1 (the
+  points with figures).
   InferenceX draws every length uniformly in [0.8 L, L] (its benchmark template's RANDOM_RANGE_RATIO
   0.8, utils/bench_serving's random sampler): priced at the mean, 0.9 L.
 - tenstorrent/tt-inference-server issue 356 (2025-07-09): DeepSeek-R1-0528 on 16 H100 (two nodes,
@@ -67,13 +70,15 @@ IX = "InferenceX#870"
 IX12 = "InferenceX#3173"
 IXB3 = "InferenceX#3183"
 IXB3F = "InferenceX#3175"
+IXB2F = "InferenceX#3363"
 # sources whose server runs with SGLang's DeepGEMM JIT off (SGL_ENABLE_JIT_DEEPGEMM=false)
-NO_DEEPGEMM_JIT = {IXB3F}
+NO_DEEPGEMM_JIT = {IXB3F, IXB2F}
 TT = "tt-inference-server#356"
 SG = "sglang#7687"
 IX_PLAN = "tp=8,max_running=512,cuda_graph_max_bs=512,chunked_prefill=32768,mem_frac=0.82"
 IX_PLAN_8K = "tp=8,max_running=256,cuda_graph_max_bs=256,chunked_prefill=32768,mem_frac=0.82"
 B300_FLAGS = "max_running=256,cuda_graph_max_bs=256,chunked_prefill=16384,mem_frac=0.85,kv_cache_dtype=fp8_e4m3"
+# dsr1_fp8_b300.sh / dsr1_fp8_b200.sh (the same recipe) at TP8 and TP4
 B300_FP8_TP8 = "max_running=128,cuda_graph_max_bs=128,chunked_prefill=32768,mem_frac=0.82"
 B300_FP8_TP4 = "max_running=32,cuda_graph_max_bs=32,chunked_prefill=8192,mem_frac=0.95"
 # InferenceX's lengths: uniform in [0.8 L, L], priced at their mean
@@ -111,6 +116,14 @@ ROWS = [
         (8, B300_FP8_TP8, 1024, 64, 356.88, 21.17), (4, B300_FP8_TP4, 8192, 1, 30.63, 7.76),
         (8, B300_FP8_TP8, 8192, 1, 16.61, 7.23), (4, B300_FP8_TP4, 8192, 2, 53.39, 8.87),
         (8, B300_FP8_TP8, 8192, 2, 29.52, 8.08), (4, B300_FP8_TP4, 8192, 4, 83.82, 11.11))
+] + [
+    (IXB2F, "b200", g, f"tp={g},{flags},kv_cache_dtype=fp8_e4m3", "fp8", isl, 1024, IX_RANGE, conc, None, out, tpot)
+    for g, flags, isl, conc, out, tpot in (
+        (8, B300_FP8_TP8, 1024, 1, 17.01, 7.18), (8, B300_FP8_TP8, 1024, 2, 30.74, 7.93),
+        (8, B300_FP8_TP8, 1024, 4, 53.72, 8.82), (8, B300_FP8_TP8, 1024, 8, 87.31, 10.96),
+        (8, B300_FP8_TP8, 1024, 16, 145.25, 13.09), (8, B300_FP8_TP8, 1024, 32, 234.01, 16.21),
+        (8, B300_FP8_TP8, 1024, 64, 338.97, 21.73), (4, B300_FP8_TP4, 8192, 1, 29.78, 7.96),
+        (8, B300_FP8_TP8, 8192, 1, 16.18, 7.39), (4, B300_FP8_TP4, 8192, 2, 51.72, 9.13))
 ] + [
     (TT, "h100-sxm", 16, "tp=16", "fp8", 128, 128, 1.0, 1, None, None, 23.1),
     (TT, "h100-sxm", 16, "tp=16", "fp8", 1024, 128, 1.0, 1, None, None, 23.2),
