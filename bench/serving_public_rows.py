@@ -2,7 +2,7 @@
 are not calibration rows (issue 23 item 7: "public rows you choose for validation (name them;
 never fit on them)").
 
-    PYTHONPATH=$PWD python bench/serving_public_rows.py
+    PYTHONPATH=$PWD python bench/serving_public_rows.py [--png bench/results/serving_public_rows.png]
 
 Rows (each as its source states it; what the plan pins is the source's server command):
 - InferenceX issue 870 (github.com/SemiAnalysisAI/InferenceX/issues/870, 2026-03-05): DeepSeek-R1-0528
@@ -54,6 +54,7 @@ the published means.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -158,7 +159,48 @@ def predict_rows(rows=ROWS, calibrations=None):
     return out
 
 
-def main() -> int:
+def _plot(points, path: Path) -> None:
+    """Predicted against published, per closed-loop row: TPOT (left, the issue's 20% band) and output
+    tok/s/GPU (right, 15%), raw filled and calibrated hollow, one colour per source."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401 (matplotlib.ticker below)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+    sources = sorted({p[0] for p in points})
+    for ax, (i, name, band) in zip(axes, ((1, "mean TPOT, ms", 0.20), (2, "output tok/s/GPU", 0.15))):
+        vals = [v for p in points if p[i] is not None for v in (p[i][0], p[i][1], p[i][2])]
+        lo, hi = min(vals) * 0.8, max(vals) * 1.25
+        ax.fill_between([lo, hi], [lo * (1 - band), hi * (1 - band)], [lo * (1 + band), hi * (1 + band)], color="0.9",
+                        label=f"+-{band:.0%}")
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        for k, src in enumerate(sources):
+            pts = [p[i] for p in points if p[0] == src and p[i] is not None]
+            if not pts:
+                continue
+            color = f"C{k}"
+            ax.scatter([q[0] for q in pts], [q[1] for q in pts], color=color, s=18, label=f"{src} raw")
+            ax.scatter([q[0] for q in pts], [q[2] for q in pts], facecolors="none", edgecolors=color, s=18,
+                       label=f"{src} calibrated")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # the minor labels collide
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel(f"published {name}")
+        ax.set_ylabel(f"predicted {name}")
+        ax.legend(fontsize=6, loc="upper left")
+    fig.suptitle("Serving model vs public closed-loop SGLang rows (validation only, never fitted)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--png", type=Path, default=None, help="also write the predicted-vs-published plot here")
+    a = ap.parse_args(argv)
+    points = []
     cal = load_default()
     print(f"{'source':24s} {'gpus':>4s} {'isl/osl':>9s} {'conc':>4s} {'out/GPU pub':>11s} {'raw':>7s} {'cal':>7s} "
           f"{'TPOT pub':>8s} {'raw':>6s} {'cal':>6s}")
@@ -177,6 +219,9 @@ def main() -> int:
             for k, p in (("out raw", raw), ("out cal", calp)):
                 errs.setdefault(src, {}).setdefault(k, []).append(p.output_tokens_per_s_per_gpu / out_pub - 1)
         print(f"{src:24s} {gpus:4d} {isl:>4d}/{osl:<4d} {conc:4d} {o:27s} {t}")
+        points.append((src, None if tpot_pub is None else (tpot_pub, tr, tc),
+                       None if out_pub is None else (out_pub, raw.output_tokens_per_s_per_gpu,
+                                                     calp.output_tokens_per_s_per_gpu)))
     print("signed errors (prediction / published - 1), per source:")
     for src, by in errs.items():
         for k, v in by.items():
@@ -187,6 +232,9 @@ def main() -> int:
                                                    precision="fp8", cal=c), 8) for c in (IDENTITY, cal)]
         print(f"  {src} {text} {round(tin / n)}/{round(tout / n)} x{n}: published {pub:,.0f}  raw {tot[0]:,.0f} "
               f"({tot[0] / pub - 1:+.1%})  calibrated {tot[1]:,.0f} ({tot[1] / pub - 1:+.1%})")
+    if a.png:
+        _plot(points, a.png)
+        print(f"wrote {a.png}")
     return 0
 
 
