@@ -248,6 +248,8 @@ def _plot(table, path: Path, rho: float, worst: float) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from specs.fileio import write_png
     fig, ax = plt.subplots(figsize=(6, 5.5))
     x = [r["measured_s"] for r in table]
     y = [r["predicted_s"] for r in table]
@@ -264,8 +266,7 @@ def _plot(table, path: Path, rho: float, worst: float) -> None:
     ax.set_title(f"held-out tiny-moe plans on cpu-local: max err {worst:.0%}, Spearman {rho:.2f}", fontsize=9)
     ax.legend(loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    write_png(fig, path, dpi=120)
 
 
 def main(argv=None) -> int:

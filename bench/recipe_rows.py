@@ -27,6 +27,7 @@ import yaml  # noqa: E402
 import cost_model  # noqa: E402
 from clusters import load_cluster  # noqa: E402
 from cost_model.fit_default_calibration import OVERRIDES  # noqa: E402
+from specs.fileio import write_png  # noqa: E402
 from specs.models import load_model  # noqa: E402
 from specs.stack import GPU_FULL, GPU_FULL_TE211  # noqa: E402
 from specs.workload import Workload  # noqa: E402
@@ -92,9 +93,7 @@ def _plot(points, path: Path, mape_held: float) -> None:
                  fontsize=9)
     ax.legend(loc="upper left")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    write_png(fig, path, dpi=120)
 
 
 def main(argv=None) -> int:

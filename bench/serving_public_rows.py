@@ -64,6 +64,7 @@ from clusters import load_cluster  # noqa: E402
 from cost_model.serving import predict_serve  # noqa: E402
 from cost_model.serving.calibration import IDENTITY, load_default  # noqa: E402
 from cost_model.serving.fit_calibration import burst_prediction, total_tokens_per_s  # noqa: E402
+from specs.fileio import write_png  # noqa: E402
 from specs.models import load_model  # noqa: E402
 from specs.serve_plan import ServePlan, ServeWorkload  # noqa: E402
 
@@ -79,7 +80,7 @@ SG = "sglang#7687"
 IX_PLAN = "tp=8,max_running=512,cuda_graph_max_bs=512,chunked_prefill=32768,mem_frac=0.82"
 IX_PLAN_8K = "tp=8,max_running=256,cuda_graph_max_bs=256,chunked_prefill=32768,mem_frac=0.82"
 B300_FLAGS = "max_running=256,cuda_graph_max_bs=256,chunked_prefill=16384,mem_frac=0.85,kv_cache_dtype=fp8_e4m3"
-# dsr1_fp8_b300.sh / dsr1_fp8_b200.sh (the same recipe) at TP8 and TP4
+# dsr1_fp8_b300.sh / dsr1_fp8_b200.sh (the same recipe) at TP8 and TP4 (by the row's GPU count)
 B300_FP8_TP8 = "max_running=128,cuda_graph_max_bs=128,chunked_prefill=32768,mem_frac=0.82"
 B300_FP8_TP4 = "max_running=32,cuda_graph_max_bs=32,chunked_prefill=8192,mem_frac=0.95"
 # InferenceX's lengths: uniform in [0.8 L, L], priced at their mean
@@ -109,22 +110,18 @@ ROWS = [
                                (4, 16, 332.82, 11.5), (8, 16, 199.71, 9.56), (4, 32, 511.26, 14.54),
                                (8, 32, 318.21, 11.57))
 ] + [
-    (IXB3F, "b300", g, f"tp={g},{flags},kv_cache_dtype=fp8_e4m3", "fp8", isl, 1024, IX_RANGE, conc, None, out, tpot)
-    for g, flags, isl, conc, out, tpot in (
-        (8, B300_FP8_TP8, 1024, 1, 17.58, 7.04), (8, B300_FP8_TP8, 1024, 2, 32.14, 7.64),
-        (8, B300_FP8_TP8, 1024, 4, 57.48, 8.3), (8, B300_FP8_TP8, 1024, 8, 95.35, 10.12),
-        (8, B300_FP8_TP8, 1024, 16, 154.31, 12.35), (8, B300_FP8_TP8, 1024, 32, 245.81, 15.46),
-        (8, B300_FP8_TP8, 1024, 64, 356.88, 21.17), (4, B300_FP8_TP4, 8192, 1, 30.63, 7.76),
-        (8, B300_FP8_TP8, 8192, 1, 16.61, 7.23), (4, B300_FP8_TP4, 8192, 2, 53.39, 8.87),
-        (8, B300_FP8_TP8, 8192, 2, 29.52, 8.08), (4, B300_FP8_TP4, 8192, 4, 83.82, 11.11))
-] + [
-    (IXB2F, "b200", g, f"tp={g},{flags},kv_cache_dtype=fp8_e4m3", "fp8", isl, 1024, IX_RANGE, conc, None, out, tpot)
-    for g, flags, isl, conc, out, tpot in (
-        (8, B300_FP8_TP8, 1024, 1, 17.01, 7.18), (8, B300_FP8_TP8, 1024, 2, 30.74, 7.93),
-        (8, B300_FP8_TP8, 1024, 4, 53.72, 8.82), (8, B300_FP8_TP8, 1024, 8, 87.31, 10.96),
-        (8, B300_FP8_TP8, 1024, 16, 145.25, 13.09), (8, B300_FP8_TP8, 1024, 32, 234.01, 16.21),
-        (8, B300_FP8_TP8, 1024, 64, 338.97, 21.73), (4, B300_FP8_TP4, 8192, 1, 29.78, 7.96),
-        (8, B300_FP8_TP8, 8192, 1, 16.18, 7.39), (4, B300_FP8_TP4, 8192, 2, 51.72, 9.13))
+    (src, kind, g, f"tp={g},{B300_FP8_TP4 if g == 4 else B300_FP8_TP8},kv_cache_dtype=fp8_e4m3", "fp8", isl, 1024,
+     IX_RANGE, conc, None, out, tpot)
+    for src, kind, points in (
+        (IXB3F, "b300", ((8, 1024, 1, 17.58, 7.04), (8, 1024, 2, 32.14, 7.64), (8, 1024, 4, 57.48, 8.3),
+                         (8, 1024, 8, 95.35, 10.12), (8, 1024, 16, 154.31, 12.35), (8, 1024, 32, 245.81, 15.46),
+                         (8, 1024, 64, 356.88, 21.17), (4, 8192, 1, 30.63, 7.76), (8, 8192, 1, 16.61, 7.23),
+                         (4, 8192, 2, 53.39, 8.87), (8, 8192, 2, 29.52, 8.08), (4, 8192, 4, 83.82, 11.11))),
+        (IXB2F, "b200", ((8, 1024, 1, 17.01, 7.18), (8, 1024, 2, 30.74, 7.93), (8, 1024, 4, 53.72, 8.82),
+                         (8, 1024, 8, 87.31, 10.96), (8, 1024, 16, 145.25, 13.09), (8, 1024, 32, 234.01, 16.21),
+                         (8, 1024, 64, 338.97, 21.73), (4, 8192, 1, 29.78, 7.96), (8, 8192, 1, 16.18, 7.39),
+                         (4, 8192, 2, 51.72, 9.13))))
+    for g, isl, conc, out, tpot in points
 ] + [
     (TT, "h100-sxm", 16, "tp=16", "fp8", 128, 128, 1.0, 1, None, None, 23.1),
     (TT, "h100-sxm", 16, "tp=16", "fp8", 1024, 128, 1.0, 1, None, None, 23.2),
@@ -191,9 +188,7 @@ def _plot(points, path: Path) -> None:
         ax.legend(fontsize=6, loc="upper left")
     fig.suptitle("Serving model vs public closed-loop SGLang rows (validation only, never fitted)", fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    write_png(fig, path, dpi=120)
 
 
 def main(argv=None) -> int:

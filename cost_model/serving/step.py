@@ -289,16 +289,21 @@ class StepModel:
         few MB, ~1 us) stays under."""
         return np.where(self.shared_fused, 0.0, self._floor(self._shared(tokens_inst), "mlp"))
 
+    def _shared_split(self):
+        """Per plan, (token divisor, weight divisor) of the shared expert on one GPU. Under a DeepEP
+        all-to-all SGLang keeps the shared expert whole on every rank (sglang models/deepseek_v2.py:
+        "disable tp for shared experts when enable deepep moe", tp_size=1), each rank running its
+        own tokens (T / tp); otherwise it is TP-sharded (weights / tp) over the gathered tokens."""
+        a2a = self.c.a2a > 0
+        return np.where(a2a, self.c.tp, 1.0), np.where(a2a, 1.0, self.c.tp)
+
     def _shared(self, tokens_inst):
         """Seconds of the shared expert (and router) on one GPU for `tokens_inst` tokens of the
-        instance. Under a DeepEP all-to-all SGLang keeps the shared expert whole on every rank
-        (sglang models/deepseek_v2.py: "disable tp for shared experts when enable deepep moe",
-        tp_size=1), each rank running its own tokens; otherwise it is TP-sharded over the
-        gathered tokens. Same FLOPs, different shapes: T x (params / tp) is a thin GEMM."""
-        c, pl = self.c, self.pc["per_layer"]
-        params = pl["shared_expert"] + pl["router"]
-        a2a = c.a2a > 0
-        return np.where(a2a, self._gemm(tokens_inst / c.tp, params), self._gemm(tokens_inst, params / c.tp))
+        instance (`_shared_split`). Same FLOPs either way, different shapes: T x (params / tp) is a
+        thin GEMM."""
+        pl = self.pc["per_layer"]
+        tok_div, w_div = self._shared_split()
+        return self._gemm(tokens_inst / tok_div, (pl["shared_expert"] + pl["router"]) / w_div)
 
     def _dense_mlp(self, tokens_inst):
         """Seconds of one dense (non-MoE) MLP layer on one GPU for `tokens_inst` tokens of the
@@ -564,8 +569,8 @@ class StepModel:
         # layer's compute beyond its all-to-all legs, which `comm` keeps
         a2a = np.asarray(c.a2a) > 0
         side = self.shared_side_stream & (np.asarray(graphs, bool) | a2a)
-        shared_rd = np.where(a2a, self.pc["per_layer"]["shared_expert"], self.pc["per_layer"]["shared_expert"] / c.tp)
-        reads = shared_rd * self.wlin / self.hbm_bw + (self.expert_weight_bytes(T) / self.expert_bw if s.num_experts else 0.0)
+        reads = (self.pc["per_layer"]["shared_expert"] / self._shared_split()[1] * self.wlin / self.hbm_bw
+                 + (self.expert_weight_bytes(T) / self.expert_bw if s.num_experts else 0.0))
         ep_legs = np.where(a2a, legs[0] + legs[1], 0.0)
         overlapped = np.maximum(np.maximum(shared, experts + ep_legs), reads + ep_legs) - ep_legs
         moe = np.where(side, overlapped, shared + experts)
