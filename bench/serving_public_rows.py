@@ -42,6 +42,12 @@ Rows (each as its source states it; what the plan pins is the source's server co
   defaults otherwise, random 1k/512 with --random-range-ratio 1, concurrency 8, 200 prompts: 102,400
   output tokens in 409.60 s with the PR's tuned config (437.69 s before) -> 15.6 output tok/s per GPU.
   No TPOT published.
+- gist.github.com/BenHamm/78563d0d0a08d7cb61b4737392633384 ("SGLang B200 Benchmark Sweep", 2026-02-16:
+  8 B200 with clocks locked at their maximum, SGLang v0.5.8.post1, sglang.bench_serving random
+  1k/1k, each model at the SGLang cookbook's config): TPOT at concurrency 1 of Qwen3-235B-A22B BF16
+  TP8 (6.70 ms), gpt-oss-120b MXFP4 TP8 (2.41 ms) and DeepSeek-R1-0528 FP4 TP8 (5.74 ms); the cookbook
+  flags beyond TP8 are not in the gist, priced as plain TP8 (SGLang's defaults). Other architectures
+  than DeepSeek's at batch 1, where the kernels of a layer decide the step.
 - gpustack docs/performance-lab/deepseek-r1/h200.md (SGLang v0.5.3, the page's optimized
   `--tp 8 --enable-dp-attention`, 8 H200, `vllm bench serve` with every prompt sent at once): its
   two "Other Benchmark Cases" that are not calibration rows (the page's ShareGPT, 2K and 32K
@@ -76,6 +82,7 @@ IXB2F = "InferenceX#3363"
 # sources whose server runs with SGLang's DeepGEMM JIT off (SGL_ENABLE_JIT_DEEPGEMM=false)
 NO_DEEPGEMM_JIT = {IXB3F, IXB2F}
 TT = "tt-inference-server#356"
+GIST = "b200-sweep-gist"
 SG = "sglang#7687"
 IX_PLAN = "tp=8,max_running=512,cuda_graph_max_bs=512,chunked_prefill=32768,mem_frac=0.82"
 IX_PLAN_8K = "tp=8,max_running=256,cuda_graph_max_bs=256,chunked_prefill=32768,mem_frac=0.82"
@@ -127,6 +134,11 @@ ROWS = [
     (TT, "h100-sxm", 16, "tp=16", "fp8", 1024, 128, 1.0, 1, None, None, 23.2),
     (TT, "h100-sxm", 16, "tp=16", "fp8", 4096, 128, 1.0, 1, None, None, 23.7),
     (SG, "h200-sxm", 16, "tp=16", "fp8", 1024, 512, 1.0, 8, 200, 102400 / 409.60 / 16, None),
+] + [
+    # batch-1 TPOT of other architectures on 8 B200 (GIST, module doc): (..., model) as the 13th field
+    (GIST, "b200", 8, "tp=8", prec, 1024, 1024, 1.0, 1, None, None, tpot, model)
+    for model, prec, tpot in (("qwen3-235b-a22b", "bf16", 6.70), ("gpt-oss-120b", "mxfp4", 2.41),
+                              ("deepseek-r1", "nvfp4", 5.74))
 ]
 GS = "gpustack deepseek-r1/h200"
 # bursts: (source, plan, prompts, input tokens printed, output tokens printed, published total tok/s)
@@ -143,11 +155,11 @@ def mean_length(n: int, ratio: float) -> int:
 
 def predict_rows(rows=ROWS, calibrations=None):
     """Per row: (row, raw prediction, calibrated prediction)."""
-    model = load_model("deepseek-r1")
     cals = calibrations or (IDENTITY, load_default())
     out = []
     for row in rows:
-        src, kind, gpus, text, prec, isl, osl, ratio, conc, n, out_pub, tpot_pub = row
+        src, kind, gpus, text, prec, isl, osl, ratio, conc, n, out_pub, tpot_pub = row[:12]
+        model = load_model(row[12] if len(row) > 12 else "deepseek-r1")
         w = ServeWorkload(isl=mean_length(isl, ratio), osl=mean_length(osl, ratio), concurrency=conc)
         preds = [predict_serve(model, load_cluster(kind, gpus), ServePlan.parse(text), w, precision=prec, calibration=c,
                                n_requests=n or max(10 * conc, 16), deepgemm_jit=src not in NO_DEEPGEMM_JIT)
@@ -201,7 +213,7 @@ def main(argv=None) -> int:
           f"{'TPOT pub':>8s} {'raw':>6s} {'cal':>6s}")
     errs: dict = {}
     for row, raw, calp in predict_rows(calibrations=(IDENTITY, cal)):
-        src, kind, gpus, text, prec, isl, osl, ratio, conc, n, out_pub, tpot_pub = row
+        src, kind, gpus, text, prec, isl, osl, ratio, conc, n, out_pub, tpot_pub = row[:12]
         tr, tc = (p.extra.get("tpot_p50_s") * 1e3 for p in (raw, calp))
         t = f"{'':8s} {tr:6.1f} {tc:6.1f}"
         if tpot_pub is not None:

@@ -111,10 +111,14 @@ def test_shipped_calibration_is_the_fit_on_the_reference_rows():
     for k in ("prefill", "decode"):
         assert shipped.factor(k) == pytest.approx(cal.factor(k), rel=1e-6)
     assert [r["id"] for r in rows] == ["r01", "r02", "r03", "r04", "r05"]
-    # the per-phase term fits the shared rows at least as well as one scale did, in the fit's own
-    # log space (a nested model: by the summed absolute error it can come out a point either way)
-    assert (sum(math.log1p(r["error"]) ** 2 for r in rows)
-            <= sum(math.log1p(r["error_one_scale"]) ** 2 for r in rows) + 1e-9)
+    # the per-phase term fits the shared rows at least as well as one scale did, by the fit's own
+    # loss (soft_l1 at scale 0.1 on log errors, `cost_model.calibration.fit_calibration`): a nested
+    # model. Not by the squared error, which one scale minimises and the robust fit does not (by the
+    # summed absolute error it can come out a point either way)
+
+    def soft_l1(errs):
+        return sum(2.0 * (math.sqrt(1.0 + (math.log1p(e) / 0.1) ** 2) - 1.0) for e in errs)
+    assert soft_l1(r["error"] for r in rows) <= soft_l1(r["error_one_scale"] for r in rows) + 1e-6
 
 
 def test_ranks_thousands_of_plans_in_seconds():

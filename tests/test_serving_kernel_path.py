@@ -34,6 +34,21 @@ def test_each_gpu_precision_and_backend_takes_sglangs_path(cluster, fp8, a2a, ji
     assert moe_path(cluster, fp8, a2a, jit) == moe
 
 
+def test_qwen3_moe_takes_trtllm_gen_on_blackwell_in_bf16_too():
+    """SGLang 0.5.23's Qwen3-MoE override sets the MoE runner to flashinfer_trtllm on sm100 for every
+    checkpoint format without an all-to-all (arg_groups/model_overrides/qwen3_moe.py:76-86); other
+    architectures' bf16 experts, Hopper and an all-to-all keep Triton fused_moe."""
+    q = "Qwen3MoeForCausalLM"
+    assert moe_path(B200, False, False, True, q) == "flashinfer_trtllm"
+    assert moe_path(B200, False, False, True, "DeepseekV3ForCausalLM") == "triton_fused_moe"
+    assert moe_path(H200, False, False, True, q) == "triton_fused_moe"
+    assert moe_path(B200, False, True, True, q) == "triton_fused_moe"
+    # the step prices the path it names: trtllm-gen's measured weight-read rate, not Triton's
+    c = to_cols(effective_plans([ServePlan.parse("tp=8")], QWEN3, B200))
+    sm = StepModel(QWEN3, B200, load_tables(tables_dir_for(B200.kind)), c, fp8=False)
+    assert list(sm.moe_kernel) == ["flashinfer_trtllm"] and not sm.tuned_moe[0]
+
+
 def test_ratios_are_the_geometric_mean_of_the_measured_prefill_rows():
     rows = [r for r in csv.DictReader(DATA.open()) if int(r["m"]) >= PREFILL_MIN_M]
     assert len(rows) >= 5 and all(r["source"] for r in rows)

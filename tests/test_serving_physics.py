@@ -8,7 +8,7 @@ from clusters import load_cluster
 from cost_model.calibration import Calibration, CalibrationError, class_parts
 from cost_model.serving import predict_serve, rank_arrays
 from cost_model.serving.calibration import IDENTITY, phase_factors
-from cost_model.serving.constants import KERNEL_MIN_S, KERNELS_PER_LAYER, REQUEST_FIXED_S
+from cost_model.serving.constants import KERNEL_MIN_S, REQUEST_FIXED_S
 from cost_model.serving.plans import effective_plans, to_cols
 from cost_model.serving.step import StepModel
 from cost_model.tables import load_tables, tables_dir_for
@@ -28,10 +28,13 @@ def step_model(plan="tp=2", cluster=H200, model=QWEN):
 def test_small_decode_batches_are_floor_bound():
     sm = step_model()
     t1, t2, t64 = (float(sm.decode(b, 1000.0)[0][0]) for b in (1, 2, 64))
-    # every kernel of every layer lasts at least the kernel minimum
-    assert t1 >= QWEN.num_layers * KERNELS_PER_LAYER * KERNEL_MIN_S
-    # doubling a batch of one barely moves the step (the floor, not the bytes, decides it)
-    assert t2 / t1 < 1.1
+    # every kernel of every layer lasts at least the kernel minimum (the layer's own kernels)
+    priced, small = sm.kernels.per_step(sm.layers, sm.L_moe, sm.L_dense)
+    assert t1 >= float((priced + small)[0]) * KERNEL_MIN_S
+    # doubling a batch of one moves the step little (the floor, not the bytes, decides it; the second
+    # token's experts add their weight reads: InferenceX's DeepSeek-R1 NVFP4 rows on B300 go +12%
+    # from concurrency 1 to 2, bench/serving_public_rows.py)
+    assert t2 / t1 < 1.2
     assert t64 > t1
 
 
@@ -48,7 +51,8 @@ def test_prefill_attention_grows_with_the_prefix_and_prompts_are_superlinear():
 def test_each_prefill_chunk_pays_a_fixed_cost():
     sm = step_model()
     one = float(sm.prefill(1.0, 0.0)[0][0])
-    assert one >= QWEN.num_layers * KERNELS_PER_LAYER * KERNEL_MIN_S
+    priced, small = sm.kernels.per_step(sm.layers, sm.L_moe, sm.L_dense)
+    assert one >= float((priced + small)[0]) * KERNEL_MIN_S
     # one 8k prompt in 16 chunks of 512 costs more than in one chunk of 8192
     small = sum(float(sm.prefill(512.0, i * 512.0)[0][0]) for i in range(16))
     assert small > float(sm.prefill(8192.0, 0.0)[0][0])

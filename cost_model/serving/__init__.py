@@ -222,7 +222,8 @@ def predict_serve(model, cluster, plan, workload, *, precision="bf16", tables=No
                "replicas": int(est["replicas"][0]), "calibration_scale": cal.scale, "calibration_id": cal.id,
                "calibration_factors": dict(zip(("prefill", "decode"), phase_factors(cal))),
                "cuda_graphs_decode": bool(c.graph_bs[0] > 0),
-               "gemm_paths": kernel_paths(cluster, fp8, bool(c.a2a[0] > 0), deepgemm_jit, dense_fp8=sm.lin_fp8)})
+               "gemm_paths": kernel_paths(cluster, fp8, bool(c.a2a[0] > 0), deepgemm_jit, dense_fp8=sm.lin_fp8,
+                                          arch=sm.arch)})
     if c.pd_p[0] > 0 and w.phase == "both":
         out.extra.update({"method": "pd-steady-state", "pd_bound": str(est["pd_bound"][0])})
         return out

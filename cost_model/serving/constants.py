@@ -2,10 +2,15 @@
 rate comes from the shared tables (`cost_model.tables`); these are the few software facts the
 tables do not hold."""
 
-# Kernels one decoder layer launches in one forward pass (attention: norm, qkv/MLA projections,
+# Kernels of the generic decoder layer in one forward pass (attention: norm, qkv/MLA projections,
 # rope, KV write, attention, o-proj; MoE: norm, router, top-k, dispatch/permute, 2 grouped GEMMs,
-# activation, combine/unpermute, shared expert). Assumed from the op list of SGLang's DeepSeek /
-# Qwen3-MoE forward; prices the eager CPU-launch floor and the GPU gap between kernels.
+# activation, combine/unpermute, shared expert). Assumed; prices the eager CPU-launch floor and the
+# GPU gap between kernels of CPU devices and of MLA models. A GPU step of a GQA model counts
+# SGLang 0.5.23's own kernels instead (`layer_kernels`: 12-15 a layer); MLA's own count there
+# (23-30) at KERNEL_MIN_S each overshoots every public DeepSeek TPOT on H200 by 20-36%
+# (bench/serving_public_rows.py), so a kernel in that graph costs less than the minimum below or the
+# measured SGLang versions launch fewer; until a GPU trace of the decode graph settles which, MLA
+# keeps this generic layer, against which those public rows were checked.
 KERNELS_PER_LAYER = 22
 
 # GPU idle time between two kernels that are already queued (or captured in a CUDA graph):

@@ -12,7 +12,9 @@ those kernels; what it runs (source: sgl-project/sglang python/sglang/srt/):
   (`moe_a2a_backend none`) the MoE runner `auto` stays the Triton fused_moe kernel on Hopper, and on
   sm100 becomes flashinfer_trtllm for DeepSeek-V3 / Qwen3-MoE fp8 (`server_args.py`,
   "Use flashinfer_trtllm as MoE runner backend on sm100").
-- bf16: cuBLAS for dense linears (the bf16 table), Triton fused_moe for experts.
+- bf16: cuBLAS for dense linears (the bf16 table), Triton fused_moe for experts, except Qwen3-MoE on
+  sm100 without an all-to-all, whose model override sets the MoE runner to flashinfer_trtllm for
+  bf16, fp8 and FP4 checkpoints alike (`arg_groups/model_overrides/qwen3_moe.py:76-86`).
 
 Efficiency of each path relative to the table's kernel, from public same-GPU comparisons
 (cost_model/data/fp8_block_gemm_kernel_paths.csv, DeepSeek-V3 shapes at prefill-sized m >= 1024):
@@ -72,9 +74,17 @@ def dense_path(cluster, fp8: bool, deepgemm_jit: bool = True) -> str:
     return "cutlass" if is_hopper(cluster) else "triton"
 
 
-def moe_path(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True) -> str:
-    """The kernel SGLang runs for the routed experts (`a2a`: a DeepEP-like all-to-all backend)."""
+# architectures whose MoE runner SGLang 0.5.23 sets to flashinfer_trtllm on sm100 without an
+# all-to-all whatever the checkpoint's format, bf16 included (module doc)
+TRTLLM_BF16_MOE_ARCHS = frozenset({"Qwen3MoeForCausalLM"})
+
+
+def moe_path(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True, arch: str | None = None) -> str:
+    """The kernel SGLang runs for the routed experts (`a2a`: a DeepEP-like all-to-all backend;
+    `arch`: the model's architecture, `specs.hf_export.pick_architecture`)."""
     if not fp8:
+        if arch in TRTLLM_BF16_MOE_ARCHS and not a2a and is_blackwell(cluster):
+            return "flashinfer_trtllm"
         return "triton_fused_moe"
     if a2a and deepgemm_jit:
         return "deep_gemm"
@@ -92,14 +102,16 @@ def deepep_normal_fp8_wire(cluster, fp8: bool, deepgemm_jit: bool = True) -> boo
     return bool(fp8 and dense_path(cluster, fp8, deepgemm_jit) == "deep_gemm")
 
 
-def paths(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True, dense_fp8: bool | None = None) -> dict[str, str]:
+def paths(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True, dense_fp8: bool | None = None,
+          arch: str | None = None) -> dict[str, str]:
     """{"dense": path, "experts": path} of one plan, as a prediction reports them (CPU: "cpu");
     `dense_fp8`: whether the non-expert linears run fp8 where it differs from the experts (gpt-oss's
-    bf16 linears beside MXFP4 experts; default: as `fp8`)."""
+    bf16 linears beside MXFP4 experts; default: as `fp8`); `arch`: the model's architecture (the
+    MoE runner can depend on it, `moe_path`)."""
     if not getattr(cluster, "is_gpu", True):
         return {"dense": "cpu", "experts": "cpu"}
     dense = fp8 if dense_fp8 is None else dense_fp8
-    return {"dense": dense_path(cluster, dense, deepgemm_jit), "experts": moe_path(cluster, fp8, a2a, deepgemm_jit)}
+    return {"dense": dense_path(cluster, dense, deepgemm_jit), "experts": moe_path(cluster, fp8, a2a, deepgemm_jit, arch)}
 
 
 # path -> the measured path whose ratio it takes (None: the table's own rate)
@@ -117,13 +129,13 @@ def efficiency(path: str, fp8: bool) -> float:
 
 
 def step_efficiencies(cluster, fp8: bool, a2a_col, deepgemm_jit: bool = True,
-                      dense_fp8: bool | None = None) -> tuple[float, np.ndarray]:
+                      dense_fp8: bool | None = None, arch: str | None = None) -> tuple[float, np.ndarray]:
     """(dense efficiency, routed-expert efficiency per plan) of a step on `cluster`; GPUs only
-    (a CPU runs no SGLang kernel: 1). `dense_fp8` as in `paths`."""
+    (a CPU runs no SGLang kernel: 1). `dense_fp8` and `arch` as in `paths`."""
     a2a = np.asarray(a2a_col) > 0
     if not getattr(cluster, "is_gpu", True):
         return 1.0, np.ones(len(a2a))
     dfp8 = fp8 if dense_fp8 is None else dense_fp8
     dense = efficiency(dense_path(cluster, dfp8, deepgemm_jit), dfp8)
-    moe = np.array([efficiency(moe_path(cluster, fp8, bool(x), deepgemm_jit), fp8) for x in (False, True)])
+    moe = np.array([efficiency(moe_path(cluster, fp8, bool(x), deepgemm_jit, arch), fp8) for x in (False, True)])
     return dense, moe[a2a.astype(int)]

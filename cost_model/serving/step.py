@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import poisson
 
-from clusters import is_blackwell, load_cluster
+from clusters import is_blackwell, is_hopper, load_cluster
 from cost_model.blocks import distinct_ranks, ep_wire_seconds
 from cost_model.constants import DEEPEP_BESIDE_COMPUTE_RATE, DEEPEP_SMS
 from cost_model.flops import attention_params_per_rank, param_counts
@@ -25,7 +25,6 @@ from cost_model.serving.constants import (
     KERNEL_MIN_S,
     KERNELS_PER_LAYER,
     NORMS_PER_LAYER,
-    PRICED_KERNELS,
     SCHED_OVERHEAD_S,
     SMALL_KERNELS_PER_LAYER,
     WEIGHT_FORMAT_BYTES,
@@ -42,6 +41,7 @@ from cost_model.serving.fused_moe import (
     ships_tuned_config,
 )
 from cost_model.serving.kernel_path import deepep_normal_fp8_wire, dense_path, moe_path, step_efficiencies
+from cost_model.serving.layer_kernels import generic, layer_kernels
 from cost_model.serving.memory import kv_bytes_per_token
 from cost_model.serving.plans import effective_plans, to_cols
 from cost_model.tables import load_tables, tables_dir_for
@@ -134,7 +134,9 @@ class StepModel:
             raise InputError(f"routing skew must be a finite number >= 0, got {routing_skew}")
         if not (math.isfinite(imbalance) and imbalance >= 1):
             raise InputError(f"routing imbalance must be a finite number >= 1, got {imbalance}")
+        from specs.hf_export import pick_architecture
         self.s, self.cl, self.c = spec, cluster, c
+        self.arch = pick_architecture(spec)
         self.fp8 = fp8
         # the normal-mode DeepEP dispatch's token format (fp8 only with DeepGEMM's JIT on)
         self.fp8_wire = deepep_normal_fp8_wire(cluster, fp8, deepgemm_jit)
@@ -164,7 +166,8 @@ class StepModel:
         # MoE kernels are others). `kernel_rates`: (dense, routed-expert) rates given instead and no
         # ceiling, the tables' own kernel, against which `fused_moe_fp8_peak_fraction` measures one
         if kernel_rates is None:
-            self.dense_eff, self.moe_eff = step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit, dense_fp8=self.lin_fp8)
+            self.dense_eff, self.moe_eff = step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit, dense_fp8=self.lin_fp8,
+                                                             arch=self.arch)
             ceiling = np.array([fused_moe_ceiling_flops(cluster, fp8, bool(x), deepgemm_jit) for x in (False, True)])
             self.moe_ceiling = (ceiling[(np.asarray(c.a2a) > 0).astype(int)] if self.weights == "fp8"
                                 else np.full(len(c), np.inf))
@@ -179,7 +182,8 @@ class StepModel:
         a2a = np.asarray(c.a2a) > 0
         dg_dense = dense_path(cluster, self.lin_fp8, deepgemm_jit) == "deep_gemm"
         # the routed experts' kernel per plan (it depends on the all-to-all flag only)
-        moe_kernel = np.array([moe_path(cluster, fp8, x, deepgemm_jit) for x in (False, True)])[a2a.astype(int)]
+        moe_kernel = np.array([moe_path(cluster, fp8, x, deepgemm_jit, self.arch) for x in (False, True)])[a2a.astype(int)]
+        self.moe_kernel = moe_kernel
         dg_moe = moe_kernel == "deep_gemm"
         self.tbo_dense_cap = np.where(a2a | dg_dense, cap, 1.0)  # attention projections, shared expert
         self.tbo_moe_cap = np.where(a2a | dg_moe, cap, 1.0)  # routed experts' grouped GEMMs
@@ -197,6 +201,15 @@ class StepModel:
                               "prefill": a2a & ~np.asarray(c.low_latency_prefill, bool)}
         # a GPU kernel's minimum duration (constants.KERNEL_MIN_S); on CPU only the launch gap
         self.kmin = KERNEL_MIN_S if cluster.is_gpu else GPU_KERNEL_GAP_S
+        # the kernels one layer launches, priced and small (`layer_kernels`: SGLang 0.5.23's own per
+        # architecture, GPU family and kernel path; CPU devices and MLA models the generic count)
+        if cluster.is_gpu and not spec.mla:
+            self.kernels = layer_kernels(spec, hopper=is_hopper(cluster), blackwell=is_blackwell(cluster), n=len(c),
+                                         ar_fusion=c.ar_fusion, moe_kernel=moe_kernel, shared_fused=self.shared_fused,
+                                         side_stream=self.shared_side_stream, kv_bytes=c.kv_bytes,
+                                         weights=self.weights, lin_quant=self.lin_fp8)
+        else:
+            self.kernels = generic(len(c), self.shared_fused)
         self.imb = imbalance
         self.pc = param_counts(spec)
         # the attention weights one attention-TP rank holds and multiplies (MLA's down projections whole)
@@ -287,7 +300,7 @@ class StepModel:
         kernel (`shared_fused`: priced there). The router's own kernel is one of the small kernels
         `_launch` counts at a kernel's minimum duration, which its weight read (7168 x 256 at most a
         few MB, ~1 us) stays under."""
-        return np.where(self.shared_fused, 0.0, self._floor(self._shared(tokens_inst), "mlp"))
+        return np.where(self.shared_fused, 0.0, self._floor(self._shared(tokens_inst), "shared"))
 
     def _shared_split(self):
         """Per plan, (token divisor, weight divisor) of the shared expert on one GPU. Under a DeepEP
@@ -514,28 +527,35 @@ class StepModel:
         return np.where(self.c.tbo, tbo, comp + comm)
 
     def _floor(self, t, group: str):
-        """The priced kernels of `group` (constants.PRICED_KERNELS) each last at least a kernel's
-        minimum duration: small batches are floor-bound, not bandwidth-bound."""
-        return np.maximum(t, PRICED_KERNELS[group] * self.kmin)
+        """The priced kernels of `group` (`layer_kernels.LayerKernels`: attention_proj, attention_core,
+        mlp (a dense layer's), shared (a MoE layer's shared expert), experts) each last at least a
+        kernel's minimum duration: small batches are floor-bound, not bandwidth-bound."""
+        k = self.kernels
+        n = {"attention_proj": k.proj, "attention_core": k.core, "mlp": k.dense_mlp, "shared": k.shared,
+             "experts": k.experts}[group]
+        return np.maximum(t, n * self.kmin)
 
     def _launch(self, gpu_s, graphs):
         """Launch cost and the kernels the step does not price by work. `gpu_s` holds the priced
         kernels (each already floored); the small kernels of every layer (norms, rope, router,
-        activation, ...) add a kernel's minimum duration each, and the priced ones the GPU gap
-        between kernels. Eager steps are floored by the CPU enqueueing every kernel, and each of
-        their kernels also waits a launch gap (a graph replays them back to back, as the kernel
-        minimum was measured). A TBO step launches every kernel twice (once per half batch). Under
-        SGLang's all-reduce fusion (`c.ar_fusion`) a layer's two RMSNorms run inside its all-reduces
-        (constants.NORMS_PER_LAYER): two small kernels fewer."""
+        activation, quantization, ...: `layer_kernels`) add a kernel's minimum duration each, and
+        the priced ones on the main stream the GPU gap between kernels. Eager steps are floored by
+        the CPU enqueueing every kernel, and each of their kernels also waits a launch gap (a graph
+        replays them back to back, as the kernel minimum was measured). A TBO step launches every
+        kernel twice (once per half batch). The generic layer (CPU devices, MLA models) counts
+        constants.KERNELS_PER_LAYER, two norms fewer under all-reduce fusion."""
         c = self.c
-        per_layer = self.layers * np.where(c.tbo, 2, 1)
-        small = SMALL_KERNELS_PER_LAYER - np.where(c.ar_fusion, NORMS_PER_LAYER, 0)
-        # the shared expert's two GEMMs are not launched where the routed kernel runs it (`shared_fused`,
-        # never under TBO)
-        priced = ((KERNELS_PER_LAYER - SMALL_KERNELS_PER_LAYER) * per_layer
-                  - np.where(self.shared_fused, PRICED_KERNELS["mlp"], 0) * self.L_moe)
-        kernels = priced + small * per_layer
-        gpu = gpu_s + small * per_layer * self.kmin + priced * GPU_KERNEL_GAP_S
+        twice = np.where(c.tbo, 2, 1)
+        if not self.kernels.generic:
+            priced, small = self.kernels.per_step(self.layers, self.L_moe, self.L_dense)
+            priced, small = priced * twice, small * twice
+        else:
+            per_layer = self.layers * twice
+            small = (SMALL_KERNELS_PER_LAYER - np.where(c.ar_fusion, NORMS_PER_LAYER, 0)) * per_layer
+            priced = ((KERNELS_PER_LAYER - SMALL_KERNELS_PER_LAYER) * per_layer
+                      - (self.kernels.shared - self.kernels.shared_main) * self.L_moe)
+        kernels = priced + small
+        gpu = gpu_s + small * self.kmin + priced * GPU_KERNEL_GAP_S
         t = np.where(graphs, gpu, np.maximum(gpu, kernels * self.ops.gap) + kernels * GPU_KERNEL_GAP_S)
         return t + np.where(c.overlap_sched, 0.0, SCHED_OVERHEAD_S)
 
