@@ -114,15 +114,21 @@ def allreduce_fusion(model, cluster, plan: ServePlan, nnodes: int) -> bool:
 
 def attention_backend(model, cluster) -> str:
     """The attention backend a plan names explicitly (`--attention-backend`): the one SGLang would
-    probe on the target GPU (a CPU host probes wrongly, so moetune names it)."""
+    probe on the target GPU (a CPU host probes wrongly, so moetune names it). On sm100 SGLang 0.5.23
+    runs trtllm_mha for MHA / GQA models without speculative decoding (SG/arg_groups/
+    model_override_base.py:312-325; gpt-oss's own override, model_overrides/gpt_oss.py:28-33) and
+    DeepSeek-V3's override names trtllm_mla (model_overrides/deepseek_v2.py:178-185)."""
     if is_blackwell(cluster.device_name):
-        return "trtllm_mla" if model.mla else "triton"
+        return "trtllm_mla" if model.mla else "trtllm_mha"
     return "fa3"  # Hopper (and older): SGLang's default for MLA and GQA models alike
 
 
 def backend_page_size(backend: str, page_size: int) -> int:
-    """The page size an attention backend forces (SG/arg_groups/overrides.py:1146-1199)."""
+    """The page size an attention backend forces (SG/arg_groups/overrides.py:1144-1198: trtllm_mla
+    32 or 64, trtllm_mha 16, 32, 64 or 128, else 64)."""
     if backend == "trtllm_mla" and page_size not in (32, 64):
+        return 64
+    if backend == "trtllm_mha" and page_size not in (16, 32, 64, 128):
         return 64
     return page_size
 

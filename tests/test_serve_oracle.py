@@ -142,3 +142,24 @@ def test_pinned_plan_resolves_to_the_same_effective_plan(resolved):
             again = resolve(e.pinned(), load_model(name), load_cluster(cl.kind, cl.num_devices))
             assert (again.plan, again.mem_frac, again.mem_frac_decode, again.graph_bs_mem) == \
                 (e.plan, e.mem_frac, e.mem_frac_decode, e.graph_bs_mem), (name, _p)
+
+
+def test_blackwell_attention_backend_is_the_one_sglang_picks(tmp_path):
+    """moetune names the attention backend (`specs.serve_resolve.attention_backend`: a CPU host
+    probes wrongly); on sm100 it is the one SGLang's own resolver picks with the flag left out and
+    the GPU's platform facts given: trtllm_mha for GQA models (SG/arg_groups/model_override_base.py
+    :312-325, gpt-oss's override), trtllm_mla for DeepSeek-V3, each with the page size it forces."""
+    from specs.serve_resolve import attention_backend
+    argvs, facts, mems, want = [], [], [], []
+    for name in ("qwen3-235b-a22b", "gpt-oss-120b", "deepseek-v3"):
+        cl, cs = cases({name: [ServePlan.parse("tp=8")]}, tmp_path / name, "b200", 8)
+        argv = list(cs[0][3])
+        i = argv.index("--attention-backend")
+        del argv[i:i + 2]
+        argvs.append(argv)
+        facts.append(sglang_oracle.platform_facts(cl))
+        mems.append(cl.hbm_gib * 1024)
+        want.append((attention_backend(load_model(name), cl), cs[0][2].effective.plan.page_size))
+    res = sglang_oracle.resolve_many(argvs, mems, platforms=facts)
+    got = [(r["resolved"]["attention_backend"], r["resolved"]["page_size"]) for r in res]
+    assert got == want == [("trtllm_mha", 64), ("trtllm_mha", 64), ("trtllm_mla", 64)]
