@@ -16,7 +16,8 @@
 #   2 olmoe2 trial       2-layer OLMoE-1B-7B cut at seq 2048: measured step time and memory
 #                        (compared with predictions afterwards, on CPU: bench/gpu_check_compare.py)
 #   3 profile            a 2.5-minute `moetune profile` sweep -> OUT/tables
-#   4 timing probe       bench/gpu_timing_probe.py: the size of each timing bias
+#   4 timing probe       bench/gpu_timing_probe.py: the size of each timing bias, and the cost of a
+#                        tiny kernel inside a replayed CUDA graph (the serving kernel minimum)
 #   5 sglang serving     one-GPU `moetune serve-trial --backend sglang` of the tiny MoE (skips
 #                        without CUDA or without SGLang's CUDA kernels)
 #   6 kernels            the Triton kernels of kernels/ against torch references, a block-config

@@ -12,6 +12,11 @@ Each probe times the same work two ways and reports both and their ratio:
   flash      SDPA with the flash backend forced vs the default backend choice
   heads      SDPA flash TFLOPS with (1, 8, s, d), the old profile shape, vs the micro-batch shape
              trials/profile/attention.py now uses (batch x seq = 8192 tokens, 16 heads: OLMoE's)
+  graph      the cost of one kernel inside a replayed CUDA graph, as a decode step runs them: a chain
+             of 256 dependent tiny kernels (an in-place add on one 7168-wide bf16 row; a one-row GEMV
+             against a 7168 x 256 weight) captured once and replayed, time per kernel against the
+             serving model's KERNEL_MIN_S (cost_model/serving/constants.py; torch's kernels do not use
+             programmatic dependent launch, so this is the cost without it)
 Without CUDA it writes {"skipped": reason} and exits 0. Probes run in this order until --max-s.
 """
 from __future__ import annotations
@@ -143,7 +148,49 @@ def probe_heads() -> list[dict]:
     return out
 
 
-PROBES = (("clock", probe_clock), ("sustained", probe_sustained), ("fp8", probe_fp8), ("flash", probe_flash),
+def probe_graph(chain: int = 256, replays: int = 50) -> list[dict]:
+    import torch
+
+    from cost_model.serving.constants import KERNEL_MIN_S
+    x = torch.zeros(1, 7168, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(7168, 256, dtype=torch.bfloat16, device="cuda")
+    y = torch.zeros(1, 256, dtype=torch.bfloat16, device="cuda")
+
+    def add():
+        x.add_(1.0)
+
+    def gemv():
+        torch.mm(x, w, out=y)
+
+    out = []
+    for name, op in (("add_1x7168", add), ("gemv_1x7168x256", gemv)):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # warm up off the capture (cuBLAS picks its kernel here)
+            for _ in range(3):
+                op()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(chain):
+                op()
+        g.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(5):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(replays):
+                g.replay()
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1) / 1e3 / (replays * chain))
+        per = sorted(times)[len(times) // 2]
+        out.append(dict(kernel=name, chain=chain, per_kernel_us=per * 1e6, vs_kernel_min_s=per / KERNEL_MIN_S))
+    return out
+
+
+PROBES = (("graph", probe_graph), ("clock", probe_clock), ("sustained", probe_sustained), ("fp8", probe_fp8), ("flash", probe_flash),
           ("heads", probe_heads))
 
 
