@@ -42,6 +42,8 @@ tensor parallel in one node, default flags (file:line below are sglang/srt/...):
   routing (one kernel for renormalized top-k, two for DeepSeek's grouped top-k,
   routing_deepseek.cu:572, 595), the two GEMMs, a separate activation only for DeepSeek's fp8
   block path (runner .cu:566-568; fused for bf16, MXFP4 and FP4), finalize.
+  Under a DeepEP all-to-all (the DeepGEMM grouped runner; not counted from the source) the
+  Triton list stands in, its dispatch and combine priced as communication.
   A shared expert that is not fused into the routed kernel runs gate_up, silu_and_mul and down
   (plus its two quantizations) on the alternate stream during a captured decode
   (`step.shared_on_side_stream`) or on the main one, and one add joins it (deepseek_v2.py:1286).
