@@ -68,3 +68,22 @@ def test_no_floor_for_a_shared_expert_the_model_lacks():
     # far fewer than the generic layer's: a GQA batch-1 step is a third shorter
     gen = float(sm.layers[0]) * (KERNELS_PER_LAYER - 2) * KERNEL_MIN_S
     assert float(t[0]) < gen
+
+
+@pytest.mark.parametrize("cluster, moe_layer, dense_layer", [(B200, 23, 19), (H200, 30, 21)])
+def test_mla_source_count_is_kept_beside_the_generic_layer(cluster, moe_layer, dense_layer):
+    """SGLang 0.5.23's own MLA list (the count the module doc sets against the public rows):
+    DeepSeek-V3 fp8 TP8 on the main stream, a MoE layer 23 kernels on B200 (trtllm_mla; trtllm-gen
+    routing in two kernels, the activation apart; the shared expert on the alternate stream) and 30
+    on H200 (FA3's prepare and combine; the fused shared expert's pads and cat after top-k), a dense
+    layer 19 / 21."""
+    from clusters import is_blackwell, is_hopper
+    from cost_model.serving.layer_kernels import layer_kernels
+    sm = _sm("deepseek-r1", cluster, "tp=8", "fp8")
+    k = layer_kernels(sm.s, hopper=is_hopper(cluster), blackwell=is_blackwell(cluster), n=1, ar_fusion=sm.c.ar_fusion,
+                      moe_kernel=sm.moe_kernel, shared_fused=sm.shared_fused, side_stream=sm.shared_side_stream,
+                      kv_bytes=sm.c.kv_bytes, weights=sm.weights, lin_quant=sm.lin_fp8)
+    moe = k.per_step(1.0, 1.0, 0.0)
+    dense = k.per_step(1.0, 0.0, 1.0)
+    assert float(moe[0][0] + moe[1][0]) == moe_layer
+    assert float(dense[0][0] + dense[1][0]) == dense_layer
