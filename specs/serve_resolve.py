@@ -123,14 +123,14 @@ def attention_backend(model, cluster) -> str:
     return "fa3"  # Hopper (and older): SGLang's default for MLA and GQA models alike
 
 
+# the page sizes an attention backend accepts; any other becomes 64 (SG/arg_groups/overrides.py:1144-1198)
+BACKEND_PAGE_SIZES = {"trtllm_mla": (32, 64), "trtllm_mha": (16, 32, 64, 128)}
+
+
 def backend_page_size(backend: str, page_size: int) -> int:
-    """The page size an attention backend forces (SG/arg_groups/overrides.py:1144-1198: trtllm_mla
-    32 or 64, trtllm_mha 16, 32, 64 or 128, else 64)."""
-    if backend == "trtllm_mla" and page_size not in (32, 64):
-        return 64
-    if backend == "trtllm_mha" and page_size not in (16, 32, 64, 128):
-        return 64
-    return page_size
+    """The page size an attention backend forces (`BACKEND_PAGE_SIZES`)."""
+    ok = BACKEND_PAGE_SIZES.get(backend)
+    return 64 if ok is not None and page_size not in ok else page_size
 
 
 def server_nodes(plan: ServePlan, gpus_per_node: int) -> int:

@@ -50,7 +50,7 @@ tensor parallel in one node, default flags (file:line below are sglang/srt/...):
 - A dense layer's MLP: gate_up, silu_and_mul, down (plus two quantizations where quantized).
 
 Used for GQA layers on GPUs. MLA layers keep the generic count of constants.KERNELS_PER_LAYER
-(`generic`): their own list above (23 kernels of a MoE layer on B200, 30 on H200) at the kernel
+(`GenericLayer`): their own list above (23 kernels of a MoE layer on B200, 30 on H200) at the kernel
 minimum overshoots every public DeepSeek TPOT on H200 by 20-36% (bench/serving_public_rows.py), and
 which of the two is wrong for that graph (the count for the measured SGLang versions, or the cost of
 a kernel chained by programmatic dependent launch) needs a GPU trace. CPU devices (vLLM's eager
@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_model.serving.constants import NORMS_PER_LAYER, PRICED_KERNELS, SMALL_KERNELS_PER_LAYER
+from cost_model.serving.constants import KERNELS_PER_LAYER, NORMS_PER_LAYER, PRICED_KERNELS, SMALL_KERNELS_PER_LAYER
 
 
 @dataclass(frozen=True)
@@ -82,9 +82,6 @@ class LayerKernels:
     small_attn: np.ndarray
     small_moe: np.ndarray
     small_dense: np.ndarray
-    # the generic layer of constants.KERNELS_PER_LAYER (`generic`): `StepModel._launch` counts its
-    # kernels by those constants
-    generic: bool = False
 
     def per_step(self, layers, moe_layers, dense_layers) -> tuple[np.ndarray, np.ndarray]:
         """(priced, small) kernels of `layers` layers on the main stream, `moe_layers` and
@@ -99,14 +96,27 @@ def _full(n, v) -> np.ndarray:
     return np.full(n, float(v))
 
 
-def generic(n: int, shared_fused) -> LayerKernels:
-    """The generic layer of constants.KERNELS_PER_LAYER (CPU devices; MLA models, module doc): its
-    floors; `StepModel._launch` counts its kernels by the constants themselves."""
+@dataclass(frozen=True)
+class GenericLayer(LayerKernels):
+    """The generic layer of constants.KERNELS_PER_LAYER (CPU devices; MLA models, module doc). Its
+    floors are the constants' groups; its count is the constants' whole layer in every layer (a dense
+    layer launches the MoE layer's kernels too), less the shared expert's GEMMs where the routed
+    kernel runs it, and its small kernels less the two norms under all-reduce fusion (`small_attn`)."""
+
+    def per_step(self, layers, moe_layers, dense_layers) -> tuple[np.ndarray, np.ndarray]:
+        priced = ((KERNELS_PER_LAYER - SMALL_KERNELS_PER_LAYER) * layers
+                  - (self.shared - self.shared_main) * moe_layers)
+        return priced, self.small_attn * layers
+
+
+def generic(n: int, shared_fused, ar_fusion) -> GenericLayer:
+    """The generic layer (`GenericLayer`) for `n` plans: `shared_fused`, `ar_fusion` per plan."""
     p = PRICED_KERNELS
-    return LayerKernels(_full(n, p["attention_proj"]), _full(n, p["attention_core"]), _full(n, p["experts"]),
+    small = SMALL_KERNELS_PER_LAYER - np.where(np.asarray(ar_fusion, bool), NORMS_PER_LAYER, 0)
+    return GenericLayer(_full(n, p["attention_proj"]), _full(n, p["attention_core"]), _full(n, p["experts"]),
                         _full(n, p["mlp"]), np.where(np.asarray(shared_fused, bool), 0.0, p["mlp"]), _full(n, p["mlp"]),
-                        _full(n, p["collectives"]), _full(n, SMALL_KERNELS_PER_LAYER), _full(n, 0.0), _full(n, 0.0),
-                        generic=True)
+                        _full(n, p["collectives"]), np.broadcast_to(small, (n,)).astype(float), _full(n, 0.0),
+                        _full(n, 0.0))
 
 
 def layer_kernels(spec, *, hopper: bool, blackwell: bool, n: int, ar_fusion, moe_kernel, shared_fused,

@@ -23,10 +23,7 @@ from cost_model.ops import TableOps
 from cost_model.serving.constants import (
     GPU_KERNEL_GAP_S,
     KERNEL_MIN_S,
-    KERNELS_PER_LAYER,
-    NORMS_PER_LAYER,
     SCHED_OVERHEAD_S,
-    SMALL_KERNELS_PER_LAYER,
     WEIGHT_FORMAT_BYTES,
     nvfp4_gemm_time,
     weight_format,
@@ -209,7 +206,7 @@ class StepModel:
                                          side_stream=self.shared_side_stream, kv_bytes=c.kv_bytes,
                                          weights=self.weights, lin_quant=self.lin_fp8)
         else:
-            self.kernels = generic(len(c), self.shared_fused)
+            self.kernels = generic(len(c), self.shared_fused, c.ar_fusion)
         self.imb = imbalance
         self.pc = param_counts(spec)
         # the attention weights one attention-TP rank holds and multiplies (MLA's down projections whole)
@@ -546,14 +543,8 @@ class StepModel:
         constants.KERNELS_PER_LAYER, two norms fewer under all-reduce fusion."""
         c = self.c
         twice = np.where(c.tbo, 2, 1)
-        if not self.kernels.generic:
-            priced, small = self.kernels.per_step(self.layers, self.L_moe, self.L_dense)
-            priced, small = priced * twice, small * twice
-        else:
-            per_layer = self.layers * twice
-            small = (SMALL_KERNELS_PER_LAYER - np.where(c.ar_fusion, NORMS_PER_LAYER, 0)) * per_layer
-            priced = ((KERNELS_PER_LAYER - SMALL_KERNELS_PER_LAYER) * per_layer
-                      - (self.kernels.shared - self.kernels.shared_main) * self.L_moe)
+        priced, small = self.kernels.per_step(self.layers, self.L_moe, self.L_dense)
+        priced, small = priced * twice, small * twice
         kernels = priced + small
         gpu = gpu_s + small * self.kmin + priced * GPU_KERNEL_GAP_S
         t = np.where(graphs, gpu, np.maximum(gpu, kernels * self.ops.gap) + kernels * GPU_KERNEL_GAP_S)
