@@ -8,8 +8,12 @@ The cost model prices EP communication beside compute two ways (cost_model/const
 second of the compute it is paired with, from one Nsight A/B; a "held" kernel (DeepEP: its own
 high-priority stream, cooperative launch) keeps its SMs and runs at DEEPEP_BESIDE_COMPUTE_RATE
 (0.78) of its speed alone, from DeepSeek's trace, where the GEMMs left its SMs free. Under
-megatron-core the GEMMs are TE's cuBLAS calls, which take every SM; whether a grid launched on a
-high-priority stream still gets its SMs while they run is what no public measurement shows.
+megatron-core the GEMMs are TE's cuBLAS calls, which take every SM; the model prices DeepEP held
+beside Blackwell's GEMMs (dynamic persistent: they give SMs up to a higher priority as tiles finish)
+and starved beside Hopper's (static persistent: SMs free only when the GEMM ends; blocks.comm_starved).
+Whether a grid launched on a high-priority stream still gets its SMs while they run is what no
+public measurement shows: on a Hopper GPU a high-priority rate near the starved one confirms that
+pricing, one near 0.78 says DeepEP holds there too.
 
 What runs (one GPU, no NCCL): a loop of bf16 cuBLAS GEMMs (torch.matmul, 8192^3) on a
 normal-priority stream, and a 20-program Triton copy kernel (memory-bound work on 20 SMs, as

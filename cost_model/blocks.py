@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from clusters import is_hopper
 from cost_model.constants import (
     ADAM_STEP_BYTES_PER_PARAM,
     ATTENTION_TILE,
@@ -20,6 +21,7 @@ from cost_model.constants import (
     CE_FWD_BYTES_PER_LOGIT,
     COMM_SMS,
     COMM_STARVED,
+    COMM_STARVED_HOPPER,
     D2H_SYNC_S,
     DDP_BUCKET_MIN_PARAMS,
     DDP_BUCKET_PARAMS_PER_DP_RANK,
@@ -499,6 +501,14 @@ def comm_sm_share(x: Inputs) -> np.ndarray:
     return np.clip(sms / n, 0.0, 0.9) if n > 1 else x.zero
 
 
+def comm_starved(x: Inputs) -> np.ndarray:
+    """[P] whether each plan's EP communication kernels are starved of SMs by the GEMMs beside them
+    (`constants` COMM_STARVED): by the dispatcher, and for DeepEP by the GPU's GEMM scheduler (Hopper's
+    static persistent GEMMs keep their SMs to the end; Blackwell's give them up to its priority)."""
+    table = COMM_STARVED_HOPPER if is_hopper(x.ops.c) else COMM_STARVED
+    return np.asarray(table)[x.pa.dispatch]
+
+
 def paired_exposure(comm, compute, share, held, rate=1.0):
     """(beyond, sm_share) of `comm` run beside `compute`, by who gets the SMs (`constants`
     COMM_STARVED). `held` (e.g. a cooperatively launched kernel, all its CTAs resident): comm holds
@@ -546,13 +556,13 @@ def ep_exposed(x: Inputs, ep: EPComm, shared: FwdBwd, attn_node: Node, mlp_node:
     expert). `unpaired`: the share of a stage's forward (and backward) chunks that run without a
     partner (the first forwards and last backwards of each virtual stage), whose communication is
     serial. Communication kernels hold SMs the paired compute would use (`comm_sm_share`), or, where
-    they are starved (`constants` COMM_STARVED: HybridEP), get the SMs the compute leaves and trickle
+    they are starved (`comm_starved`: HybridEP; DeepEP on Hopper), get the SMs the compute leaves and trickle
     (`paired_exposure`). Both take HBM bandwidth the paired memory-bound kernels would use (a
     starved one at its lower rate): `membound` = (attention node, MLP node, shared
     expert) memory-bound FwdBwd seconds (`nongemm.hbm_contention`; None: not charged)."""
     z = x.zero
     s = comm_sm_share(x)
-    held = ~np.asarray(COMM_STARVED)[x.pa.dispatch]
+    held = ~comm_starved(x)
     r = np.asarray(HELD_COMM_RATE)[x.pa.dispatch]  # a held kernel's speed beside compute
     seo = x.pa.shared_expert_overlap.astype(bool)
     a2o = x.pa.a2a_overlap.astype(bool)

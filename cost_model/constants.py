@@ -138,13 +138,32 @@ COMM_SMS = (NCCL_COMM_SMS, NCCL_COMM_SMS, DEEPEP_SMS, HYBRIDEP_NUM_SMS)
 # ---- who gets the SMs when communication runs beside compute -----------------------------------------
 # Per dispatcher code, whether its EP communication kernels are starved of SMs by the compute beside
 # them (True) or hold their SMs (False; `blocks.paired_exposure`).
-# - DeepEP holds: it launches every kernel cooperatively (cudaLaunchAttributeCooperative,
-#   deepseek-ai/DeepEP csrc/kernels/launch.cuh SETUP_LAUNCH_CONFIG), all its CTAs resident at once,
-#   so it runs on its SMs at full speed and the compute beside it on the SMs left (arXiv 2603.07685
-#   §4.2.3: DeepEP's 20 SMs cost the GEMMs beside it ~20% efficiency); and it launches on its own
+# - DeepEP holds where the GEMMs beside it give SMs up to it, and starves beside Hopper's. It launches
+#   every kernel cooperatively (cudaLaunchAttributeCooperative, deepseek-ai/DeepEP
+#   csrc/kernels/launch.cuh SETUP_LAUNCH_CONFIG), all its CTAs resident at once, on its own
 #   high-priority stream (csrc/deep_ep.cpp: comm_stream(at::cuda::getStreamFromPool(true)), every
-#   kernel enqueued there), so the block scheduler hands it SMs first as the compute's CTAs retire,
-#   where Megatron's own comm stream (pipeline_parallel/utils.py) has the default priority.
+#   kernel enqueued there), where Megatron's own comm stream (pipeline_parallel/utils.py) has the
+#   default priority. Once resident it runs on its SMs and the compute beside it on the SMs left
+#   (arXiv 2603.07685 §4.2.3: DeepEP's 20 SMs cost the GEMMs beside it ~20% efficiency). Whether it
+#   gets them while a GEMM runs is the GEMM's scheduler's doing:
+#   - Blackwell: TE's sm100 GEMMs are dynamic persistent kernels (cluster launch control: a grid of
+#     one cluster per tile, workers take the pending ones with clusterlaunchcontrol.try_cancel;
+#     NVIDIA/cutlass media/docs/cpp/blackwell_cluster_launch_control.md), which "cooperate with the
+#     GPU work scheduler to respect work priorities" (NVIDIA/cccl libcudacxx work_stealing,
+#     cuda::for_each_canceled_block): the high-priority DeepEP kernel gets SMs as tiles finish, as
+#     in DeepSeek's trace (DEEPEP_BESIDE_COMPUTE_RATE). Held. (Ampere's GEMMs launch one CTA per tile
+#     and free SMs as they go, CUDA programming guide §4.12 "Preemption": held too.)
+#   - Hopper: its GEMMs are static persistent kernels (one worker per SM looping over tiles, the same
+#     CUTLASS document's "static scheduler"), whose SMs free only when the whole GEMM ends, so the
+#     priority wins SMs only between kernels; megatron-core reserves none for DeepEP (TE
+#     NVTE_EXT_MARGIN_SM unset), where DeepSeek's own GEMMs left its 20 SMs free. Starved, at the one
+#     rate measured for an EP kernel beside TE's Hopper GEMMs (HybridEP's, STARVED_*). Validation, not
+#     fitted: the only public DeepEP overlap A/B on Hopper (Megatron-MoE-ModelZoo Qwen3-235B, 256
+#     H100, 19.7 -> 17.6 s, -10.7%; bench/overlap_ab_pairs.py) is -9.6% priced starved, -30.2% held;
+#     NVIDIA's tuned H100 MoE recipes do not pick DeepEP (Megatron-Bridge
+#     skills/nemo-mbridge-perf-moe-dispatcher-selection: the 16xH100 Qwen3-30B winner is HybridEP,
+#     the Qwen3-235B recipe all-to-all + overlap). Against it: 2603.07685 puts DeepSeek-V3's exposed
+#     EP on 1024 H100 below 5% with DeepEP and 1F1B overlap, which this prices at ~22% (6% held).
 # - HybridEP is starved: it launches its dispatch / combine kernels as plain grids (DeepEP branch
 #   hybrid-ep csrc/hybrid_ep/backend/hybrid_ep_backend.cuh `dispatch_kernel_ptr<<<NUM_OF_BLOCKS_TOTAL,
 #   ...>>>`), whose CTAs wait for SMs like any kernel's; Megatron-core 0.16.1 reserves no SMs on its
@@ -155,7 +174,8 @@ COMM_SMS = (NCCL_COMM_SMS, NCCL_COMM_SMS, DEEPEP_SMS, HYBRIDEP_NUM_SMS)
 #   skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md, "Correctness-first alltoall smoke": Qwen3-30B-A3B
 #   16 H100, no CUDA graphs, 41.25 -> 31.31 s, -24%, "directional") hides at least what the held
 #   pricing allows (model -31%; starved -13%), so nothing says it starves.
-COMM_STARVED = (False, False, False, True)
+COMM_STARVED = (False, False, False, True)  # beside GEMMs that give SMs up (Blackwell, Ampere)
+COMM_STARVED_HOPPER = (False, False, True, True)  # beside Hopper's static persistent GEMMs
 # The rate a starved communication kernel progresses at while GEMM / attention kernels run beside it,
 # as a share of its rate alone, and the compute beside it at full speed. From the component split of
 # one Nsight Systems A/B (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md,

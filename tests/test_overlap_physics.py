@@ -68,13 +68,17 @@ def test_a_starved_kernel_hides_less_than_one_holding_its_sms():
     assert (starved[2:] > held[2:]).all()
 
 
-def _w(gbs=1024):
-    return Workload(load_model("qwen3-30b-a3b"), load_cluster("h100-sxm", 16), gbs, 4096)
+def _w(gbs=1024, kind="h100-sxm"):
+    return Workload(load_model("qwen3-30b-a3b"), load_cluster(kind, 16), gbs, 4096)
 
 
-@pytest.mark.parametrize("backend,sms", [("hybridep", HYBRIDEP_NUM_SMS), ("deepep", DEEPEP_SMS)])
-def test_overlapped_comm_pays_its_sm_share_and_the_unpaired_chunks(backend, sms):
-    w = _w()
+@pytest.mark.parametrize("backend,sms,kind", [("hybridep", HYBRIDEP_NUM_SMS, "h100-sxm"), ("hybridep", HYBRIDEP_NUM_SMS, "b200"),
+                                              ("deepep", DEEPEP_SMS, "h100-sxm"), ("deepep", DEEPEP_SMS, "b200")])
+def test_overlapped_comm_pays_its_sm_share_and_the_unpaired_chunks(backend, sms, kind):
+    """DeepEP holds its SMs beside Blackwell's GEMMs (they give SMs up to its high-priority stream)
+    and is starved beside Hopper's static persistent ones, as HybridEP is on both (constants
+    COMM_STARVED, COMM_STARVED_HOPPER)."""
+    w = _w(kind=kind)
     base = complete_plan(f"ep=16,dispatcher=flex,flex_backend={backend}", w, GPU_FULL)
     plain, ovl = cost_model.predict_many(w, [base, base.replace(a2a_overlap=True)])
     comm = plain.breakdown_s["ep_dispatch_combine"]  # no overlap: all of it is serial
@@ -83,8 +87,8 @@ def test_overlapped_comm_pays_its_sm_share_and_the_unpaired_chunks(backend, sms)
     assert ovl.breakdown_s["ep_dispatch_combine"] == pytest.approx(comm / m, rel=1e-9)
     share = sms / w.cluster.sm_count
     exposed = sum(ovl.breakdown_s[k] for k in EP_PARTS)
-    if backend == "deepep":  # cooperative: holds its SMs, the paired compute slows by their share for
-        # as long as the communication runs beside it (comm / its rate beside compute)
+    if backend == "deepep" and kind == "b200":  # cooperative, prioritised: holds its SMs, the paired
+        # compute slows by their share for as long as the communication runs beside it (comm / its rate)
         assert ovl.breakdown_s["ep_overlap_sm_share"] == pytest.approx(
             share * comm / DEEPEP_BESIDE_COMPUTE_RATE * (1 - 1 / m), rel=1e-9)
         assert share * comm < exposed < comm
@@ -93,6 +97,27 @@ def test_overlapped_comm_pays_its_sm_share_and_the_unpaired_chunks(backend, sms)
         assert ovl.breakdown_s["ep_overlap_beyond"] > share * comm
         assert exposed < comm
     assert ovl.step_time_s < plain.step_time_s
+
+
+def test_deepep_hides_less_beside_hopper_gemms_than_blackwell_ones():
+    """The same DeepEP overlap: on H100 it is priced as HybridEP's measured starvation (the share of
+    its communication hidden is HybridEP's own at equal bytes and compute), on B200 as held (more
+    hidden); NCCL's all-to-all holds on both."""
+    hidden = {}
+    for kind in ("h100-sxm", "b200"):
+        w = _w(kind=kind)
+        for backend in ("deepep", "hybridep", ""):
+            disp = f"dispatcher=flex,flex_backend={backend}" if backend else "dispatcher=alltoall"
+            base = complete_plan(f"ep=16,{disp}", w, GPU_FULL)
+            plain, ovl = cost_model.predict_many(w, [base, base.replace(a2a_overlap=True)], calibration=IDENTITY)
+            comm = plain.breakdown_s["ep_dispatch_combine"]
+            hidden[kind, backend] = 1.0 - sum(ovl.breakdown_s[k] for k in EP_PARTS) / comm
+    assert hidden["b200", "deepep"] > hidden["h100-sxm", "deepep"] + 0.2
+    assert hidden["b200", "deepep"] > hidden["b200", "hybridep"]
+    assert hidden["h100-sxm", ""] > hidden["h100-sxm", "deepep"]
+    # starved on Hopper: hidden work is STARVED_WORK_PER_PAIRED_S per paired second, as HybridEP's
+    # (the two differ only by their bytes and per-token costs, not by who gets the SMs)
+    assert abs(hidden["h100-sxm", "deepep"] - hidden["h100-sxm", "hybridep"]) < 0.2
 
 
 def test_fewer_microbatches_leave_more_unpaired():

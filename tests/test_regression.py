@@ -174,6 +174,11 @@ REGENERATIONS = [
      "gap: only the qwen3-235b gb200-nvl72 workload (Grace host, 60.5 us per launch) moves, x1.000-x1.172; "
      "x86 kinds identical; calibration unchanged (its rows are x86); plans, counts and scripts identical",
      "ee93bd049965ba1f7fa2746dffcec653977486f0b31006544e99af39e23d6b40"),
+    ("DeepEP beside Hopper's GEMMs (2026-12-07)", "`--keep-plans`: DeepEP's kernels are starved of SMs beside "
+     "Hopper's static persistent GEMMs (blocks.comm_starved, constants COMM_STARVED_HOPPER: HybridEP's measured "
+     "rate), held beside Blackwell's: only mixtral's two H100 DeepEP plans with EP overlap move, x1.0097 and "
+     "x1.0483; calibration unchanged (no calibration row runs DeepEP on Hopper); plans, counts and scripts identical",
+     "8658f75de94bf37d51556479e7aaebe234f61eb750f52d3832db6d8906b39d44"),
 ]
 
 
