@@ -156,8 +156,11 @@ COMM_SMS = (NCCL_COMM_SMS, NCCL_COMM_SMS, DEEPEP_SMS, HYBRIDEP_NUM_SMS)
 #   - Hopper: its GEMMs are static persistent kernels (one worker per SM looping over tiles, the same
 #     CUTLASS document's "static scheduler"), whose SMs free only when the whole GEMM ends, so the
 #     priority wins SMs only between kernels; megatron-core reserves none for DeepEP (TE
-#     NVTE_EXT_MARGIN_SM unset), where DeepSeek's own GEMMs left its 20 SMs free. Starved, at the one
-#     rate measured for an EP kernel beside TE's Hopper GEMMs (HybridEP's, STARVED_*). Validation, not
+#     NVTE_EXT_MARGIN_SM unset), where DeepSeek's own GEMMs left its 20 SMs free and SGLang's
+#     two-batch-overlap prefill does the same (sglang 0.5.23 srt/batch_overlap/operations_strategy.py
+#     _compute_moe_deepseek_blog_prefill: deep_gemm_num_sms = SMs - DeepEP's; the serving model's
+#     DeepEP stays held). Starved, at the one rate measured for an EP kernel beside TE's Hopper
+#     GEMMs (HybridEP's, STARVED_*). Validation, not
 #     fitted: the only public DeepEP overlap A/B on Hopper (Megatron-MoE-ModelZoo Qwen3-235B, 256
 #     H100, 19.7 -> 17.6 s, -10.7%; bench/overlap_ab_pairs.py) is -9.6% priced starved, -30.2% held;
 #     NVIDIA's tuned H100 MoE recipes do not pick DeepEP (Megatron-Bridge
