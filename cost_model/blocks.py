@@ -504,7 +504,8 @@ def comm_sm_share(x: Inputs) -> np.ndarray:
 def comm_starved(x: Inputs) -> np.ndarray:
     """[P] whether each plan's EP communication kernels are starved of SMs by the GEMMs beside them
     (`constants` COMM_STARVED): by the dispatcher, and for DeepEP by the GPU's GEMM scheduler (Hopper's
-    static persistent GEMMs keep their SMs to the end; Blackwell's give them up to its priority)."""
+    static persistent GEMMs keep their SMs to their end; Blackwell's dynamic ones, and Ampere's one-CTA-
+    per-tile grids, give them up to its high-priority stream)."""
     table = COMM_STARVED_HOPPER if is_hopper(x.ops.c) else COMM_STARVED
     return np.asarray(table)[x.pa.dispatch]
 
