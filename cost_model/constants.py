@@ -166,7 +166,8 @@ COMM_SMS = (NCCL_COMM_SMS, NCCL_COMM_SMS, DEEPEP_SMS, HYBRIDEP_NUM_SMS)
 #     NVIDIA's tuned H100 MoE recipes do not pick DeepEP (Megatron-Bridge
 #     skills/nemo-mbridge-perf-moe-dispatcher-selection: the 16xH100 Qwen3-30B winner is HybridEP,
 #     the Qwen3-235B recipe all-to-all + overlap). Against it: 2603.07685 puts DeepSeek-V3's exposed
-#     EP on 1024 H100 below 5% with DeepEP and 1F1B overlap, which this prices at ~22% (6% held).
+#     EP on 1024 H100 below 5% with DeepEP and 1F1B overlap, which this prices at 22% (8.5% held) on
+#     TP2 PP8 VPP4 EP64 fp8-blockwise.
 # - HybridEP is starved: it launches its dispatch / combine kernels as plain grids (DeepEP branch
 #   hybrid-ep csrc/hybrid_ep/backend/hybrid_ep_backend.cuh `dispatch_kernel_ptr<<<NUM_OF_BLOCKS_TOTAL,
 #   ...>>>`), whose CTAs wait for SMs like any kernel's; Megatron-core 0.16.1 reserves no SMs on its
