@@ -153,13 +153,19 @@ def mean_length(n: int, ratio: float) -> int:
     return round(n * (1.0 + ratio) / 2.0)
 
 
+def _model(row) -> str:
+    """A row's model preset: its 13th field where it has one, else DeepSeek-R1 (every other source)."""
+    return row[12] if len(row) > 12 else "deepseek-r1"
+
+
 def predict_rows(rows=ROWS, calibrations=None):
     """Per row: (row, raw prediction, calibrated prediction)."""
     cals = calibrations or (IDENTITY, load_default())
+    models = {name: load_model(name) for name in {_model(row) for row in rows}}
     out = []
     for row in rows:
         src, kind, gpus, text, prec, isl, osl, ratio, conc, n, out_pub, tpot_pub = row[:12]
-        model = load_model(row[12] if len(row) > 12 else "deepseek-r1")
+        model = models[_model(row)]
         w = ServeWorkload(isl=mean_length(isl, ratio), osl=mean_length(osl, ratio), concurrency=conc)
         preds = [predict_serve(model, load_cluster(kind, gpus), ServePlan.parse(text), w, precision=prec, calibration=c,
                                n_requests=n or max(10 * conc, 16), deepgemm_jit=src not in NO_DEEPGEMM_JIT)

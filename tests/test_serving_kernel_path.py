@@ -87,10 +87,10 @@ def test_the_fused_moe_ceiling_is_the_measured_kernels_top_rate():
     assert rows and all(r["source"] for r in rows)
     frac = fused_moe_fp8_peak_fraction()
     assert 0.10 < frac < 0.14  # ~242 of H100's 1979 dense fp8 TFLOPS
-    assert fused_moe_ceiling_flops(H100, True, False) == pytest.approx(frac * 1978.9e12, rel=1e-3)
-    assert fused_moe_ceiling_flops(H100, True, True) == np.inf  # DeepEP: DeepGEMM, the table's rate
-    assert fused_moe_ceiling_flops(H100, False, False) == np.inf  # bf16: the table's rate
-    assert fused_moe_ceiling_flops(B200, True, False) == np.inf  # Blackwell fp8: FlashInfer TRT-LLM
+    assert fused_moe_ceiling_flops(H100, True, moe_path(H100, True, False)) == pytest.approx(frac * 1978.9e12, rel=1e-3)
+    assert fused_moe_ceiling_flops(H100, True, moe_path(H100, True, True)) == np.inf  # DeepEP: DeepGEMM, the table's rate
+    assert fused_moe_ceiling_flops(H100, False, moe_path(H100, False, False)) == np.inf  # bf16: the table's rate
+    assert fused_moe_ceiling_flops(B200, True, moe_path(B200, True, False)) == np.inf  # Blackwell fp8: FlashInfer TRT-LLM
     errs = {int(r["batch"]): _qwen3_call_us(int(r["batch"])) / float(r["kernel_us"]) - 1 for r in rows}
     assert errs[4096] == pytest.approx(0.0, abs=0.01), errs
     assert all(abs(e) <= 0.15 for e in errs.values()), errs
@@ -99,7 +99,7 @@ def test_the_fused_moe_ceiling_is_the_measured_kernels_top_rate():
 
 def test_deepep_plans_run_experts_at_the_table_rate_and_tp_plans_slower():
     c = to_cols(effective_plans([ServePlan.parse(p) for p in ("tp=8", "tp=8,attn_dp=8,a2a=deepep")], DSV3, H200))
-    dense, moe = step_efficiencies(H200, True, c.a2a)
+    dense, moe = step_efficiencies(H200, True, [moe_path(H200, True, bool(x)) for x in c.a2a])
     assert dense == 1.0 and moe.tolist() == [1.0, 1.0]
     sm = StepModel(DSV3, H200, load_tables(tables_dir_for(H200.kind)), c, fp8=True)
     assert np.isfinite(sm.moe_ceiling[0]) and sm.moe_ceiling[1] == np.inf  # TP: Triton's ceiling
@@ -127,7 +127,7 @@ def test_prefill_prices_the_triton_fused_moe_below_deepgemm():
     per_token = DSV3.moe_router_topk + 1
     casts = float(on.ops.fp8_cast(8192.0 * per_token * DSV3.hidden_size)[0]) + float(on.ops.fp8_cast(8192.0 * per_token * 256)[0])
     rate = float(on.expert_flops(T)[0]) / (float(g[0]) - casts)
-    assert rate == pytest.approx(fused_moe_ceiling_flops(H200, True, False) * TUNED_CONFIG_SPEEDUP, rel=1e-6)
+    assert rate == pytest.approx(fused_moe_ceiling_flops(H200, True, moe_path(H200, True, False)) * TUNED_CONFIG_SPEEDUP, rel=1e-6)
 
 
 def test_topk_sum_is_priced_only_without_an_all_to_all():

@@ -78,12 +78,7 @@ def test_mla_source_count_is_kept_beside_the_generic_layer(cluster, moe_layer, d
     routing in two kernels, the activation apart; the shared expert on the alternate stream) and 30
     on H200 (FA3's prepare and combine; the fused shared expert's pads and cat after top-k), a dense
     layer 19 / 21."""
-    from clusters import is_blackwell, is_hopper
-    from cost_model.serving.layer_kernels import layer_kernels
-    sm = _sm("deepseek-r1", cluster, "tp=8", "fp8")
-    k = layer_kernels(sm.s, hopper=is_hopper(cluster), blackwell=is_blackwell(cluster), n=1, ar_fusion=sm.c.ar_fusion,
-                      moe_kernel=sm.moe_kernel, shared_fused=sm.shared_fused, side_stream=sm.shared_side_stream,
-                      kv_bytes=sm.c.kv_bytes, weights=sm.weights, lin_quant=sm.lin_fp8)
+    k = _sm("deepseek-r1", cluster, "tp=8", "fp8").sglang_kernels()
     moe = k.per_step(1.0, 1.0, 0.0)
     dense = k.per_step(1.0, 0.0, 1.0)
     assert float(moe[0][0] + moe[1][0]) == moe_layer

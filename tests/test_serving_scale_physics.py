@@ -50,7 +50,7 @@ def test_packed_prompts_attend_only_to_themselves():
     C = np.array([8192.0])
     one = sm._prefill_gpu(C, 0.0, C, 1.0)[2]["attention"][0]
     packed = sm._prefill_gpu(C, 0.0, np.array([512.0]), 1.0)[2]["attention"][0]
-    proj = sm.layers * sm._floor(sm._gemm(C, sm.attn_params), "attention_proj")[0]
+    proj = sm.layers * sm._floor(sm._gemm(C, sm.attn_params), sm.kernels.proj)[0]
     assert packed < one
     assert (one - proj) / (packed - proj) > 6  # ~16 x the FLOPs; the table's rate moves a little
     # the simulator's (tokens, mean context) maps onto (prefix, segment) without changing the work

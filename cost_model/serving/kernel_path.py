@@ -128,14 +128,14 @@ def efficiency(path: str, fp8: bool) -> float:
     return path_ratios()[src]
 
 
-def step_efficiencies(cluster, fp8: bool, a2a_col, deepgemm_jit: bool = True,
-                      dense_fp8: bool | None = None, arch: str | None = None) -> tuple[float, np.ndarray]:
+def step_efficiencies(cluster, fp8: bool, moe_kernels, deepgemm_jit: bool = True,
+                      dense_fp8: bool | None = None) -> tuple[float, np.ndarray]:
     """(dense efficiency, routed-expert efficiency per plan) of a step on `cluster`; GPUs only
-    (a CPU runs no SGLang kernel: 1). `dense_fp8` and `arch` as in `paths`."""
-    a2a = np.asarray(a2a_col) > 0
+    (a CPU runs no SGLang kernel: 1). `moe_kernels`: the routed experts' kernel per plan (`moe_path`);
+    `dense_fp8` as in `paths`."""
+    kernels = np.asarray(moe_kernels)
     if not getattr(cluster, "is_gpu", True):
-        return 1.0, np.ones(len(a2a))
+        return 1.0, np.ones(len(kernels))
     dfp8 = fp8 if dense_fp8 is None else dense_fp8
     dense = efficiency(dense_path(cluster, dfp8, deepgemm_jit), dfp8)
-    moe = np.array([efficiency(moe_path(cluster, fp8, bool(x), deepgemm_jit, arch), fp8) for x in (False, True)])
-    return dense, moe[a2a.astype(int)]
+    return dense, np.array([efficiency(str(k), fp8) for k in kernels])

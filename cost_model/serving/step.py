@@ -43,6 +43,7 @@ from cost_model.serving.memory import kv_bytes_per_token
 from cost_model.serving.plans import effective_plans, to_cols
 from cost_model.tables import load_tables, tables_dir_for
 from specs.errors import InputError
+from specs.hf_export import pick_architecture
 from specs.models import load_model
 from specs.serve_plan import ServePlan
 
@@ -90,7 +91,6 @@ def shared_expert_fused(spec, c, moe_kernel) -> np.ndarray:
     (plain TP experts), an NVIDIA GPU of sm 80 or newer; and a MoE runner that keeps it
     (arg_groups/overrides.py _moe_runner_fusion_disable: not flashinfer_trtllm, Blackwell's fp8
     runner). `moe_kernel`: the routed experts' kernel per plan (`kernel_path.moe_path`)."""
-    from specs.hf_export import pick_architecture
     if not (spec.num_experts == 256 and spec.moe_shared_expert_count == 1
             and pick_architecture(spec) == "DeepseekV3ForCausalLM"):
         return np.zeros(len(c), bool)
@@ -110,7 +110,6 @@ def shared_on_side_stream(spec, c, cluster) -> np.ndarray:
       returns: beside the top-k, dispatch, routed experts and combine (single-batch overlap, which
       moves it elsewhere, is off by default).
     Two-batch overlap schedules its own operations and never takes either path."""
-    from specs.hf_export import pick_architecture
     if not (cluster.is_gpu and spec.moe_shared_expert_ffn and pick_architecture(spec) == "DeepseekV3ForCausalLM"):
         return np.zeros(len(c), bool)
     return ~np.asarray(c.tbo, bool)
@@ -131,7 +130,6 @@ class StepModel:
             raise InputError(f"routing skew must be a finite number >= 0, got {routing_skew}")
         if not (math.isfinite(imbalance) and imbalance >= 1):
             raise InputError(f"routing imbalance must be a finite number >= 1, got {imbalance}")
-        from specs.hf_export import pick_architecture
         self.s, self.cl, self.c = spec, cluster, c
         self.arch = pick_architecture(spec)
         self.fp8 = fp8
@@ -162,12 +160,15 @@ class StepModel:
         # fp8 weights: `fused_moe_ceiling_flops`; inf elsewhere, sub-byte checkpoints included, whose
         # MoE kernels are others). `kernel_rates`: (dense, routed-expert) rates given instead and no
         # ceiling, the tables' own kernel, against which `fused_moe_fp8_peak_fraction` measures one
+        a2a = np.asarray(c.a2a) > 0
+        # the routed experts' kernel per plan (it depends on the all-to-all flag only)
+        self.moe_kernel = np.array([moe_path(cluster, fp8, x, deepgemm_jit, self.arch) for x in (False, True)])[
+            a2a.astype(int)]
         if kernel_rates is None:
-            self.dense_eff, self.moe_eff = step_efficiencies(cluster, fp8, c.a2a, deepgemm_jit, dense_fp8=self.lin_fp8,
-                                                             arch=self.arch)
-            ceiling = np.array([fused_moe_ceiling_flops(cluster, fp8, bool(x), deepgemm_jit) for x in (False, True)])
-            self.moe_ceiling = (ceiling[(np.asarray(c.a2a) > 0).astype(int)] if self.weights == "fp8"
-                                else np.full(len(c), np.inf))
+            self.dense_eff, self.moe_eff = step_efficiencies(cluster, fp8, self.moe_kernel, deepgemm_jit,
+                                                             dense_fp8=self.lin_fp8)
+            self.moe_ceiling = (np.array([fused_moe_ceiling_flops(cluster, fp8, k) for k in self.moe_kernel])
+                                if self.weights == "fp8" else np.full(len(c), np.inf))
         else:
             self.dense_eff, self.moe_eff = kernel_rates[0], np.full(len(c), float(kernel_rates[1]))
             self.moe_ceiling = np.full(len(c), np.inf)
@@ -176,19 +177,15 @@ class StepModel:
         # setting) and, beside an all-to-all, for every other compute-bound kernel too
         n_sm = float(getattr(cluster, "sm_count", 0) or 0)
         cap = n_sm / (n_sm - DEEPEP_SMS) if (cluster.is_gpu and n_sm > DEEPEP_SMS) else 1.0
-        a2a = np.asarray(c.a2a) > 0
         dg_dense = dense_path(cluster, self.lin_fp8, deepgemm_jit) == "deep_gemm"
-        # the routed experts' kernel per plan (it depends on the all-to-all flag only)
-        moe_kernel = np.array([moe_path(cluster, fp8, x, deepgemm_jit, self.arch) for x in (False, True)])[a2a.astype(int)]
-        self.moe_kernel = moe_kernel
-        dg_moe = moe_kernel == "deep_gemm"
+        dg_moe = self.moe_kernel == "deep_gemm"
         self.tbo_dense_cap = np.where(a2a | dg_dense, cap, 1.0)  # attention projections, shared expert
         self.tbo_moe_cap = np.where(a2a | dg_moe, cap, 1.0)  # routed experts' grouped GEMMs
         self.tbo_core_cap = np.where(a2a, cap, 1.0)  # attention core (FlashAttention: all SMs it finds)
         # per plan, whether SGLang runs the shared expert inside the routed experts' Triton fused_moe as
         # one more expert every token picks (E = 257 for DeepSeek-V3/R1) instead of as its own MLP
         # (`shared_expert_fused`)
-        self.shared_fused = shared_expert_fused(spec, c, moe_kernel) & bool(cluster.is_gpu)
+        self.shared_fused = shared_expert_fused(spec, c, self.moe_kernel) & bool(cluster.is_gpu)
         # per plan, whether a decode step captured in a CUDA graph runs the shared expert on a second
         # stream beside the router and routed experts (`shared_on_side_stream`)
         self.shared_side_stream = shared_on_side_stream(spec, c, cluster) & ~self.shared_fused
@@ -200,13 +197,8 @@ class StepModel:
         self.kmin = KERNEL_MIN_S if cluster.is_gpu else GPU_KERNEL_GAP_S
         # the kernels one layer launches, priced and small (`layer_kernels`: SGLang 0.5.23's own per
         # architecture, GPU family and kernel path; CPU devices and MLA models the generic count)
-        if cluster.is_gpu and not spec.mla:
-            self.kernels = layer_kernels(spec, hopper=is_hopper(cluster), blackwell=is_blackwell(cluster), n=len(c),
-                                         ar_fusion=c.ar_fusion, moe_kernel=moe_kernel, shared_fused=self.shared_fused,
-                                         side_stream=self.shared_side_stream, kv_bytes=c.kv_bytes,
-                                         weights=self.weights, lin_quant=self.lin_fp8)
-        else:
-            self.kernels = generic(len(c), self.shared_fused, c.ar_fusion)
+        self.kernels = (self.sglang_kernels() if cluster.is_gpu and not spec.mla
+                        else generic(len(c), self.shared_fused, c.ar_fusion))
         self.imb = imbalance
         self.pc = param_counts(spec)
         # the attention weights one attention-TP rank holds and multiplies (MLA's down projections whole)
@@ -217,7 +209,7 @@ class StepModel:
         # configs' measured bandwidth, its compute-bound calls run TUNED_CONFIG_SPEEDUP faster
         self.tuned_moe = np.zeros(len(c), bool)
         if cluster.is_gpu and spec.num_experts:
-            self.tuned_moe = (moe_kernel == "triton_fused_moe") & ships_tuned_config(cluster, spec.num_experts / np.asarray(c.ep, float),
+            self.tuned_moe = (self.moe_kernel == "triton_fused_moe") & ships_tuned_config(cluster, spec.num_experts / np.asarray(c.ep, float),
                                                          spec.moe_ffn_hidden_size / np.asarray(c.moe_tp, float), fp8)
             speed = np.where(self.tuned_moe, TUNED_CONFIG_SPEEDUP, 1.0)
             self.moe_eff = self.moe_eff * speed
@@ -225,7 +217,7 @@ class StepModel:
         # achieved bytes/s of the routed-expert kernel (GPU: measured fused-MoE timings by kernel,
         # block-config class and shard row bytes)
         self.expert_bw = (cluster.hbm_tbps * 1e12 * expert_bandwidth_efficiency(spec.moe_ffn_hidden_size / c.moe_tp,
-                                                                               self.wexp, self.tuned_moe, moe_kernel)
+                                                                               self.wexp, self.tuned_moe, self.moe_kernel)
                           if cluster.is_gpu and spec.num_experts else self.hbm_bw)
         self.kvt = kv_bytes_per_token(spec, c)  # per GPU, per token, one stage
         self.layers = spec.num_layers / c.pp
@@ -252,6 +244,16 @@ class StepModel:
         # the weights are upcast and multiplied on bf16 tensor cores
         fp8 = fmt != "bf16" and (fmt != "mxfp4" or is_blackwell(cluster))
         return cls(spec, cluster, tables, c, fp8=fp8, weights=fmt, **kw)
+
+    def sglang_kernels(self):
+        """SGLang 0.5.23's own kernels of one layer of this model on this GPU, per plan
+        (`layer_kernels.layer_kernels`): what a GQA step counts; for MLA models the source count the
+        generic layer is set against (module doc of `layer_kernels`)."""
+        c, cl = self.c, self.cl
+        return layer_kernels(self.s, hopper=is_hopper(cl), blackwell=is_blackwell(cl), n=len(c), ar_fusion=c.ar_fusion,
+                             moe_kernel=self.moe_kernel, shared_fused=self.shared_fused,
+                             side_stream=self.shared_side_stream, kv_bytes=c.kv_bytes, weights=self.weights,
+                             lin_quant=self.lin_fp8)
 
     # ---- pieces ---------------------------------------------------------------------------
     def all_reduce(self, nbytes, n):
@@ -297,7 +299,7 @@ class StepModel:
         kernel (`shared_fused`: priced there). The router's own kernel is one of the small kernels
         `_launch` counts at a kernel's minimum duration, which its weight read (7168 x 256 at most a
         few MB, ~1 us) stays under."""
-        return np.where(self.shared_fused, 0.0, self._floor(self._shared(tokens_inst), "shared"))
+        return np.where(self.shared_fused, 0.0, self._floor(self._shared(tokens_inst), self.kernels.shared))
 
     def _shared_split(self):
         """Per plan, (token divisor, weight divisor) of the shared expert on one GPU. Under a DeepEP
@@ -523,14 +525,11 @@ class StepModel:
         tbo = 2.0 * np.maximum(comp_h, comm_h)
         return np.where(self.c.tbo, tbo, comp + comm)
 
-    def _floor(self, t, group: str):
-        """The priced kernels of `group` (`layer_kernels.LayerKernels`: attention_proj, attention_core,
-        mlp (a dense layer's), shared (a MoE layer's shared expert), experts) each last at least a
-        kernel's minimum duration: small batches are floor-bound, not bandwidth-bound."""
-        k = self.kernels
-        n = {"attention_proj": k.proj, "attention_core": k.core, "mlp": k.dense_mlp, "shared": k.shared,
-             "experts": k.experts}[group]
-        return np.maximum(t, n * self.kmin)
+    def _floor(self, t, kernels):
+        """`t` seconds of `kernels` priced kernels (a `layer_kernels.LayerKernels` count: proj, core,
+        dense_mlp, shared, experts), each lasting at least a kernel's minimum duration: small batches
+        are floor-bound, not bandwidth-bound."""
+        return np.maximum(t, kernels * self.kmin)
 
     def _launch(self, gpu_s, graphs):
         """Launch cost and the kernels the step does not price by work. `gpu_s` holds the priced
@@ -556,7 +555,7 @@ class StepModel:
         `graphs` (per plan): the step replays a CUDA graph."""
         s, c = self.s, self.c
         T = B * c.attn_dp
-        proj = self._floor(self._gemm(B, self.attn_params), "attention_proj")
+        proj = self._floor(self._gemm(B, self.attn_params), self.kernels.proj)
         kv_read = B * ctx * self.kvt / self.layers
         heads = s.num_attention_heads / c.attn_tp
         if s.mla:  # absorbed MLA: scores and values against the latent
@@ -567,10 +566,10 @@ class StepModel:
             hd = s.head_dim
         # one call over the rank's B requests x its heads (the table's bh axis)
         core_f, _ = self.ops.attention(fl, np.maximum(ctx, 16), min(hd, 256), B * heads)
-        core = self._floor(np.maximum(kv_read / self.hbm_bw, core_f), "attention_core")
-        dense = self._floor(self._dense_mlp(T), "mlp")
+        core = self._floor(np.maximum(kv_read / self.hbm_bw, core_f), self.kernels.core)
+        dense = self._floor(self._dense_mlp(T), self.kernels.dense_mlp)
         shared = self._shared_step(T)
-        experts = self._floor(self._experts(T, decode=True), "experts") if s.num_experts else 0.0
+        experts = self._floor(self._experts(T, decode=True), self.kernels.experts) if s.num_experts else 0.0
         legs = self._ep_legs(T, decode=True)
         comm, comm_dense = self._comm(T, decode=True, legs=legs)
         # the shared expert on its own stream beside the routed experts (`shared_on_side_stream`;
@@ -616,7 +615,7 @@ class StepModel:
         layer (`moe_comm`: the all-to-all's, or the plain gather/all-reduces) and of a dense layer."""
         s, c = self.s, self.c
         T = C * ranks
-        proj = self._floor(self._gemm(C, self.attn_params), "attention_proj")
+        proj = self._floor(self._gemm(C, self.attn_params), self.kernels.proj)
         heads = s.num_attention_heads / c.attn_tp
         if s.mla:  # prefill runs MLA un-absorbed: q.k over (nope + rope) dims, values over v dim
             dqk, dv = s.qk_head_dim + s.qk_pos_emb_head_dim, s.v_head_dim
@@ -627,12 +626,12 @@ class StepModel:
         # extend attention runs one variable-length batch of C / seg sequences)
         fl = 2.0 * heads * C * (prefix + seg / 2.0) * (dqk + dv)
         core, _ = self.ops.attention(fl, prefix + seg, min(dqk, 256), heads * C / seg)
-        core = self._floor(core, "attention_core")
+        core = self._floor(core, self.kernels.core)
         egemm, eother = self._expert_parts(T) if s.num_experts else (0.0, 0.0)
-        experts = self._floor(egemm + eother, "experts") if s.num_experts else 0.0
+        experts = self._floor(egemm + eother, self.kernels.experts) if s.num_experts else 0.0
         disp, comb = self._ep_legs(T)
         moe_comm, comm_dense = self._comm(T, legs=(disp, comb))
-        return {"attn_proj": proj, "attn_core": core, "dense": self._floor(self._dense_mlp(T), "mlp"),
+        return {"attn_proj": proj, "attn_core": core, "dense": self._floor(self._dense_mlp(T), self.kernels.dense_mlp),
                 "shared": self._shared_step(T), "experts": experts, "experts_gemm": egemm,
                 "dispatch": np.where(c.a2a > 0, disp, 0.0), "combine": np.where(c.a2a > 0, comb, 0.0),
                 "moe_comm": moe_comm, "dense_comm": comm_dense}
@@ -736,11 +735,12 @@ def fused_moe_fp8_peak_fraction() -> float:
     return _FUSED
 
 
-def fused_moe_ceiling_flops(cluster, fp8: bool, a2a: bool, deepgemm_jit: bool = True) -> float:
-    """FLOP/s the routed experts' GEMMs cannot exceed on the kernel SGLang runs for them: the Triton
-    fused_moe ceiling at fp8 on a GPU (`fused_moe_fp8_peak_fraction` x the dense fp8 peak); inf
-    for every other path (their tables' rates apply)."""
-    if not (getattr(cluster, "is_gpu", True) and fp8 and moe_path(cluster, fp8, a2a, deepgemm_jit) == "triton_fused_moe"):
+def fused_moe_ceiling_flops(cluster, fp8: bool, kernel: str) -> float:
+    """FLOP/s the routed experts' GEMMs cannot exceed on `kernel`, the one SGLang runs for them
+    (`kernel_path.moe_path`): the Triton fused_moe ceiling at fp8 on a GPU
+    (`fused_moe_fp8_peak_fraction` x the dense fp8 peak); inf for every other path (their tables'
+    rates apply)."""
+    if not (getattr(cluster, "is_gpu", True) and fp8 and kernel == "triton_fused_moe"):
         return np.inf
     return fused_moe_fp8_peak_fraction() * float(cluster.peak_tflops["fp8"]) * 1e12
 
