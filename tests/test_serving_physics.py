@@ -165,6 +165,24 @@ def test_tuned_fused_moe_decode_reads_at_the_tuned_configs_measured_rate():
         assert float(expert_bandwidth_efficiency(n, 1.0, True)) >= float(expert_bandwidth_efficiency(n, 1.0))
 
 
+def test_fused_moe_call_follows_a_measured_sweep_from_decode_to_prefill_sizes():
+    """The routed experts' Triton fused_moe call (Qwen3-30B-A3B fp8, TP1, one H100) against the one
+    public sweep measured from decode to prefill sizes (vllm PR #24700, 8-4096 tokens;
+    bench/fused_moe_mid_batch.py): within 25% at every batch (the weight read below ~256 tokens, the
+    padded tiles at the fp8 ceiling above), and growing with the tokens as the measured call does."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench" / "fused_moe_mid_batch.py"
+    spec = importlib.util.spec_from_file_location("fused_moe_mid_batch", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.rows()
+    assert len(rows) >= 10
+    assert all(abs(model / us - 1) <= 0.25 for _b, model, us in rows), rows
+    model = [m for _b, m, _us in rows]
+    assert all(b >= a for a, b in zip(model, model[1:]))
+
+
 def test_dense_mlp_data_parallel_trades_weight_reads_for_its_collective():
     """--moe-dense-tp-size 1 (moe_dense_tp=1): DeepSeek-V3's 3 dense MLP layers run each rank's own
     tokens with the whole weights: no all-gather / reduce-scatter over the TP group (16 GPUs, two
