@@ -168,8 +168,9 @@ def test_tuned_fused_moe_decode_reads_at_the_tuned_configs_measured_rate():
 def test_fused_moe_call_follows_a_measured_sweep_from_decode_to_prefill_sizes():
     """The routed experts' Triton fused_moe call (Qwen3-30B-A3B fp8, TP1, one H100) against the one
     public sweep measured from decode to prefill sizes (vllm PR #24700, 8-4096 tokens;
-    bench/fused_moe_mid_batch.py): within 25% at every batch (the weight read below ~256 tokens, the
-    padded tiles at the fp8 ceiling above), and growing with the tokens as the measured call does."""
+    bench/fused_moe_mid_batch.py): within 25% at every batch (each GEMM the larger of its weight read
+    and its padded row tiles at the fp8 ceiling), and growing with the tokens as the measured call
+    does."""
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "bench" / "fused_moe_mid_batch.py"
