@@ -42,6 +42,7 @@ import cost_model.serving as serving  # noqa: E402
 from cost_model.serving.calibration import IDENTITY  # noqa: E402
 from cost_model.serving.constants import REQUEST_FIXED_S  # noqa: E402
 from cost_model.serving.fit_calibration import DATA, ROWS, burst_prediction, total_tokens_per_s  # noqa: E402
+from specs.serve_plan import ServePlan  # noqa: E402
 
 PUBLISHED_PEAK = {"r01": 9699.0, "r02": 9601.0}  # peak output tok/s (module doc)
 
@@ -61,10 +62,13 @@ def _predict(r: dict, intake_s: float = 0.0):
     model, plan, isl, osl, n = ROWS[r["id"]]
     runs: list = []
     simulate = serving.simulate
-    ranks = 8 if "attn_dp=8" in plan else 1  # the fit rows' attention-DP ranks (one replica each)
+    sp = ServePlan.parse(plan)
+    ranks = sp.dp * sp.attn_dp  # the ranks `predict_serve` deals the burst over (replicas x attention DP)
 
     def wrapped(pre, dec, reqs, **kw):
-        k = len(runs)  # rank k's share is requests k, k + ranks, ... (`predict_serve`)
+        # rank k's share is requests k, k + ranks, ... (`predict_serve`), simulated in rank order; a share
+        # equal to an earlier one is not simulated again, so a fixed-length burst runs rank 0's arrivals
+        k = len(runs)
         if intake_s:
             reqs = [(intake_s * (k + j * ranks), a, b) for j, (_t, a, b) in enumerate(reqs)]
         out = simulate(pre, dec, reqs, **kw)

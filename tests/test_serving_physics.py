@@ -171,13 +171,8 @@ def test_fused_moe_call_follows_a_measured_sweep_from_decode_to_prefill_sizes():
     bench/fused_moe_mid_batch.py): within 25% at every batch (each GEMM the larger of its weight read
     and its padded row tiles at the fp8 ceiling), and growing with the tokens as the measured call
     does."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "bench" / "fused_moe_mid_batch.py"
-    spec = importlib.util.spec_from_file_location("fused_moe_mid_batch", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    rows = mod.rows()
+    from bench.fused_moe_mid_batch import rows as sweep_rows
+    rows = sweep_rows()
     assert len(rows) >= 10
     assert all(abs(model / us - 1) <= 0.25 for _b, model, us in rows), rows
     model = [m for _b, m, _us in rows]
